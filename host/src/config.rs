@@ -1,0 +1,311 @@
+//! Configuration shared by `podstamp render` and `podstamp run`: the plugin
+//! catalog, the default chain, sandbox limits and the manifests' namespace.
+//!
+//! ```yaml
+//! namespace: kube-system        # namespace written into every manifest
+//! plugins:                      # the catalog: name -> component + settings
+//!   node-env:
+//!     path: plugins/node-env.wasm          # relative to this file
+//!     settings: {labels: {ZONE: topology.kubernetes.io/zone}}
+//!   arch-image:
+//!     path: plugins/arch-image.wasm
+//!     settingsFile: arch-image.yaml        # YAML or JSON, instead of settings
+//! chain: [arch-image, node-env]  # used unless a template names its own
+//! limits: {timeout: 100ms, memory: 64Mi, maxManifestSize: 1Mi}
+//! cacheDir: /var/cache/podstamp  # compiled plugin code; omit for the default
+//! ```
+//!
+//! A template picks its own chain from the catalog with the annotation
+//! `podstamp.io/plugins: node-env,substitute` (empty: no plugins).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::chain::{Chain, Step};
+use crate::plugin::{Limits, Runtime};
+use crate::template::parse_document;
+use crate::validate::join_key;
+
+/// The PodTemplate annotation with which a template picks its chain.
+pub const PLUGINS_ANNOTATION: &str = "podstamp.io/plugins";
+pub const DEFAULT_NAMESPACE: &str = "kube-system";
+
+/// The configuration file, as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ConfigFile {
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub plugins: BTreeMap<String, PluginEntry>,
+    #[serde(default)]
+    pub chain: Vec<String>,
+    #[serde(default)]
+    pub limits: LimitsEntry,
+    pub cache_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PluginEntry {
+    pub path: PathBuf,
+    pub settings: Option<Value>,
+    pub settings_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LimitsEntry {
+    /// Per plugin call, e.g. `100ms`, `1s`.
+    pub timeout: Option<String>,
+    /// Per plugin instance, e.g. `64Mi`.
+    pub memory: Option<String>,
+    /// Largest pod a plugin may return and largest manifest written, e.g. `1Mi`.
+    pub max_manifest_size: Option<String>,
+}
+
+/// A configuration error; the message names the file and the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl ConfigFile {
+    /// Reads a configuration file (YAML or JSON).
+    pub fn read(path: &Path) -> Result<ConfigFile, ConfigError> {
+        let origin = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|e| ConfigError(format!("{origin}: {e}")))?;
+        let value = parse_document(&bytes, &origin).map_err(|e| ConfigError(e.to_string()))?;
+        let mut config: ConfigFile = serde_path_to_error::deserialize(value)
+            .map_err(|e| ConfigError(format!("{origin}: {}: {}", e.path(), e.inner())))?;
+        // Paths in the file are relative to the file.
+        let base = path.parent().unwrap_or(Path::new("."));
+        for entry in config.plugins.values_mut() {
+            entry.path = base.join(&entry.path);
+            if let Some(file) = &mut entry.settings_file {
+                *file = base.join(&*file);
+            }
+        }
+        if let Some(dir) = &mut config.cache_dir {
+            *dir = base.join(&*dir);
+        }
+        Ok(config)
+    }
+
+    pub fn sandbox_limits(&self) -> Result<Limits, ConfigError> {
+        let mut limits = Limits::default();
+        let field = |name: &str| ConfigError(format!("limits.{name}"));
+        if let Some(t) = &self.limits.timeout {
+            limits.timeout = parse_duration(t)
+                .map_err(|e| ConfigError(format!("{}: {e}", field("timeout").0)))?;
+        }
+        if let Some(m) = &self.limits.memory {
+            limits.memory_bytes =
+                parse_size(m).map_err(|e| ConfigError(format!("{}: {e}", field("memory").0)))?;
+        }
+        if let Some(m) = &self.limits.max_manifest_size {
+            limits.max_output_bytes = parse_size(m)
+                .map_err(|e| ConfigError(format!("{}: {e}", field("maxManifestSize").0)))?;
+        }
+        Ok(limits)
+    }
+}
+
+/// Why a catalog could not be loaded: its configuration, or a plugin in it.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A plugin failed to load; the message names its catalog entry.
+    #[error("{0}")]
+    Plugin(String),
+}
+
+/// Loaded plugins by catalog name, and the chain used by default.
+pub struct Catalog {
+    steps: BTreeMap<String, Arc<Step>>,
+    default_chain: Chain,
+}
+
+impl Catalog {
+    /// Loads every plugin of the catalog and resolves the default chain.
+    pub fn load(config: &ConfigFile, runtime: &Runtime) -> Result<Catalog, CatalogError> {
+        let mut steps = BTreeMap::new();
+        for (name, entry) in &config.plugins {
+            let field = join_key("plugins", name);
+            let settings = match (&entry.settings, &entry.settings_file) {
+                (Some(_), Some(_)) => {
+                    return Err(ConfigError(format!(
+                        "{field}: give settings or settingsFile, not both"
+                    ))
+                    .into());
+                }
+                (Some(inline), None) => inline.clone(),
+                (None, Some(file)) => read_settings(file)?,
+                (None, None) => Value::Object(Default::default()),
+            };
+            let plugin = runtime
+                .load(&entry.path)
+                .map_err(|e| CatalogError::Plugin(format!("{field}: {e}")))?;
+            steps.insert(
+                name.clone(),
+                Arc::new(Step::new(name.clone(), plugin, &settings)),
+            );
+        }
+        let mut catalog = Catalog {
+            steps,
+            default_chain: Chain::default(),
+        };
+        catalog.default_chain = catalog
+            .resolve(config.chain.iter().map(String::as_str))
+            .map_err(|e| ConfigError(format!("chain: {e}")))?;
+        Ok(catalog)
+    }
+
+    /// A catalog of exactly these steps, run in this order by default.
+    pub fn from_steps(steps: Vec<Step>) -> Catalog {
+        let steps: Vec<Arc<Step>> = steps.into_iter().map(Arc::new).collect();
+        Catalog {
+            default_chain: Chain::new(steps.clone()),
+            steps: steps.into_iter().map(|s| (s.name.clone(), s)).collect(),
+        }
+    }
+
+    fn resolve<'a>(&self, names: impl Iterator<Item = &'a str>) -> Result<Chain, String> {
+        let mut chain = Vec::new();
+        for name in names {
+            match self.steps.get(name) {
+                Some(step) => chain.push(step.clone()),
+                None => {
+                    let known: Vec<&str> = self.steps.keys().map(String::as_str).collect();
+                    return Err(format!(
+                        "unknown plugin {name:?} (the catalog has: {})",
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    ));
+                }
+            }
+        }
+        Ok(Chain::new(chain))
+    }
+
+    /// The chain for a template: the one its `podstamp.io/plugins`
+    /// annotation names, from this catalog only, else the default chain.
+    pub fn chain_for(
+        &self,
+        template_annotations: &BTreeMap<String, String>,
+    ) -> Result<Chain, String> {
+        match template_annotations.get(PLUGINS_ANNOTATION) {
+            None => Ok(self.default_chain.clone()),
+            Some(list) => self
+                .resolve(list.split(',').map(str::trim).filter(|n| !n.is_empty()))
+                .map_err(|e| {
+                    format!(
+                        "{}: {e}",
+                        join_key("metadata.annotations", PLUGINS_ANNOTATION)
+                    )
+                }),
+        }
+    }
+
+    pub fn default_chain(&self) -> &Chain {
+        &self.default_chain
+    }
+}
+
+/// Reads a settings file (YAML or JSON) into a JSON value.
+pub fn read_settings(path: &Path) -> Result<Value, ConfigError> {
+    let origin = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| ConfigError(format!("{origin}: {e}")))?;
+    parse_document(&bytes, &origin).map_err(|e| ConfigError(e.to_string()))
+}
+
+/// `250ms`, `2s`, `1m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as 100ms or 2s"))?;
+    let duration = match unit {
+        "ms" => Duration::from_millis(number),
+        "s" => Duration::from_secs(number),
+        "m" => Duration::from_secs(number * 60),
+        _ => {
+            return Err(format!(
+                "{text:?} is not a duration such as 100ms or 2s (units: ms, s, m)"
+            ));
+        }
+    };
+    if duration.is_zero() {
+        return Err("must be more than zero".into());
+    }
+    Ok(duration)
+}
+
+/// `65536`, `64Ki`, `64Mi`, `1Gi` (powers of 1024, as in Kubernetes quantities).
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: usize = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size such as 64Mi"))?;
+    let shift = match unit {
+        "" => 0,
+        "Ki" => 10,
+        "Mi" => 20,
+        "Gi" => 30,
+        _ => {
+            return Err(format!(
+                "{text:?} is not a size such as 64Mi (units: Ki, Mi, Gi)"
+            ));
+        }
+    };
+    let size = number
+        .checked_shl(shift)
+        .filter(|s| s >> shift == number && *s > 0)
+        .ok_or_else(|| format!("{text:?} is out of range"))?;
+    Ok(size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(parse_duration("100ms"), Ok(Duration::from_millis(100)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert!(parse_duration("0ms").is_err());
+        assert!(parse_duration("1h").is_err());
+        assert!(parse_duration("fast").is_err());
+        assert_eq!(parse_size("64Mi"), Ok(64 << 20));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("1Pi").is_err());
+        assert!(parse_size("99999999999999999999Gi").is_err());
+    }
+
+    #[test]
+    fn unknown_config_fields_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, "plugins:\n  a:\n    path: a.wasm\n    setings: {}\n").unwrap();
+        let e = ConfigFile::read(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("c.yaml: plugins.a.setings: unknown field `setings`"),
+            "{e}"
+        );
+    }
+}

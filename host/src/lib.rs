@@ -1,0 +1,18 @@
+//! podstamp renders Kubernetes static pod manifests from PodTemplates.
+//!
+//! The data path, one module per stage: [`template`] (the source object) →
+//! [`node`] (what the node is) → [`chain`] of [`plugin`]s (Wasm transforms) →
+//! [`validate`] (a v1 Pod) → [`manifest`] (ownership, hash, YAML) →
+//! [`write`] (atomic file replacement). [`render`] ties them together and
+//! [`config`] describes a chain the way the daemon and the CLI share.
+
+pub mod chain;
+pub mod config;
+pub mod manifest;
+pub mod node;
+pub mod plugin;
+pub mod render;
+pub mod template;
+pub mod validate;
+pub mod write;
+pub mod yaml;

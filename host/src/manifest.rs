@@ -1,0 +1,157 @@
+//! The manifest: a validated pod made into the file the kubelet reads.
+//!
+//! podstamp marks every manifest it writes with two annotations: where it
+//! came from (`podstamp.io/source: namespace/template`) and a hash of its
+//! content. The daemon manages only files that carry them, and the hash tells
+//! a file podstamp wrote from one somebody edited since.
+
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::yaml::to_yaml;
+
+pub const SOURCE_ANNOTATION: &str = "podstamp.io/source";
+pub const HASH_ANNOTATION: &str = "podstamp.io/content-hash";
+
+/// A rendered static pod manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    pub pod_name: String,
+    /// `namespace/name` of the PodTemplate it was rendered from.
+    pub source: String,
+    /// `sha256:<hex>` of the manifest with the hash annotation left out.
+    pub content_hash: String,
+    /// The file's bytes.
+    pub bytes: Vec<u8>,
+}
+
+impl Manifest {
+    /// The file name in the manifest directory. Pod names are DNS-1123
+    /// subdomains (checked before this is called), so the name has no `/`,
+    /// no leading dot and cannot be `.` or `..`.
+    pub fn file_name(&self) -> String {
+        file_name_for(&self.pod_name)
+    }
+}
+
+pub fn file_name_for(pod_name: &str) -> String {
+    format!("{pod_name}.yaml")
+}
+
+/// Sets the namespace and ownership annotations on a validated `pod` and
+/// writes it out. The output depends on nothing but the pod's content.
+pub fn finish(mut pod: Value, namespace: &str, source: &str) -> Manifest {
+    let metadata = pod
+        .as_object_mut()
+        .expect("a validated pod is an object")
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()))
+        .as_object_mut()
+        .expect("a validated pod's metadata is an object");
+    metadata.insert("namespace".into(), Value::String(namespace.to_string()));
+    let pod_name = metadata
+        .get("name")
+        .and_then(Value::as_str)
+        .expect("a validated pod has a name")
+        .to_string();
+    let annotations = metadata
+        .entry("annotations")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !annotations.is_object() {
+        *annotations = Value::Object(Map::new());
+    }
+    let annotations = annotations.as_object_mut().expect("just made an object");
+    annotations.insert(SOURCE_ANNOTATION.into(), Value::String(source.to_string()));
+    annotations.remove(HASH_ANNOTATION);
+
+    let content_hash = hash_of(&pod);
+    pod["metadata"]["annotations"][HASH_ANNOTATION] = Value::String(content_hash.clone());
+    let mut text =
+        format!("# Written by podstamp from PodTemplate {source}. Edits are overwritten.\n");
+    text.push_str(&to_yaml(&pod));
+    Manifest {
+        pod_name,
+        source: source.to_string(),
+        content_hash,
+        bytes: text.into_bytes(),
+    }
+}
+
+fn hash_of(pod_without_hash: &Value) -> String {
+    let digest = Sha256::digest(to_yaml(pod_without_hash).as_bytes());
+    format!("sha256:{}", hex::encode(digest))
+}
+
+/// What a manifest file says about its owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ownership {
+    pub source: String,
+    /// Whether the content still matches the hash podstamp wrote.
+    pub intact: bool,
+}
+
+/// Reads podstamp's annotations from a manifest file's content. None when the
+/// file is not one of podstamp's (or not a pod at all).
+pub fn ownership(bytes: &[u8]) -> Option<Ownership> {
+    let mut pod = crate::template::parse_document(bytes, "manifest").ok()?;
+    let annotations = pod.pointer_mut("/metadata/annotations")?.as_object_mut()?;
+    let source = annotations.get(SOURCE_ANNOTATION)?.as_str()?.to_string();
+    let recorded = annotations.remove(HASH_ANNOTATION);
+    let intact = recorded.as_ref().and_then(Value::as_str) == Some(hash_of(&pod).as_str());
+    Some(Ownership { source, intact })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod() -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "evil"},
+               "spec": {"containers": [{"name": "web", "image": "nginx"}]}})
+    }
+
+    #[test]
+    fn namespace_is_forced_and_ownership_recorded() {
+        let m = finish(pod(), "kube-system", "default/web");
+        let text = String::from_utf8(m.bytes.clone()).unwrap();
+        assert!(text.contains("  namespace: kube-system\n"), "{text}");
+        assert!(text.contains("podstamp.io/source: default/web\n"), "{text}");
+        assert_eq!(m.file_name(), "web.yaml");
+        assert_eq!(
+            ownership(&m.bytes),
+            Some(Ownership {
+                source: "default/web".into(),
+                intact: true
+            })
+        );
+    }
+
+    #[test]
+    fn an_edit_breaks_the_hash() {
+        let m = finish(pod(), "kube-system", "default/web");
+        let edited = String::from_utf8(m.bytes)
+            .unwrap()
+            .replace("image: nginx", "image: evil");
+        assert_eq!(ownership(edited.as_bytes()).map(|o| o.intact), Some(false));
+    }
+
+    #[test]
+    fn foreign_files_have_no_owner() {
+        assert_eq!(
+            ownership(b"apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n"),
+            None
+        );
+        assert_eq!(ownership(b"\x00garbage"), None);
+    }
+
+    #[test]
+    fn output_does_not_depend_on_a_stale_hash() {
+        let mut stale = pod();
+        stale["metadata"]["annotations"] = json!({HASH_ANNOTATION: "sha256:old"});
+        assert_eq!(
+            finish(stale, "kube-system", "default/web"),
+            finish(pod(), "kube-system", "default/web")
+        );
+    }
+}

@@ -1,0 +1,148 @@
+//! The node context: what plugins are told about the node a pod is rendered for.
+//!
+//! It comes from a Node object (the API server's, or a file for offline
+//! renders) or from command-line flags.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node;
+use serde::Serialize;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeAddress {
+    /// `InternalIP`, `ExternalIP`, `Hostname`, ...
+    pub kind: String,
+    pub address: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeContext {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub addresses: Vec<NodeAddress>,
+    /// Go's architecture names, as the kubelet reports them: `amd64`, `arm64`.
+    pub architecture: String,
+    pub operating_system: String,
+    pub kubelet_version: Option<String>,
+}
+
+/// The well-known label the kubelet sets to the node's architecture.
+const ARCH_LABEL: &str = "kubernetes.io/arch";
+const OS_LABEL: &str = "kubernetes.io/os";
+
+impl NodeContext {
+    /// A context with only a name; architecture and OS are this machine's.
+    pub fn named(name: impl Into<String>) -> Self {
+        NodeContext {
+            name: name.into(),
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+            addresses: Vec::new(),
+            architecture: host_architecture().to_string(),
+            operating_system: std::env::consts::OS.to_string(),
+            kubelet_version: None,
+        }
+    }
+
+    /// Reads what plugins need from a Node object. The architecture and OS
+    /// come from `status.nodeInfo`, else from the node's well-known labels,
+    /// else from this machine.
+    pub fn from_node(node: &Node) -> Result<Self, String> {
+        let name = node
+            .metadata
+            .name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .ok_or("the Node has no metadata.name")?;
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        let annotations = node.metadata.annotations.clone().unwrap_or_default();
+        let status = node.status.as_ref();
+        let info = status.and_then(|s| s.node_info.as_ref());
+        let addresses = status
+            .and_then(|s| s.addresses.as_ref())
+            .map(|list| {
+                list.iter()
+                    .map(|a| NodeAddress {
+                        kind: a.type_.clone(),
+                        address: a.address.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let pick = |reported: Option<&String>, label: &str, fallback: &str| {
+            reported
+                .filter(|v| !v.is_empty())
+                .or_else(|| labels.get(label))
+                .cloned()
+                .unwrap_or_else(|| fallback.to_string())
+        };
+        Ok(NodeContext {
+            architecture: pick(
+                info.map(|i| &i.architecture),
+                ARCH_LABEL,
+                host_architecture(),
+            ),
+            operating_system: pick(
+                info.map(|i| &i.operating_system),
+                OS_LABEL,
+                std::env::consts::OS,
+            ),
+            kubelet_version: info
+                .map(|i| i.kubelet_version.clone())
+                .filter(|v| !v.is_empty()),
+            name,
+            labels,
+            annotations,
+            addresses,
+        })
+    }
+}
+
+/// This machine's architecture in Go's naming, which is what Kubernetes uses.
+pub fn host_architecture() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "arm" => "arm",
+        "powerpc64" => "ppc64le",
+        "s390x" => "s390x",
+        "riscv64" => "riscv64",
+        "loongarch64" => "loong64",
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_a_node_object() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "labels": {"kubernetes.io/arch": "arm64", "zone": "a"}},
+            "status": {
+                "addresses": [{"type": "InternalIP", "address": "10.0.0.5"}, {"type": "Hostname", "address": "n1"}],
+                "nodeInfo": {"architecture": "", "operatingSystem": "linux", "kubeletVersion": "v1.34.2",
+                  "bootID": "", "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "",
+                  "machineID": "", "osImage": "", "systemUUID": ""}
+            }
+        }))
+        .unwrap();
+        let ctx = NodeContext::from_node(&node).unwrap();
+        assert_eq!(ctx.name, "n1");
+        assert_eq!(
+            ctx.architecture, "arm64",
+            "falls back to the label when nodeInfo is empty"
+        );
+        assert_eq!(ctx.operating_system, "linux");
+        assert_eq!(ctx.kubelet_version.as_deref(), Some("v1.34.2"));
+        assert_eq!(ctx.addresses[0].address, "10.0.0.5");
+    }
+
+    #[test]
+    fn a_node_needs_a_name() {
+        assert!(NodeContext::from_node(&Node::default()).is_err());
+    }
+}

@@ -1,0 +1,82 @@
+//! One render: template → plugin chain → validation → manifest.
+
+use std::fmt;
+
+use crate::chain::{Chain, ChainFailure};
+use crate::manifest::{self, Manifest};
+use crate::node::NodeContext;
+use crate::plugin::WitNode;
+use crate::template::Template;
+use crate::validate::{self, Invalid};
+
+/// Why a template could not be rendered; says which template, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderError {
+    /// `namespace/name` of the PodTemplate.
+    pub template: String,
+    pub stage: Stage,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stage {
+    /// The template itself names a chain that does not exist.
+    Chain(String),
+    /// A plugin failed.
+    Plugin(ChainFailure),
+    /// The pod after the chain is not a valid v1 Pod.
+    Result {
+        after_plugins: bool,
+        invalid: Invalid,
+    },
+}
+
+impl fmt::Display for RenderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PodTemplate {}: ", self.template)?;
+        match &self.stage {
+            Stage::Chain(e) => write!(f, "{e}"),
+            Stage::Plugin(e) => write!(f, "{e}"),
+            Stage::Result {
+                after_plugins: true,
+                invalid,
+            } => write!(
+                f,
+                "the pod returned by the plugin chain is invalid: {invalid}"
+            ),
+            Stage::Result {
+                after_plugins: false,
+                invalid,
+            } => write!(f, "the template's pod is invalid: {invalid}"),
+        }
+    }
+}
+
+impl std::error::Error for RenderError {}
+
+/// Renders `template` for `node` through `chain`, into a manifest in `namespace`.
+pub fn render(
+    template: &Template,
+    node: &NodeContext,
+    chain: &Chain,
+    namespace: &str,
+) -> Result<Manifest, RenderError> {
+    let id = template.id();
+    let fail = |stage| RenderError {
+        template: id.clone(),
+        stage,
+    };
+    let subject = format!("{id} on {}", node.name);
+    let pod = chain
+        .apply(template.pod.clone(), &WitNode::from(node), &subject)
+        .map_err(|e| fail(Stage::Plugin(e)))?;
+    let mut pod = pod;
+    // Forced before validation, so that what is validated is what is written.
+    pod["metadata"]["namespace"] = serde_json::Value::String(namespace.to_string());
+    validate::validate_pod(&pod).map_err(|invalid| {
+        fail(Stage::Result {
+            after_plugins: !chain.is_empty(),
+            invalid,
+        })
+    })?;
+    Ok(manifest::finish(pod, namespace, &id))
+}

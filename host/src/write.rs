@@ -1,0 +1,173 @@
+//! The write stage: replacing a manifest file atomically.
+//!
+//! The kubelet reads every file in its manifest directory whose name does not
+//! start with a dot, whenever it likes. So a manifest is written to a
+//! dot-prefixed temporary file in the same directory, synced, renamed over the
+//! old one and the directory synced: the kubelet sees the old file or the new
+//! one, never half of one. Identical content is not rewritten, so the kubelet
+//! has no reason to restart the pod.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, ErrorKind, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// Prefix of podstamp's temporary files; the kubelet ignores dot-files.
+pub const TEMP_PREFIX: &str = ".podstamp-";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Written,
+    Unchanged,
+}
+
+/// Writes `bytes` to `dir/file_name` atomically, with mode 0600, unless the
+/// file already holds exactly these bytes. Refuses to replace a symlink or
+/// anything else that is not a regular file.
+pub fn write_atomic(dir: &Path, file_name: &str, bytes: &[u8]) -> io::Result<Outcome> {
+    if file_name.is_empty() || file_name.starts_with('.') || file_name.contains('/') {
+        return Err(io::Error::new(
+            ErrorKind::InvalidInput,
+            format!("{file_name:?} is not a manifest file name"),
+        ));
+    }
+    let target = dir.join(file_name);
+    match fs::symlink_metadata(&target) {
+        Ok(meta) if meta.file_type().is_symlink() => {
+            return Err(io::Error::new(
+                ErrorKind::AlreadyExists,
+                format!("{} is a symlink; refusing to replace it", target.display()),
+            ));
+        }
+        Ok(meta) if !meta.is_file() => {
+            return Err(io::Error::new(
+                ErrorKind::AlreadyExists,
+                format!(
+                    "{} is not a regular file; refusing to replace it",
+                    target.display()
+                ),
+            ));
+        }
+        Ok(meta) if meta.len() == bytes.len() as u64 && read_nofollow(&target)? == bytes => {
+            return Ok(Outcome::Unchanged);
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+
+    let temp = temp_path(dir, file_name);
+    let result = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&temp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        fs::rename(&temp, &target)?;
+        File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result.map(|()| Outcome::Written)
+}
+
+fn temp_path(dir: &Path, file_name: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    dir.join(format!(
+        "{TEMP_PREFIX}{file_name}.{}.{n}.tmp",
+        std::process::id()
+    ))
+}
+
+fn read_nofollow(path: &Path) -> io::Result<Vec<u8>> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    let mut content = Vec::new();
+    file.read_to_end(&mut content)?;
+    Ok(content)
+}
+
+/// Removes temporary files a crashed podstamp left in `dir`; returns how many.
+pub fn remove_stale_temp_files(dir: &Path) -> io::Result<usize> {
+    let mut removed = 0;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name.to_string_lossy().starts_with(TEMP_PREFIX) && entry.file_type()?.is_file() {
+            fs::remove_file(entry.path())?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    #[test]
+    fn writes_replaces_and_skips_identical_content() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(
+            write_atomic(dir.path(), "a.yaml", b"one").unwrap(),
+            Outcome::Written
+        );
+        let path = dir.path().join("a.yaml");
+        let meta = fs::metadata(&path).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            write_atomic(dir.path(), "a.yaml", b"one").unwrap(),
+            Outcome::Unchanged
+        );
+        let again = fs::metadata(&path).unwrap();
+        assert_eq!(
+            (meta.ino(), meta.mtime_nsec()),
+            (again.ino(), again.mtime_nsec())
+        );
+        assert_eq!(
+            write_atomic(dir.path(), "a.yaml", b"two").unwrap(),
+            Outcome::Written
+        );
+        assert_eq!(fs::read(&path).unwrap(), b"two");
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["a.yaml"], "no temp file is left behind");
+    }
+
+    #[test]
+    fn refuses_symlinks_and_bad_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("outside");
+        fs::write(&outside, b"keep").unwrap();
+        let manifests = dir.path().join("m");
+        fs::create_dir(&manifests).unwrap();
+        std::os::unix::fs::symlink(&outside, manifests.join("a.yaml")).unwrap();
+        let e = write_atomic(&manifests, "a.yaml", b"x").unwrap_err();
+        assert!(e.to_string().contains("is a symlink"), "{e}");
+        assert_eq!(fs::read(&outside).unwrap(), b"keep");
+        for bad in ["", ".hidden", "../a.yaml", "a/b"] {
+            assert!(write_atomic(&manifests, bad, b"x").is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn stale_temp_files_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(".podstamp-a.yaml.1.0.tmp"), b"half").unwrap();
+        fs::write(dir.path().join(".other"), b"not ours").unwrap();
+        fs::write(dir.path().join("b.yaml"), b"not ours").unwrap();
+        assert_eq!(remove_stale_temp_files(dir.path()).unwrap(), 1);
+        assert!(dir.path().join(".other").exists() && dir.path().join("b.yaml").exists());
+    }
+}

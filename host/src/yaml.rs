@@ -1,0 +1,306 @@
+//! A deterministic YAML writer for JSON values.
+//!
+//! Manifests must be byte-identical across runs, machines and crate upgrades,
+//! or the kubelet restarts pods for nothing. So podstamp owns its output
+//! format instead of depending on a YAML library's formatting choices: block
+//! style, keys sorted by byte order, two-space indents, sequences at their
+//! parent's indent (as kubectl prints them), and every string that could read
+//! as anything but itself written double-quoted.
+
+use serde_json::Value;
+
+/// Writes `value` as a YAML document, ending in a newline.
+pub fn to_yaml(value: &Value) -> String {
+    let mut out = String::new();
+    match value {
+        Value::Object(map) if !map.is_empty() => write_map(&mut out, map, 0),
+        Value::Array(items) if !items.is_empty() => write_seq(&mut out, items, 0),
+        scalar => {
+            write_scalar(&mut out, scalar);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn indent(out: &mut String, level: usize) {
+    for _ in 0..level {
+        out.push_str("  ");
+    }
+}
+
+fn sorted(map: &serde_json::Map<String, Value>) -> Vec<(&String, &Value)> {
+    // serde_json's map is ordered only when no crate in the build enables
+    // `preserve_order`; sorting here keeps the output independent of that.
+    let mut entries: Vec<_> = map.iter().collect();
+    entries.sort_by(|a, b| a.0.cmp(b.0));
+    entries
+}
+
+fn write_map(out: &mut String, map: &serde_json::Map<String, Value>, level: usize) {
+    for (key, value) in sorted(map) {
+        indent(out, level);
+        write_string(out, key);
+        out.push(':');
+        write_child(out, value, level, false);
+    }
+}
+
+fn write_seq(out: &mut String, items: &[Value], level: usize) {
+    for item in items {
+        indent(out, level);
+        out.push('-');
+        write_child(out, item, level, true);
+    }
+}
+
+/// Writes what follows `key:` or `-`: a scalar on the same line, or a nested
+/// collection on the lines below.
+fn write_child(out: &mut String, value: &Value, level: usize, in_seq: bool) {
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            if in_seq {
+                // "- key: value" with the following keys aligned under the first.
+                out.push(' ');
+                let mut first = true;
+                for (key, child) in sorted(map) {
+                    if !first {
+                        indent(out, level + 1);
+                    }
+                    first = false;
+                    write_string(out, key);
+                    out.push(':');
+                    write_child(out, child, level + 1, false);
+                }
+            } else {
+                out.push('\n');
+                write_map(out, map, level + 1);
+            }
+        }
+        Value::Array(items) if !items.is_empty() => {
+            out.push('\n');
+            // A sequence under a map key sits at the key's indent; one nested
+            // directly in a sequence must go one level deeper.
+            write_seq(out, items, if in_seq { level + 1 } else { level });
+        }
+        scalar => {
+            out.push(' ');
+            write_scalar(out, scalar);
+            out.push('\n');
+        }
+    }
+}
+
+fn write_scalar(out: &mut String, value: &Value) {
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => out.push_str(&n.to_string()),
+        Value::String(s) => write_string(out, s),
+        Value::Array(_) => out.push_str("[]"),
+        Value::Object(_) => out.push_str("{}"),
+    }
+}
+
+fn write_string(out: &mut String, s: &str) {
+    if is_plain_safe(s) {
+        out.push_str(s);
+    } else {
+        write_quoted(out, s);
+    }
+}
+
+/// Words that some YAML 1.1 or 1.2 reader (Go's yaml.v2 among them) takes for
+/// a boolean or null.
+const SPECIAL_WORDS: &[&str] = &[
+    "y", "yes", "n", "no", "true", "false", "on", "off", "null", "~", "=", "<<",
+];
+
+/// Whether `s` reads back as the same string when written without quotes.
+/// Deliberately conservative: a string that is quoted without need is still
+/// correct, one that is not quoted when it should be is a different value.
+fn is_plain_safe(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    let (Some(&first), Some(&last)) = (bytes.first(), bytes.last()) else {
+        return false;
+    };
+    if first == b' ' || last == b' ' || last == b':' {
+        return false;
+    }
+    if SPECIAL_WORDS.iter().any(|w| s.eq_ignore_ascii_case(w)) {
+        return false;
+    }
+    let safe_char = |c: u8| c.is_ascii_alphanumeric() || b"-_./=:+,@%~^()$ ".contains(&c);
+    if !bytes.iter().all(|&c| safe_char(c)) {
+        return false;
+    }
+    // ": " starts a mapping value inside a plain scalar; "---" at the start
+    // of a line is a document marker.
+    if s.contains(": ") || s.contains("  ") || s.starts_with("---") {
+        return false;
+    }
+    match first {
+        b'a'..=b'z' | b'A'..=b'Z' | b'_' | b'/' | b'$' => true,
+        // "--flag=x" is plain, but "-1", "-.5" and "- x" are not strings.
+        b'-' => bytes
+            .get(1)
+            .is_some_and(|&c| c != b' ' && c != b'.' && !c.is_ascii_digit()),
+        // Digits: anything that could be an int, float, octal, hex, base-60
+        // number or a date/time is quoted.
+        b'0'..=b'9' => !bytes
+            .iter()
+            .all(|&c| c.is_ascii_hexdigit() || b"xXoO._:+- tTzZ".contains(&c)),
+        _ => false,
+    }
+}
+
+/// Writes `s` as a YAML double-quoted scalar. Escapes every character that a
+/// YAML reader would fold, drop or refuse: controls, DEL, C1 controls,
+/// NEL and the Unicode line and paragraph separators, the BOM and the
+/// non-characters U+FFFE/U+FFFF.
+fn write_quoted(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x20
+                || (0x7f..=0x9f).contains(&(c as u32))
+                || matches!(
+                    c,
+                    '\u{2028}' | '\u{2029}' | '\u{feff}' | '\u{fffe}' | '\u{ffff}'
+                ) =>
+            {
+                out.push_str(&format!("\\u{:04x}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn round_trip(value: &Value) {
+        let text = to_yaml(value);
+        let back: Value = serde_norway::from_str(&text)
+            .unwrap_or_else(|e| panic!("emitted YAML does not parse: {e}\n{text}"));
+        assert_eq!(&back, value, "round trip changed the value:\n{text}");
+    }
+
+    #[test]
+    fn layout_matches_kubectl_style() {
+        let pod = json!({
+            "kind": "Pod",
+            "apiVersion": "v1",
+            "metadata": {"name": "a", "labels": {}},
+            "spec": {"containers": [{"name": "c", "args": ["--x=1", "run"], "ports": [{"containerPort": 80}]}], "volumes": []}
+        });
+        let text = to_yaml(&pod);
+        assert_eq!(
+            text,
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  labels: {}\n  name: a\nspec:\n  containers:\n  - args:\n    - --x=1\n    - run\n    name: c\n    ports:\n    - containerPort: 80\n  volumes: []\n"
+        );
+        round_trip(&pod);
+    }
+
+    #[test]
+    fn ambiguous_strings_are_quoted_and_survive() {
+        let tricky = [
+            "",
+            " ",
+            "yes",
+            "No",
+            "ON",
+            "off",
+            "null",
+            "Null",
+            "~",
+            "true",
+            "y",
+            "=",
+            "<<",
+            "1",
+            "-1",
+            "0x1f",
+            "0o17",
+            "012",
+            "1e3",
+            "1.5",
+            ".5",
+            "-.inf",
+            ".nan",
+            "1:20",
+            "10.0.0.1",
+            "2026-12-02",
+            "2026-12-02T10:00:00Z",
+            "a: b",
+            "a:",
+            "#x",
+            "a #b",
+            "- x",
+            "-",
+            "--",
+            "@x",
+            "%x",
+            "---",
+            "--- x",
+            "...",
+            "!tag",
+            "&a",
+            "*a",
+            "|",
+            ">",
+            "[a]",
+            "{a}",
+            "'q'",
+            "\"q\"",
+            "?",
+            ",",
+            "a\nb",
+            "tab\there",
+            "nel\u{85}x",
+            "ls\u{2028}x",
+            "bom\u{feff}",
+            "del\u{7f}",
+            "é",
+            "trailing ",
+            " leading",
+            "two  spaces",
+            "${node.name}",
+            "--advertise-address=${node.address.InternalIP}",
+            "--flag=a,b",
+            "http://x:80/p",
+            "podstamp.io/source",
+            "100m",
+            "64Mi",
+            "3d",
+            "1_000",
+        ];
+        for s in tricky {
+            round_trip(&json!({ s: s, "list": [s] }));
+        }
+    }
+
+    #[test]
+    fn nested_sequences_and_scalars_round_trip() {
+        round_trip(
+            &json!({"a": [[1, 2], [], [{"b": [3]}], {"c": {}}], "n": null, "f": 1.25, "t": true}),
+        );
+        round_trip(&json!([{"a": 1}, [2]]));
+        round_trip(&json!("top"));
+    }
+
+    #[test]
+    fn output_is_independent_of_insertion_order() {
+        let a: Value = serde_json::from_str(r#"{"b":1,"a":{"y":2,"x":3}}"#).unwrap();
+        let b: Value = serde_json::from_str(r#"{"a":{"x":3,"y":2},"b":1}"#).unwrap();
+        assert_eq!(to_yaml(&a), to_yaml(&b));
+    }
+}
