@@ -37,6 +37,8 @@ pub const WIT_PACKAGE: &str = "podstamp:plugin@0.1.0";
 const EXPORT_NAME: &str = "podstamp:plugin/transformer@0.1.0";
 const EXPORT_PREFIX: &str = "podstamp:plugin/transformer@";
 const HOST_IMPORT: &str = "podstamp:plugin/host@0.1.0";
+/// The interface of shared types; it has no functions, so importing it grants nothing.
+const TYPES_IMPORT: &str = "podstamp:plugin/types@0.1.0";
 
 /// Bounds on every plugin call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -318,10 +320,13 @@ fn check_interface(engine: &Engine, component: &Component, origin: &str) -> Resu
         });
     }
     for (import, _) in ty.imports(engine) {
-        if import == HOST_IMPORT {
+        if import == HOST_IMPORT || import == TYPES_IMPORT {
             continue;
         }
-        if let Some(found) = import.strip_prefix("podstamp:plugin/host@") {
+        if let Some(found) = ["podstamp:plugin/host@", "podstamp:plugin/types@"]
+            .iter()
+            .find_map(|prefix| import.strip_prefix(prefix))
+        {
             return Err(LoadError::WrongVersion {
                 origin: origin.to_string(),
                 found: found.to_string(),

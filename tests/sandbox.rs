@@ -1,0 +1,426 @@
+//! The plugin sandbox against hostile components.
+//!
+//! Each plugin here is a hand-written core module in WAT, made into a
+//! component against our real WIT (or a variant of it) with wit-component,
+//! so every failure mode is exact: a loop, a memory bomb, a trap, a stack
+//! overflow, malformed or oversized output, a forbidden import.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use podstamp::chain::{Chain, Step, StepFailure};
+use podstamp::node::NodeContext;
+use podstamp::plugin::{CallFailure, Limits, LoadError, Plugin, Runtime, WitNode};
+use serde_json::json;
+
+const WIT: &str = include_str!("../wit/podstamp.wit");
+const TRANSFORM: &str = "podstamp:plugin/transformer@0.1.0#transform";
+
+/// A core module implementing the plugin ABI; `body` is the transform
+/// function's body, which gets the argument area in local 0 and must leave a
+/// pointer to the result area on the stack. Memory layout: static data below
+/// 1024, the bump allocator above.
+fn core_module(body: &str, extra: &str) -> String {
+    format!(
+        r#"(module
+  (memory (export "memory") 1)
+  (global $bump (mut i32) (i32.const 4096))
+  (func $alloc (export "cabi_realloc") (param i32 i32 i32 i32) (result i32)
+    (local $p i32)
+    ;; align up, bump, grow memory when needed
+    (local.set $p (i32.and (i32.add (global.get $bump) (i32.sub (local.get 2) (i32.const 1)))
+                           (i32.sub (i32.const 0) (local.get 2))))
+    (global.set $bump (i32.add (local.get $p) (local.get 3)))
+    (block $ok
+      (br_if $ok (i32.le_u (global.get $bump) (i32.mul (memory.size) (i32.const 65536))))
+      (drop (memory.grow (i32.add (i32.div_u (i32.sub (global.get $bump) (i32.mul (memory.size) (i32.const 65536)))
+                                              (i32.const 65536)) (i32.const 1)))))
+    (local.get $p))
+  ;; info: record {{ name: "wat", version: "0.0.1" }} at 0
+  (data (i32.const 0) "\10\00\00\00\03\00\00\00\20\00\00\00\05\00\00\00")
+  (data (i32.const 16) "wat")
+  (data (i32.const 32) "0.0.1")
+  (func (export "podstamp:plugin/transformer@0.1.0#info") (result i32) (i32.const 0))
+  ;; a result area at 64: discriminant, then payload
+  (func $ok (param $ptr i32) (param $len i32) (result i32)
+    (i32.store8 (i32.const 64) (i32.const 0))
+    (i32.store (i32.const 68) (local.get $ptr))
+    (i32.store (i32.const 72) (local.get $len))
+    (i32.const 64))
+  {extra}
+  (func (export "{TRANSFORM}") (param i32) (result i32)
+    {body}))"#
+    )
+}
+
+fn componentize(core_wat: &str, wit_packages: &[&str]) -> Vec<u8> {
+    let mut module = wat::parse_str(core_wat).expect("test WAT parses");
+    let mut resolve = wit_parser::Resolve::default();
+    let mut main = None;
+    for (i, wit) in wit_packages.iter().enumerate() {
+        main = Some(
+            resolve
+                .push_str(format!("wit{i}.wit"), wit)
+                .expect("test WIT parses"),
+        );
+    }
+    let world = resolve
+        .select_world(&[main.unwrap()], Some("plugin"))
+        .expect("world plugin");
+    wit_component::embed_component_metadata(
+        &mut module,
+        &resolve,
+        world,
+        wit_component::StringEncoding::UTF8,
+        false,
+    )
+    .expect("embed WIT");
+    let mut encoder = wit_component::ComponentEncoder::default();
+    encoder.module(&module).expect("module").validate(true);
+    encoder.encode().expect("componentize")
+}
+
+fn plugin_bytes(body: &str) -> Vec<u8> {
+    plugin_bytes_with(body, "")
+}
+
+fn plugin_bytes_with(body: &str, extra: &str) -> Vec<u8> {
+    componentize(&core_module(body, extra), &[WIT])
+}
+
+/// Returns its input pod unchanged.
+const IDENTITY: &str = "(call $ok (i32.load (local.get 0)) (i32.load offset=4 (local.get 0)))";
+
+fn limits() -> Limits {
+    Limits {
+        timeout: Duration::from_millis(50),
+        memory_bytes: 8 << 20,
+        max_output_bytes: 64 << 10,
+    }
+}
+
+fn runtime() -> Runtime {
+    Runtime::new(limits(), None).unwrap()
+}
+
+fn pod() -> String {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
+           "spec": {"containers": [{"name": "web", "image": "nginx"}]}})
+    .to_string()
+}
+
+fn call(plugin: &Plugin) -> Result<String, CallFailure> {
+    plugin.transform(
+        &pod(),
+        &WitNode::from(&NodeContext::named("n1")),
+        "{}",
+        "test",
+    )
+}
+
+fn load(runtime: &Runtime, body: &str) -> Plugin {
+    runtime
+        .load_bytes(&plugin_bytes(body), "test.wasm")
+        .unwrap()
+}
+
+#[test]
+fn a_well_behaved_component_round_trips_the_pod() {
+    let plugin = load(&runtime(), IDENTITY);
+    assert_eq!(plugin.info().to_string(), "wat 0.0.1");
+    assert_eq!(call(&plugin).unwrap(), pod());
+}
+
+#[test]
+fn an_infinite_loop_is_stopped_at_the_deadline_and_the_runtime_keeps_working() {
+    let runtime = runtime();
+    let looping = load(&runtime, "(loop $forever (br $forever)) (unreachable)");
+    let good = load(&runtime, IDENTITY);
+    for _ in 0..3 {
+        let started = Instant::now();
+        assert_eq!(
+            call(&looping),
+            Err(CallFailure::DeadlineExceeded {
+                timeout: Duration::from_millis(50)
+            })
+        );
+        // Not a benchmark: an unbounded loop would never get here at all.
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(call(&good).unwrap(), pod(), "the next call works");
+    }
+    assert_eq!(
+        call(&looping).unwrap_err().to_string(),
+        "deadline of 50 ms exceeded; the call was stopped"
+    );
+}
+
+#[test]
+fn growing_memory_past_the_cap_is_a_clean_error() {
+    let plugin = load(
+        &runtime(),
+        "(loop $more (drop (memory.grow (i32.const 16))) (br $more)) (unreachable)",
+    );
+    let failure = call(&plugin).unwrap_err();
+    assert!(
+        matches!(failure, CallFailure::MemoryCapExceeded { limit, requested } if limit == 8 << 20 && requested > limit),
+        "{failure:?}"
+    );
+    assert!(
+        failure
+            .to_string()
+            .starts_with("memory cap of 8 MiB exceeded"),
+        "{failure}"
+    );
+}
+
+#[test]
+fn a_huge_initial_memory_is_refused_when_instantiated() {
+    let wat = core_module(IDENTITY, "").replace(
+        "(memory (export \"memory\") 1)",
+        "(memory (export \"memory\") 2000)",
+    );
+    let runtime = runtime();
+    // info() runs at load time, so the cap already stops the load.
+    let err = runtime
+        .load_bytes(&componentize(&wat, &[WIT]), "big.wasm")
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("memory cap of 8 MiB exceeded"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_trap_is_reported_with_what_the_plugin_logged() {
+    let plugin = load(&runtime(), "(unreachable)");
+    let failure = call(&plugin).unwrap_err();
+    assert!(
+        matches!(&failure, CallFailure::Trap { trap, .. } if trap.contains("unreachable")),
+        "{failure:?}"
+    );
+}
+
+#[test]
+fn deep_recursion_is_a_stack_overflow() {
+    let plugin = plugin_bytes_with(
+        "(call $down (i32.const 0)) (unreachable)",
+        "(func $down (param i32) (result i32) (call $down (i32.add (local.get 0) (i32.const 1))))",
+    );
+    let plugin = runtime().load_bytes(&plugin, "deep.wasm").unwrap();
+    assert_eq!(call(&plugin), Err(CallFailure::StackOverflow));
+}
+
+#[test]
+fn invalid_utf8_output_is_malformed_data() {
+    let plugin = plugin_bytes_with(
+        "(call $ok (i32.const 512) (i32.const 2))",
+        r#"(data (i32.const 512) "\ff\fe")"#,
+    );
+    let plugin = runtime().load_bytes(&plugin, "utf8.wasm").unwrap();
+    let failure = call(&plugin).unwrap_err();
+    assert!(
+        matches!(&failure, CallFailure::Malformed { detail } if detail.contains("utf-8")),
+        "{failure:?}"
+    );
+}
+
+#[test]
+fn output_over_the_size_limit_is_refused() {
+    // 1 MiB of NUL bytes is valid UTF-8, so only the size check stops it.
+    let plugin = plugin_bytes_with(
+        "(drop (memory.grow (i32.const 17))) (call $ok (i32.const 65536) (i32.const 1048576))",
+        "",
+    );
+    let plugin = runtime().load_bytes(&plugin, "big.wasm").unwrap();
+    assert_eq!(
+        call(&plugin),
+        Err(CallFailure::OutputTooLarge {
+            size: 1 << 20,
+            limit: 64 << 10
+        })
+    );
+}
+
+#[test]
+fn a_plugin_error_keeps_its_message_and_field() {
+    // result::err(plugin-error { message: "no", field: some("spec.x") })
+    let body = r#"
+    (i32.store8 (i32.const 64) (i32.const 1))
+    (i32.store (i32.const 68) (i32.const 512)) (i32.store (i32.const 72) (i32.const 2))
+    (i32.store8 (i32.const 76) (i32.const 1))
+    (i32.store (i32.const 80) (i32.const 520)) (i32.store (i32.const 84) (i32.const 6))
+    (i32.const 64)"#;
+    let plugin = plugin_bytes_with(
+        body,
+        r#"(data (i32.const 512) "no") (data (i32.const 520) "spec.x")"#,
+    );
+    let plugin = runtime().load_bytes(&plugin, "err.wasm").unwrap();
+    let failure = call(&plugin).unwrap_err();
+    assert_eq!(
+        failure,
+        CallFailure::Rejected {
+            message: "no".into(),
+            field: Some("spec.x".into())
+        }
+    );
+    assert_eq!(failure.to_string(), "spec.x: no");
+}
+
+fn chain_of(runtime: &Runtime, bodies: &[(&str, &str)]) -> Chain {
+    let steps = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, (body, extra))| {
+            let plugin = runtime
+                .load_bytes(&plugin_bytes_with(body, extra), "p.wasm")
+                .unwrap();
+            std::sync::Arc::new(Step::new(format!("step{i}"), plugin, &json!({})))
+        })
+        .collect();
+    Chain::new(steps)
+}
+
+#[test]
+fn the_chain_blames_the_plugin_that_returned_invalid_json_or_renamed_the_pod() {
+    let runtime = runtime();
+    let node = WitNode::from(&NodeContext::named("n1"));
+    let not_json = (
+        r#"(call $ok (i32.const 512) (i32.const 8))"#,
+        r#"(data (i32.const 512) "not json")"#,
+    );
+    let chain = chain_of(&runtime, &[(IDENTITY, ""), not_json]);
+    let failure = chain
+        .apply(serde_json::from_str(&pod()).unwrap(), &node, "t")
+        .unwrap_err();
+    assert_eq!((failure.position, failure.step.as_str()), (2, "step1"));
+    assert!(matches!(failure.failure, StepFailure::InvalidJson(_)));
+    assert!(
+        failure
+            .to_string()
+            .starts_with("plugin 2 of 2 `step1` (wat 0.0.1): returned invalid JSON"),
+        "{failure}"
+    );
+
+    let renamed = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"other"}}"#;
+    let data = format!("(data (i32.const 512) {renamed:?})");
+    let rename = format!("(call $ok (i32.const 512) (i32.const {}))", renamed.len());
+    let chain = chain_of(&runtime, &[(&rename, &data)]);
+    let failure = chain
+        .apply(serde_json::from_str(&pod()).unwrap(), &node, "t")
+        .unwrap_err();
+    assert_eq!(
+        failure.failure,
+        StepFailure::Renamed {
+            from: "web".into(),
+            to: "other".into()
+        }
+    );
+}
+
+#[test]
+fn a_component_importing_wasi_filesystem_is_refused_at_load() {
+    let wasi = "package wasi:filesystem@0.2.0;\ninterface preopens { get-directories: func() -> list<string>; }\n";
+    let wit = WIT.replace(
+        "    import host;",
+        "    import host;\n    import wasi:filesystem/preopens@0.2.0;",
+    );
+    let body = format!("(call $dirs (i32.const 256)) {IDENTITY}");
+    let extra =
+        r#"(import "wasi:filesystem/preopens@0.2.0" "get-directories" (func $dirs (param i32)))"#;
+    // Imports must come first in a module; move it to the top.
+    let wat = core_module(&body, "").replacen("(module", &format!("(module {extra}"), 1);
+    let bytes = componentize(&wat, &[wasi, &wit]);
+    let err = runtime().load_bytes(&bytes, "wasi.wasm").unwrap_err();
+    assert!(matches!(err, LoadError::ForbiddenImport { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "wasi.wasm: imports `wasi:filesystem/preopens@0.2.0`, which podstamp does not provide: plugins get no filesystem, network, clock, environment or arguments, only podstamp:plugin/host@0.1.0"
+    );
+}
+
+#[test]
+fn a_component_built_against_another_wit_version_is_refused_naming_the_expected_one() {
+    let wit = WIT.replace(
+        "package podstamp:plugin@0.1.0;",
+        "package podstamp:plugin@0.2.0;",
+    );
+    let wat = core_module(IDENTITY, "").replace("transformer@0.1.0#", "transformer@0.2.0#");
+    let err = runtime()
+        .load_bytes(&componentize(&wat, &[&wit]), "old.wasm")
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "old.wasm: built against podstamp:plugin@0.2.0, but this podstamp expects podstamp:plugin@0.1.0; rebuild the plugin with the matching SDK"
+    );
+}
+
+#[test]
+fn something_that_is_not_a_plugin_is_refused() {
+    let runtime = runtime();
+    let err = runtime
+        .load_bytes(b"not wasm at all", "junk.wasm")
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("junk.wasm: not a valid WebAssembly component"),
+        "{err}"
+    );
+    let empty = wat::parse_str("(component)").unwrap();
+    let err = runtime.load_bytes(&empty, "empty.wasm").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "empty.wasm: does not export podstamp:plugin/transformer@0.1.0, so it is not a podstamp plugin (it exports: nothing)"
+    );
+    let err = runtime.load(Path::new("/nonexistent/p.wasm")).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("/nonexistent/p.wasm: cannot read plugin"),
+        "{err}"
+    );
+}
+
+#[test]
+fn compiled_code_is_cached_by_content_and_a_bad_cache_entry_is_recompiled() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let bytes = plugin_bytes(IDENTITY);
+    let runtime = Runtime::new(limits(), Some(&cache)).unwrap();
+    call(&runtime.load_bytes(&bytes, "a.wasm").unwrap()).unwrap();
+    let entries: Vec<_> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let entry = &entries[0];
+    let name = entry.file_name().unwrap().to_string_lossy().into_owned();
+    let sha = runtime
+        .load_bytes(&bytes, "a.wasm")
+        .unwrap()
+        .sha256()
+        .to_string();
+    assert!(name.starts_with(&sha) && name.ends_with(".cwasm"), "{name}");
+
+    // A new runtime (a restart) loads from the cache; a corrupt entry is replaced.
+    std::fs::write(entry, b"garbage").unwrap();
+    let runtime = Runtime::new(limits(), Some(&cache)).unwrap();
+    assert_eq!(
+        call(&runtime.load_bytes(&bytes, "a.wasm").unwrap()).unwrap(),
+        pod()
+    );
+    assert_ne!(std::fs::read(entry).unwrap(), b"garbage");
+}
+
+#[test]
+fn a_cache_dir_others_can_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let err = Runtime::new(limits(), Some(dir.path()))
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("writable by no one else"), "{err}");
+}
