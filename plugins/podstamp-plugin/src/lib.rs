@@ -1,0 +1,310 @@
+//! The SDK for podstamp plugins.
+//!
+//! A podstamp plugin is a WebAssembly component that gets one pod, the node
+//! it is rendered for and its own settings, and returns the changed pod. It
+//! runs sandboxed: no filesystem, network, clock, environment or randomness,
+//! only the host's log. This crate hides the component-model bindings: a
+//! plugin implements [`Plugin`] and calls [`export!`].
+//!
+//! A complete plugin, which sets a label with the node's architecture:
+//!
+//! ```
+//! use podstamp_plugin::{Error, Node, Pod, Plugin};
+//!
+//! #[derive(serde::Deserialize, Default)]
+//! #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+//! struct Settings {
+//!     /// The label to set; `arch` if not configured.
+//!     label: Option<String>,
+//! }
+//!
+//! struct ArchLabel;
+//!
+//! impl Plugin for ArchLabel {
+//!     type Settings = Settings;
+//!     type Pod = Pod;
+//!
+//!     fn transform(pod: &mut Pod, node: &Node, settings: &Settings) -> Result<(), Error> {
+//!         if node.architecture.is_empty() {
+//!             return Err(Error::new("the host did not say the node's architecture"));
+//!         }
+//!         let key = settings.label.clone().unwrap_or_else(|| "arch".into());
+//!         podstamp_plugin::debug!("setting label {key}");
+//!         let labels = pod.metadata.labels.get_or_insert_default();
+//!         labels.insert(key, node.architecture.clone());
+//!         Ok(())
+//!     }
+//! }
+//!
+//! podstamp_plugin::export!(ArchLabel);
+//!
+//! // Unit tests run natively and go through the same code as the host's calls:
+//! let node = Node::new("n1").with_architecture("arm64");
+//! let out = podstamp_plugin::run::<ArchLabel>(r#"{"metadata":{"name":"p"}}"#, &node, "{}")?;
+//! assert_eq!(out, r#"{"apiVersion":"v1","kind":"Pod","metadata":{"labels":{"arch":"arm64"},"name":"p"}}"#);
+//! let err = podstamp_plugin::run::<ArchLabel>("{}", &node, r#"{"label":1}"#).unwrap_err();
+//! assert_eq!(err.message(), "invalid settings at label: invalid type: integer `1`, expected a string");
+//! # Ok::<(), podstamp_plugin::Error>(())
+//! ```
+//!
+//! The plugin crate is a `cdylib`; `plugins/build.sh` builds it for
+//! `wasm32-unknown-unknown` and turns it into a component.
+//!
+//! The pod can be seen as the typed [`Pod`], as a [`serde_json::Value`] or as
+//! a [`RawPod`] (the JSON text, not parsed): choose with `type Pod`.
+//! Settings are any `serde::Deserialize` type ([`NoSettings`] for none);
+//! the host passes them as JSON, `{}` when none are configured.
+//!
+//! Errors with a field say where in the pod the problem is, as a
+//! [`FieldPath`] such as `spec.containers[0].image`.
+//!
+//! A panic logs its message and location to the host at error level, then
+//! aborts the call: the host reports a trap.
+
+mod error;
+pub mod log;
+mod node;
+mod pod;
+
+pub use error::{Error, FieldPath};
+/// The Kubernetes API types the typed [`Pod`] is made of, in the version
+/// the SDK and the host use.
+pub use k8s_openapi;
+pub use k8s_openapi::api::core::v1::Pod;
+pub use node::{Node, NodeAddress};
+pub use pod::{ContainerKind, PodDocument, RawPod, containers, containers_mut};
+pub use serde_json;
+
+/// A podstamp plugin. See the [crate documentation](crate) for an example.
+pub trait Plugin {
+    /// The plugin's settings, parsed from the JSON the host passes (`{}` when
+    /// none are configured). A good choice is a struct with
+    /// `#[serde(rename_all = "camelCase", deny_unknown_fields, default)]`.
+    type Settings: serde::de::DeserializeOwned;
+
+    /// How the plugin sees the pod: [`Pod`], [`serde_json::Value`] or [`RawPod`].
+    type Pod: PodDocument;
+
+    /// Changes the pod for this node, or says why it cannot.
+    fn transform(pod: &mut Self::Pod, node: &Node, settings: &Self::Settings) -> Result<(), Error>;
+}
+
+/// Settings for a plugin that has none: accepts only `{}`.
+#[derive(serde::Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NoSettings {}
+
+/// Does what the host's call does: parses the settings and the pod, runs
+/// `P::transform` and writes the pod back as JSON. For unit tests.
+pub fn run<P: Plugin>(
+    pod: impl Into<String>,
+    node: &Node,
+    settings: &str,
+) -> Result<String, Error> {
+    let settings: P::Settings = parse_settings(settings)?;
+    let mut pod = P::Pod::from_json(pod.into())?;
+    P::transform(&mut pod, node, &settings)?;
+    pod.into_json()
+}
+
+/// Parses settings from JSON, naming the offending field on error:
+/// `invalid settings at images.amd64: invalid type: integer `1`, expected a string`.
+/// An empty text counts as `{}`.
+pub fn parse_settings<S: serde::de::DeserializeOwned>(json: &str) -> Result<S, Error> {
+    let json = if json.trim().is_empty() { "{}" } else { json };
+    let mut de = serde_json::Deserializer::from_str(json);
+    let settings = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = error::from_serde_path(e.path());
+        let message = error::json_message(e.inner());
+        if path.is_root() {
+            Error::new(format!("invalid settings: {message}"))
+        } else {
+            Error::new(format!("invalid settings at {path}: {message}"))
+        }
+    })?;
+    de.end()
+        .map_err(|e| Error::new(format!("invalid settings: {e}")))?;
+    Ok(settings)
+}
+
+/// Exports a [`Plugin`] as the component's `transformer` interface.
+///
+/// Use it once, in the plugin crate's `lib.rs`: `podstamp_plugin::export!(MyPlugin);`.
+/// The plugin's `info()` is the crate's package name and version.
+#[macro_export]
+macro_rules! export {
+    ($plugin:ty) => {
+        const _: () = {
+            struct PodstampPluginExport;
+
+            impl $crate::__private::Guest for PodstampPluginExport {
+                fn info() -> $crate::__private::PluginInfo {
+                    $crate::__private::info(
+                        ::core::env!("CARGO_PKG_NAME"),
+                        ::core::env!("CARGO_PKG_VERSION"),
+                    )
+                }
+
+                fn transform(
+                    pod: ::std::string::String,
+                    node: $crate::__private::NodeContext,
+                    settings: ::std::string::String,
+                ) -> ::core::result::Result<::std::string::String, $crate::__private::PluginError>
+                {
+                    $crate::__private::transform::<$plugin>(pod, node, settings)
+                }
+            }
+
+    $crate::__export_plugin_impl!(PodstampPluginExport with_types_in $crate::bindings);
+        };
+    };
+}
+
+/// Compiles the examples in `plugins/README.md` as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeExamples;
+
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../../wit",
+        world: "plugin",
+        pub_export_macro: true,
+        export_macro_name: "__export_plugin_world",
+    });
+}
+
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::bindings::exports::podstamp::plugin::transformer::{
+        Guest, NodeContext, PluginError, PluginInfo,
+    };
+    use crate::{Node, Plugin};
+
+    pub fn info(name: &str, version: &str) -> PluginInfo {
+        crate::log::install_panic_hook();
+        PluginInfo {
+            name: name.into(),
+            version: version.into(),
+        }
+    }
+
+    pub fn transform<P: Plugin>(
+        pod: String,
+        node: NodeContext,
+        settings: String,
+    ) -> Result<String, PluginError> {
+        crate::log::install_panic_hook();
+        let node = Node::from(node);
+        crate::run::<P>(pod, &node, &settings).map_err(|e| PluginError {
+            message: e.message().to_owned(),
+            field: e.field().map(str::to_owned),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[derive(serde::Deserialize, Default, Debug)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+    struct Settings {
+        images: BTreeMap<String, String>,
+        max_count: u32,
+    }
+
+    #[test]
+    fn settings_errors_name_the_path() {
+        let err = parse_settings::<Settings>(r#"{"images":{"amd64":1}}"#).unwrap_err();
+        assert_eq!(
+            err.message(),
+            "invalid settings at images.amd64: invalid type: integer `1`, expected a string"
+        );
+        assert_eq!(err.field(), None);
+        let err = parse_settings::<Settings>(r#"{"imagez":{}}"#).unwrap_err();
+        assert!(
+            err.message()
+                .starts_with("invalid settings at imagez: unknown field `imagez`"),
+            "{err}"
+        );
+        let err = parse_settings::<Settings>("[").unwrap_err();
+        assert!(err.message().starts_with("invalid settings: EOF"), "{err}");
+        let err = parse_settings::<Settings>("{} 1").unwrap_err();
+        assert!(
+            err.message().starts_with("invalid settings: trailing"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn empty_settings() {
+        assert_eq!(parse_settings::<Settings>("").unwrap().max_count, 0);
+        assert_eq!(
+            parse_settings::<Settings>(r#"{"maxCount":3}"#)
+                .unwrap()
+                .max_count,
+            3
+        );
+        parse_settings::<NoSettings>("{}").unwrap();
+        parse_settings::<NoSettings>(" ").unwrap();
+        assert!(parse_settings::<NoSettings>(r#"{"a":1}"#).is_err());
+    }
+
+    struct Rename;
+    impl Plugin for Rename {
+        type Settings = NoSettings;
+        type Pod = serde_json::Value;
+        fn transform(
+            pod: &mut serde_json::Value,
+            node: &Node,
+            _: &NoSettings,
+        ) -> Result<(), Error> {
+            if node.name.is_empty() {
+                return Err(Error::at("metadata.name", "no node name"));
+            }
+            pod["metadata"]["name"] = node.name.clone().into();
+            Ok(())
+        }
+    }
+    // `export!(Rename)` only works from another crate (the crate doc's
+    // example uses it); here the test calls what it expands to.
+
+    #[test]
+    fn run_goes_through_the_plugin() {
+        let out = run::<Rename>(r#"{"metadata":{"name":"x"}}"#, &Node::new("n1"), "{}").unwrap();
+        assert_eq!(out, r#"{"metadata":{"name":"n1"}}"#);
+        let err = run::<Rename>("{}", &Node::default(), "{}").unwrap_err();
+        assert_eq!(err.field(), Some("metadata.name"));
+        // Settings are checked before the pod.
+        let err = run::<Rename>("not json", &Node::new("n1"), r#"{"x":1}"#).unwrap_err();
+        assert!(err.message().starts_with("invalid settings"), "{err}");
+    }
+
+    #[test]
+    fn the_export_maps_node_and_errors() {
+        use crate::bindings::podstamp::plugin::types::NodeAddress as WitAddress;
+        let node = __private::NodeContext {
+            name: String::new(),
+            labels: vec![("a".into(), "1".into())],
+            annotations: vec![],
+            addresses: vec![WitAddress {
+                kind: "InternalIP".into(),
+                address: "10.0.0.1".into(),
+            }],
+            architecture: "amd64".into(),
+            operating_system: "linux".into(),
+            kubelet_version: None,
+        };
+        let converted = Node::from(node.clone());
+        assert_eq!(converted.label("a"), Some("1"));
+        assert_eq!(converted.address("InternalIP"), Some("10.0.0.1"));
+        let err = __private::transform::<Rename>("{}".into(), node, "{}".into()).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("metadata.name"));
+        assert_eq!(err.message, "no node name");
+        let info = __private::info("x", "1.0");
+        assert_eq!((info.name.as_str(), info.version.as_str()), ("x", "1.0"));
+    }
+}
