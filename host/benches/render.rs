@@ -1,1 +1,151 @@
-fn main() {}
+//! Render overhead: native passthrough vs the identity plugin vs the example
+//! 3-plugin chain, on a ~5 KiB control-plane pod and a ~50 KiB pod, measured
+//! side by side in one run. Prints figures; asserts nothing.
+//!
+//! Run: `bash plugins/build.sh && cargo bench --bench render`
+
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use podstamp::chain::{Chain, Step};
+use podstamp::config::{Catalog, ConfigFile};
+use podstamp::node::NodeContext;
+use podstamp::plugin::{Limits, Runtime, WitNode};
+use podstamp::render::render;
+use podstamp::template::{Template, parse_document};
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn read_value(path: &Path) -> Value {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    parse_document(&bytes, &path.display().to_string()).unwrap()
+}
+
+/// The 5 KiB kube-apiserver template, and a ~50 KiB one made from it by
+/// adding nine more copies of its container.
+fn templates() -> Vec<(&'static str, Template)> {
+    let small = read_value(&repo().join("examples/kube-apiserver.yaml"));
+    let mut large = small.clone();
+    let first = large["template"]["spec"]["containers"][0].clone();
+    for i in 1..10 {
+        let mut copy = first.clone();
+        copy["name"] = Value::String(format!("kube-apiserver-{i}"));
+        large["template"]["spec"]["containers"]
+            .as_array_mut()
+            .unwrap()
+            .push(copy);
+    }
+    vec![
+        ("5 KiB pod", Template::from_value(&small).unwrap()),
+        ("50 KiB pod", Template::from_value(&large).unwrap()),
+    ]
+}
+
+/// Median time per iteration over batches of about 20 ms each.
+fn measure(mut f: impl FnMut()) -> Duration {
+    let warm_until = Instant::now() + Duration::from_millis(200);
+    let mut per_batch = 0u32;
+    while Instant::now() < warm_until {
+        f();
+        per_batch += 1;
+    }
+    let per_batch = (per_batch / 10).max(1);
+    let mut samples: Vec<Duration> = (0..25)
+        .map(|_| {
+            let start = Instant::now();
+            for _ in 0..per_batch {
+                f();
+            }
+            start.elapsed() / per_batch
+        })
+        .collect();
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn main() {
+    let plugins = repo().join("target/plugins");
+    if !plugins.join("identity.wasm").is_file() {
+        eprintln!("the plugins are not built: run `bash plugins/build.sh` first");
+        std::process::exit(2);
+    }
+    let config = ConfigFile::read(&repo().join("examples/podstamp.yaml")).unwrap();
+    let runtime = Runtime::new(Limits::default(), None).unwrap();
+    let catalog = Catalog::load(&config, &runtime).unwrap();
+    let node = NodeContext::from_node(
+        &serde_json::from_value(read_value(&repo().join("examples/node.yaml"))).unwrap(),
+    )
+    .unwrap();
+    let wit_node = WitNode::from(&node);
+
+    let identity = catalog
+        .chain_for(&[("podstamp.io/plugins".to_string(), "identity".to_string())].into())
+        .unwrap();
+    // The example chain, with arch-image pointed at the benchmark pod's container.
+    let arch_image = runtime.load(&plugins.join("arch-image.wasm")).unwrap();
+    let images = serde_json::json!({"images": {"kube-apiserver": {
+        "amd64": "registry.k8s.io/kube-apiserver-amd64:v1.36.3",
+        "arm64": "registry.k8s.io/kube-apiserver-arm64:v1.36.3"}}});
+    let mut steps = vec![std::sync::Arc::new(Step::new("arch-image".into(), arch_image, &images))];
+    steps.extend(
+        catalog
+            .chain_for(&[("podstamp.io/plugins".to_string(), "node-env,substitute".to_string())].into())
+            .unwrap()
+            .steps()
+            .iter()
+            .cloned(),
+    );
+    let example = Chain::new(steps);
+
+    println!("podstamp render benchmark (median of 25 batches; lower is better)");
+    println!(
+        "{:<11} {:<32} {:>12} {:>10}",
+        "pod", "path", "per render", "vs native"
+    );
+    for (label, template) in templates() {
+        let native = measure(|| {
+            black_box(render(&template, &node, &Chain::default(), "kube-system").unwrap());
+        });
+        let pod_json = template.pod.to_string();
+        let identity_step = &identity.steps()[0];
+        let call = measure(|| {
+            black_box(
+                identity_step
+                    .plugin
+                    .transform(&pod_json, &wit_node, &identity_step.settings_json, "bench")
+                    .unwrap(),
+            );
+        });
+        let one = measure(|| {
+            black_box(render(&template, &node, &identity, "kube-system").unwrap());
+        });
+        let three = measure(|| {
+            black_box(render(&template, &node, &example, "kube-system").unwrap());
+        });
+        let ratio = |d: Duration| d.as_secs_f64() / native.as_secs_f64();
+        let row = |name: &str, d: Duration, show_ratio: bool| {
+            let ratio = if show_ratio {
+                format!("{:.2}x", ratio(d))
+            } else {
+                "-".into()
+            };
+            println!(
+                "{label:<11} {name:<32} {:>9.1} µs {ratio:>10}",
+                d.as_secs_f64() * 1e6
+            );
+        };
+        row("native passthrough", native, true);
+        row("identity plugin call alone", call, false);
+        row("render with identity plugin", one, true);
+        row("render with 3-plugin example", three, true);
+        println!(
+            "{label:<11} input {} bytes of JSON, manifest {} bytes",
+            pod_json.len(),
+            render(&template, &node, &example, "kube-system").unwrap().bytes.len()
+        );
+    }
+}

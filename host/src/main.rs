@@ -226,7 +226,7 @@ fn load_catalog(
     limits: Limits,
     cache_dir: Option<&Path>,
 ) -> Result<Catalog, Failure> {
-    if args.plugin.is_empty() && config.plugins.is_empty() {
+    if args.plugin.is_empty() && args.config.is_none() {
         return Ok(Catalog::from_steps(Vec::new()));
     }
     let runtime = Runtime::new(limits, cache_dir).map_err(|e| Failure::Render(e.to_string()))?;

@@ -1,0 +1,99 @@
+//! Shared by the integration tests: paths, the built plugins, the binary.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// A plugin component built by plugins/build.sh. Fails, saying how to build
+/// it, when it is missing.
+pub fn plugin(name: &str) -> PathBuf {
+    let path = repo().join("target/plugins").join(format!("{name}.wasm"));
+    assert!(
+        path.is_file(),
+        "{} is missing: build the plugins with `bash plugins/build.sh` (the test command `bash tests/run.sh` does it)",
+        path.display()
+    );
+    path
+}
+
+pub fn podstamp(args: &[&str]) -> Output {
+    podstamp_in(args, None)
+}
+
+/// Runs the podstamp binary from the repo root, with `stdin` if given.
+pub fn podstamp_in(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    use std::io::Write;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_podstamp"));
+    command
+        .args(args)
+        .current_dir(repo())
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().expect("run podstamp");
+    let mut input = child.stdin.take().unwrap();
+    if let Some(bytes) = stdin {
+        input.write_all(bytes).unwrap();
+    }
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8(output.stderr.clone()).unwrap()
+}
+
+/// Compares `actual` with tests/golden/`name`; with PODSTAMP_BLESS=1 writes it instead.
+pub fn golden(name: &str, actual: &str) {
+    let path = repo().join("tests/golden").join(name);
+    if std::env::var_os("PODSTAMP_BLESS").is_some() {
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!("{}: {e} (run with PODSTAMP_BLESS=1 to create it)", path.display())
+    });
+    assert!(
+        expected == actual,
+        "output differs from {} (run with PODSTAMP_BLESS=1 to accept):\n--- expected\n{expected}\n--- actual\n{actual}",
+        path.display()
+    );
+}
+
+/// A binary of the Go test harness, built by tests/harness/build.sh.
+pub fn harness_bin(name: &str) -> PathBuf {
+    let dir = std::env::var_os("PODSTAMP_HARNESS_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target/harness"));
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: build the test harness with `bash tests/harness/build.sh` (the test command `bash tests/run.sh` does it)",
+        path.display()
+    );
+    path
+}
+
+/// Runs the kubelet's own static pod file decoder on `paths`; panics with its
+/// verdicts unless it accepts every file.
+pub fn kubelet_accepts(paths: &[&Path]) {
+    let out = Command::new(harness_bin("podstamp-manifestcheck"))
+        .args(paths)
+        .output()
+        .expect("run podstamp-manifestcheck");
+    assert!(
+        out.status.success(),
+        "the kubelet's decoder rejects a manifest:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

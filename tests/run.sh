@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone: builds the plugins and the Go
+# API-server harness (installing their toolchains when missing), then runs
+# every test. The README and .ci/run both use this command.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+step "building the example plugins (plugins/build.sh)"
+bash plugins/build.sh
+
+step "building the API-server harness (tests/harness/build.sh)"
+bash tests/harness/build.sh
+
+step "host tests (cargo test --workspace)"
+cargo test --workspace --locked
+
+step "plugin unit tests, native (cargo test --manifest-path plugins/Cargo.toml)"
+cargo test --manifest-path plugins/Cargo.toml --locked
