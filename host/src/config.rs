@@ -47,6 +47,27 @@ pub struct ConfigFile {
     #[serde(default)]
     pub limits: LimitsEntry,
     pub cache_dir: Option<PathBuf>,
+    /// `podstamp run` only; its flags and environment override these.
+    #[serde(default)]
+    pub daemon: DaemonEntry,
+}
+
+/// The daemon's settings (docs/daemon.md has the reference).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DaemonEntry {
+    /// `api` or `dir:PATH`.
+    pub source: Option<String>,
+    pub kubeconfig: Option<PathBuf>,
+    pub selector: Option<String>,
+    pub node_name: Option<String>,
+    /// A Node object (YAML/JSON) describing the node, for the `dir:` source.
+    pub node_file: Option<PathBuf>,
+    pub manifest_dir: Option<PathBuf>,
+    /// `/healthz`, `/readyz`, `/metrics`: `host:port`.
+    pub listen: Option<String>,
+    /// How often every template is rendered again, e.g. `5m`.
+    pub resync: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -91,6 +112,25 @@ impl ConfigFile {
         }
         if let Some(dir) = &mut config.cache_dir {
             *dir = base.join(&*dir);
+        }
+        let daemon = &mut config.daemon;
+        for path in [
+            &mut daemon.kubeconfig,
+            &mut daemon.node_file,
+            &mut daemon.manifest_dir,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            *path = base.join(&*path);
+        }
+        if let Some(dir) = daemon
+            .source
+            .as_deref()
+            .and_then(|s| s.strip_prefix("dir:"))
+        {
+            let dir = base.join(dir);
+            daemon.source = Some(format!("dir:{}", dir.display()));
         }
         Ok(config)
     }

@@ -8,6 +8,7 @@
 
 pub mod chain;
 pub mod config;
+pub mod daemon;
 pub mod manifest;
 pub mod node;
 pub mod plugin;

@@ -44,6 +44,8 @@ enum LogFormat {
 enum Command {
     /// Render one PodTemplate for one node, offline, and print the manifest.
     Render(RenderArgs),
+    /// Run the node daemon: keep this node's static pod manifests in step with its PodTemplates.
+    Run(podstamp::daemon::RunArgs),
     /// Work with plugin components.
     #[command(subcommand)]
     Plugin(PluginCommand),
@@ -125,6 +127,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Render(args) => run_render(args),
         Command::Plugin(PluginCommand::Inspect { path }) => run_inspect(&path),
+        Command::Run(args) => return podstamp::daemon::main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

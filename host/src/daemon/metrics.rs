@@ -1,0 +1,300 @@
+//! The daemon's health and metrics, and the small HTTP server that shows
+//! them: `/healthz`, `/readyz` (ready after the first full sync) and
+//! `/metrics` (Prometheus text format 0.0.4).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Upper bounds of the plugin call duration buckets, in seconds.
+const BUCKETS: [f64; 12] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+#[derive(Default)]
+struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+#[derive(Default)]
+struct Inner {
+    renders: BTreeMap<&'static str, u64>,
+    failures: BTreeMap<&'static str, u64>,
+    plugin_calls: BTreeMap<(String, &'static str), Histogram>,
+    managed: usize,
+    last_sync: Option<f64>,
+    watch_restarts: BTreeMap<&'static str, u64>,
+    removed: u64,
+}
+
+/// Everything `/metrics` and `/readyz` report; shared by the daemon's parts.
+#[derive(Default)]
+pub struct Metrics {
+    inner: Mutex<Inner>,
+    ready: AtomicBool,
+}
+
+/// How one render ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenderResult {
+    /// The manifest changed and was written.
+    Written,
+    /// The manifest was rendered to the bytes already on disk.
+    Unchanged,
+    /// The render or the write failed; the last good manifest stays.
+    Failed(&'static str),
+}
+
+impl Metrics {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn render(&self, result: RenderResult) {
+        let mut inner = self.lock();
+        let key = match result {
+            RenderResult::Written => "written",
+            RenderResult::Unchanged => "unchanged",
+            RenderResult::Failed(reason) => {
+                *inner.failures.entry(reason).or_default() += 1;
+                "failed"
+            }
+        };
+        *inner.renders.entry(key).or_default() += 1;
+    }
+
+    pub fn plugin_call(&self, plugin: &str, ok: bool, took: Duration) {
+        let mut inner = self.lock();
+        let result = if ok { "ok" } else { "error" };
+        let h = inner
+            .plugin_calls
+            .entry((plugin.to_string(), result))
+            .or_default();
+        let seconds = took.as_secs_f64();
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            if seconds <= *bound {
+                h.counts[i] += 1;
+            }
+        }
+        h.count += 1;
+        h.sum += seconds;
+    }
+
+    pub fn set_managed(&self, n: usize) {
+        self.lock().managed = n;
+    }
+
+    pub fn removed(&self) {
+        self.lock().removed += 1;
+    }
+
+    pub fn synced_now(&self) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.lock().last_sync = Some(now);
+    }
+
+    pub fn watch_restart(&self, watch: &'static str) {
+        *self.lock().watch_restarts.entry(watch).or_default() += 1;
+    }
+
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn exposition(&self) -> String {
+        let inner = self.lock();
+        let mut out = String::from(
+            "# HELP podstamp_renders_total Renders of a template for this node, by result (written, unchanged, failed).\n\
+             # TYPE podstamp_renders_total counter\n",
+        );
+        for result in ["written", "unchanged", "failed"] {
+            let n = inner.renders.get(result).copied().unwrap_or(0);
+            let _ = writeln!(out, "podstamp_renders_total{{result=\"{result}\"}} {n}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_render_failures_total Failed renders by reason.\n# TYPE podstamp_render_failures_total counter"
+        );
+        for (reason, n) in &inner.failures {
+            let _ = writeln!(
+                out,
+                "podstamp_render_failures_total{{reason=\"{}\"}} {n}",
+                escape(reason)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_plugin_call_duration_seconds Duration of one plugin call.\n# TYPE podstamp_plugin_call_duration_seconds histogram"
+        );
+        for ((plugin, result), h) in &inner.plugin_calls {
+            let labels = format!("plugin=\"{}\",result=\"{result}\"", escape(plugin));
+            for (bound, n) in BUCKETS.iter().zip(h.counts) {
+                let _ = writeln!(
+                    out,
+                    "podstamp_plugin_call_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {n}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "podstamp_plugin_call_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}\n\
+                 podstamp_plugin_call_duration_seconds_sum{{{labels}}} {}\n\
+                 podstamp_plugin_call_duration_seconds_count{{{labels}}} {}",
+                h.count, h.sum, h.count
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_managed_manifests Manifest files podstamp manages in the manifest directory.\n\
+             # TYPE podstamp_managed_manifests gauge\npodstamp_managed_manifests {}",
+            inner.managed
+        );
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_manifests_removed_total Manifests removed because their template went away.\n\
+             # TYPE podstamp_manifests_removed_total counter\npodstamp_manifests_removed_total {}",
+            inner.removed
+        );
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_last_successful_sync_timestamp_seconds When the manifests were last in step with a complete list of templates.\n\
+             # TYPE podstamp_last_successful_sync_timestamp_seconds gauge"
+        );
+        if let Some(t) = inner.last_sync {
+            let _ = writeln!(out, "podstamp_last_successful_sync_timestamp_seconds {t}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_watch_restarts_total Watches restarted (with a fresh list) after an error.\n\
+             # TYPE podstamp_watch_restarts_total counter"
+        );
+        for watch in ["podtemplates", "node"] {
+            let n = inner.watch_restarts.get(watch).copied().unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "podstamp_watch_restarts_total{{watch=\"{watch}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_ready Whether the first full sync is done.\n# TYPE podstamp_ready gauge\npodstamp_ready {}",
+            u8::from(self.is_ready())
+        );
+        out
+    }
+}
+
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Serves `/healthz`, `/readyz` and `/metrics` until the process ends.
+pub async fn serve(listener: TcpListener, metrics: std::sync::Arc<Metrics>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let metrics = metrics.clone();
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(Duration::from_secs(10), answer(stream, &metrics))
+                        .await;
+                });
+            }
+            Err(e) => {
+                tracing::warn!("metrics listener: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn answer(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
+    // One request per connection; only its first line matters.
+    let mut request = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 8192 {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        request.extend_from_slice(&buf[..n]);
+    }
+    let line = String::from_utf8_lossy(&request);
+    let mut words = line.split_whitespace();
+    let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    let (status, content_type, body) = match (method, path) {
+        ("GET" | "HEAD", "/healthz") => ("200 OK", "text/plain", "ok\n".to_string()),
+        ("GET" | "HEAD", "/readyz") if metrics.is_ready() => {
+            ("200 OK", "text/plain", "ok\n".to_string())
+        }
+        ("GET" | "HEAD", "/readyz") => (
+            "503 Service Unavailable",
+            "text/plain",
+            "not synced yet\n".to_string(),
+        ),
+        ("GET" | "HEAD", "/metrics") => (
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            metrics.exposition(),
+        ),
+        ("GET" | "HEAD", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "method not allowed\n".to_string(),
+        ),
+    };
+    let mut response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    if method != "HEAD" {
+        response.push_str(&body);
+    }
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_has_every_family() {
+        let m = Metrics::default();
+        m.render(RenderResult::Written);
+        m.render(RenderResult::Failed("RenderFailed"));
+        m.plugin_call("node-env", true, Duration::from_micros(700));
+        m.watch_restart("node");
+        let text = m.exposition();
+        for line in [
+            "podstamp_renders_total{result=\"written\"} 1",
+            "podstamp_renders_total{result=\"failed\"} 1",
+            "podstamp_render_failures_total{reason=\"RenderFailed\"} 1",
+            "podstamp_plugin_call_duration_seconds_bucket{plugin=\"node-env\",result=\"ok\",le=\"0.0005\"} 0",
+            "podstamp_plugin_call_duration_seconds_bucket{plugin=\"node-env\",result=\"ok\",le=\"0.001\"} 1",
+            "podstamp_plugin_call_duration_seconds_count{plugin=\"node-env\",result=\"ok\"} 1",
+            "podstamp_watch_restarts_total{watch=\"node\"} 1",
+            "podstamp_managed_manifests 0",
+            "podstamp_ready 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,367 @@
+//! `podstamp run`: the node daemon.
+//!
+//! Sources ([`source`]: the API server's PodTemplates and this node's Node,
+//! or a directory of files) feed the [`reconcile`]r, which renders through
+//! the plugin chain and keeps the kubelet's manifest directory in step.
+//! Failures become [`events`]; [`metrics`] serves health and Prometheus
+//! metrics. docs/daemon.md is the user's reference.
+//!
+//! Exit codes: 2 for a usage or configuration error at start; once running,
+//! errors are logged and the daemon keeps going (it never exits because the
+//! API server is down); 0 after SIGTERM or SIGINT.
+
+pub mod events;
+pub mod metrics;
+pub mod reconcile;
+pub mod source;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::config::{self, Catalog, CatalogError, ConfigFile};
+use crate::node::NodeContext;
+use crate::plugin::Runtime;
+use crate::template::parse_document;
+
+use metrics::Metrics;
+use reconcile::{Input, Reconciler};
+
+pub const DEFAULT_SELECTOR: &str = "podstamp.io/enabled=true";
+pub const DEFAULT_MANIFEST_DIR: &str = "/etc/kubernetes/manifests";
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
+pub const DEFAULT_RESYNC: Duration = Duration::from_secs(300);
+
+/// `podstamp run` flags. Each overrides the config file's `daemon:` entry.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The configuration file: plugin catalog, chain, limits, `daemon:` settings.
+    #[arg(long, short, env = "PODSTAMP_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Where templates come from: `api` (the Kubernetes API) or `dir:PATH` (PodTemplate files) [default: api].
+    #[arg(long, env = "PODSTAMP_SOURCE", value_name = "api|dir:PATH")]
+    pub source: Option<String>,
+    /// A kubeconfig file [default: $KUBECONFIG, ~/.kube/config, else in-cluster credentials].
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The namespace of the PodTemplates, also written into the manifests [default: kube-system].
+    #[arg(long, short, env = "PODSTAMP_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Label selector for the PodTemplates [default: podstamp.io/enabled=true].
+    #[arg(long, short = 'l', env = "PODSTAMP_SELECTOR")]
+    pub selector: Option<String>,
+    /// This node's name.
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// A Node object (YAML/JSON) describing this node, for the `dir:` source.
+    #[arg(long, value_name = "FILE")]
+    pub node_file: Option<PathBuf>,
+    /// The kubelet's static pod manifest directory [default: /etc/kubernetes/manifests].
+    #[arg(long, env = "PODSTAMP_MANIFEST_DIR", value_name = "DIR")]
+    pub manifest_dir: Option<PathBuf>,
+    /// Address for /healthz, /readyz and /metrics [default: 127.0.0.1:9464].
+    #[arg(long, env = "PODSTAMP_LISTEN", value_name = "HOST:PORT")]
+    pub listen: Option<String>,
+    /// How often every template is rendered again, e.g. 5m [default: 5m].
+    #[arg(long, value_name = "DURATION")]
+    pub resync: Option<String>,
+    /// Where compiled plugin code is cached [default: the config's cacheDir, $PODSTAMP_CACHE_DIR, $XDG_CACHE_HOME/podstamp or ~/.cache/podstamp].
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Compile plugins every time instead of using the cache.
+    #[arg(long, conflicts_with = "cache_dir")]
+    pub no_cache: bool,
+}
+
+#[derive(Debug)]
+enum Source {
+    Api { kubeconfig: Option<PathBuf> },
+    Dir(PathBuf),
+}
+
+/// The resolved settings.
+#[derive(Debug)]
+struct Settings {
+    source: Source,
+    namespace: String,
+    selector: String,
+    node_name: String,
+    node_file: Option<PathBuf>,
+    manifest_dir: PathBuf,
+    listen: SocketAddr,
+    resync: Duration,
+}
+
+fn settings(args: &RunArgs, config: &ConfigFile) -> Result<Settings, String> {
+    let d = &config.daemon;
+    let source = match args.source.clone().or_else(|| d.source.clone()).as_deref() {
+        None | Some("api") => Source::Api {
+            kubeconfig: args.kubeconfig.clone().or_else(|| d.kubeconfig.clone()),
+        },
+        Some(s) if s.starts_with("dir:") && s.len() > 4 => Source::Dir(PathBuf::from(&s[4..])),
+        Some(other) => return Err(format!("--source {other:?}: expected `api` or `dir:PATH`")),
+    };
+    let namespace = args
+        .namespace
+        .clone()
+        .or_else(|| config.namespace.clone())
+        .unwrap_or_else(|| config::DEFAULT_NAMESPACE.to_string());
+    crate::validate::check_dns_label(&namespace).map_err(|e| format!("namespace: {e}"))?;
+    let node_name = args
+        .node_name
+        .clone()
+        .or_else(|| d.node_name.clone())
+        .filter(|n| !n.is_empty())
+        .ok_or("say which node this is: --node-name NAME, or the NODE_NAME environment variable")?;
+    crate::validate::check_dns_subdomain(&node_name).map_err(|e| format!("node name: {e}"))?;
+    let listen = args
+        .listen
+        .clone()
+        .or_else(|| d.listen.clone())
+        .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+    let listen = listen
+        .parse()
+        .map_err(|_| format!("--listen {listen:?}: expected HOST:PORT, e.g. 127.0.0.1:9464"))?;
+    let resync = match args.resync.as_ref().or(d.resync.as_ref()) {
+        Some(text) => config::parse_duration(text).map_err(|e| format!("resync: {e}"))?,
+        None => DEFAULT_RESYNC,
+    };
+    Ok(Settings {
+        source,
+        namespace,
+        selector: args
+            .selector
+            .clone()
+            .or_else(|| d.selector.clone())
+            .unwrap_or_else(|| DEFAULT_SELECTOR.to_string()),
+        node_name,
+        node_file: args.node_file.clone().or_else(|| d.node_file.clone()),
+        manifest_dir: args
+            .manifest_dir
+            .clone()
+            .or_else(|| d.manifest_dir.clone())
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_MANIFEST_DIR)),
+        listen,
+        resync,
+    })
+}
+
+fn read_node_file(path: &Path, node_name: &str) -> Result<NodeContext, String> {
+    let origin = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| format!("{origin}: {e}"))?;
+    let value = parse_document(&bytes, &origin).map_err(|e| e.to_string())?;
+    let node: k8s_openapi::api::core::v1::Node = serde_path_to_error::deserialize(value)
+        .map_err(|e| format!("{origin}: {}: {}", e.path(), e.inner()))?;
+    let mut context = NodeContext::from_node(&node).map_err(|e| format!("{origin}: {e}"))?;
+    context.name = node_name.to_string();
+    Ok(context)
+}
+
+fn default_cache_dir() -> Option<PathBuf> {
+    let from_env = |name| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    from_env("PODSTAMP_CACHE_DIR")
+        .or_else(|| from_env("XDG_CACHE_HOME").map(|d| d.join("podstamp")))
+        .or_else(|| from_env("HOME").map(|d| d.join(".cache/podstamp")))
+}
+
+fn usage(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!(
+        "podstamp: error: {}",
+        message.to_string().replace('\n', " ")
+    );
+    ExitCode::from(2)
+}
+
+/// Runs the daemon until SIGTERM or SIGINT.
+pub fn main(args: RunArgs) -> ExitCode {
+    let config = match &args.config {
+        Some(path) => match ConfigFile::read(path) {
+            Ok(c) => c,
+            Err(e) => return usage(e),
+        },
+        None => ConfigFile::default(),
+    };
+    let settings = match settings(&args, &config) {
+        Ok(s) => s,
+        Err(e) => return usage(e),
+    };
+    let limits = match config.sandbox_limits() {
+        Ok(l) => l,
+        Err(e) => return usage(e),
+    };
+    let cache_dir = if args.no_cache {
+        None
+    } else {
+        args.cache_dir
+            .clone()
+            .or_else(|| config.cache_dir.clone())
+            .or_else(default_cache_dir)
+    };
+    let catalog = match Runtime::new(limits, cache_dir.as_deref()) {
+        Ok(runtime) => match Catalog::load(&config, &runtime) {
+            Ok(c) => c,
+            Err(CatalogError::Config(e)) => return usage(e),
+            Err(CatalogError::Plugin(e)) => return usage(e),
+        },
+        Err(e) => return usage(e),
+    };
+    if let Err(e) = std::fs::create_dir_all(&settings.manifest_dir) {
+        return usage(format!("{}: {e}", settings.manifest_dir.display()));
+    }
+    let dir_node = match (&settings.source, &settings.node_file) {
+        (Source::Dir(dir), file) => {
+            if !dir.is_dir() {
+                return usage(format!("--source dir:{}: not a directory", dir.display()));
+            }
+            match file {
+                Some(f) => match read_node_file(f, &settings.node_name) {
+                    Ok(n) => Some(n),
+                    Err(e) => return usage(e),
+                },
+                None => Some(NodeContext::named(settings.node_name.clone())),
+            }
+        }
+        (Source::Api { .. }, Some(_)) => {
+            return usage(
+                "--node-file is for the dir: source; with the API the Node is read from it",
+            );
+        }
+        (Source::Api { .. }, None) => None,
+    };
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return usage(format!("cannot start the async runtime: {e}")),
+    };
+    runtime.block_on(run(settings, catalog, dir_node))
+}
+
+async fn run(settings: Settings, catalog: Catalog, dir_node: Option<NodeContext>) -> ExitCode {
+    let metrics = Arc::new(Metrics::default());
+    let listener = match tokio::net::TcpListener::bind(settings.listen).await {
+        Ok(l) => l,
+        Err(e) => return usage(format!("--listen {}: {e}", settings.listen)),
+    };
+    let client = match &settings.source {
+        Source::Api { kubeconfig } => match client(kubeconfig.as_deref()).await {
+            Ok(c) => Some(c),
+            Err(e) => return usage(e),
+        },
+        Source::Dir(_) => None,
+    };
+    let (events, publisher) = match &client {
+        Some(c) => {
+            let (sink, task) = events::recorder(c.clone(), &settings.node_name);
+            (Some(sink), Some(task))
+        }
+        None => (None, None),
+    };
+    let reconciler = match Reconciler::new(
+        settings.manifest_dir.clone(),
+        settings.namespace.clone(),
+        catalog,
+        metrics.clone(),
+        events,
+    ) {
+        Ok(r) => r,
+        Err(e) => return usage(format!("{}: {e}", settings.manifest_dir.display())),
+    };
+    tracing::info!(listen = %settings.listen, node = %settings.node_name, namespace = %settings.namespace,
+        dir = %settings.manifest_dir.display(), source = ?settings.source, "podstamp run starting");
+
+    let (inputs, received) = std::sync::mpsc::channel::<Input>();
+    let resync = settings.resync;
+    let worker = std::thread::Builder::new()
+        .name("reconciler".into())
+        .spawn(move || reconciler.run(received, resync));
+    if let Err(e) = worker {
+        return usage(format!("cannot start the reconciler: {e}"));
+    }
+    tokio::spawn(metrics::serve(listener, metrics.clone()));
+    if let Some(task) = publisher {
+        tokio::spawn(task);
+    }
+    match (&settings.source, client) {
+        (Source::Api { .. }, Some(client)) => {
+            tokio::spawn(source::watch_node(
+                client.clone(),
+                settings.node_name.clone(),
+                inputs.clone(),
+                metrics.clone(),
+            ));
+            tokio::spawn(source::watch_templates(
+                client,
+                settings.namespace.clone(),
+                settings.selector.clone(),
+                inputs.clone(),
+                metrics.clone(),
+            ));
+        }
+        (Source::Dir(dir), _) => {
+            if let Some(node) = dir_node {
+                let _ = inputs.send(Input::Node(node));
+            }
+            let (dir, namespace, inputs) =
+                (dir.clone(), settings.namespace.clone(), inputs.clone());
+            let spawned = std::thread::Builder::new()
+                .name("dir-source".into())
+                .spawn(move || {
+                    if let Err(e) = source::watch_dir(dir.clone(), namespace, inputs) {
+                        tracing::error!(dir = %dir.display(), "template directory: {e}; keeping the manifests as they are");
+                    }
+                });
+            if let Err(e) = spawned {
+                return usage(format!("cannot start the directory source: {e}"));
+            }
+        }
+        (Source::Api { .. }, None) => unreachable!("an API source has a client"),
+    }
+    drop(inputs);
+    shutdown_signal().await;
+    tracing::info!("stopping");
+    ExitCode::SUCCESS
+}
+
+async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?
+        }
+        None => kube::Config::infer().await.map_err(|e| {
+            format!("no Kubernetes credentials (give --kubeconfig, or run in a pod): {e}")
+        })?,
+    };
+    kube::Client::try_from(config).map_err(|e| format!("Kubernetes client: {e}"))
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("cannot handle SIGTERM: {e}");
+            std::future::pending::<()>().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

@@ -1,0 +1,564 @@
+//! The reconciler: the desired state (templates and the node) → the manifest
+//! directory.
+//!
+//! It runs on a thread of its own, since plugin calls are synchronous, and is
+//! fed [`Input`]s by the sources. A burst of inputs is coalesced: everything
+//! queued is applied before anything is rendered, with no added delay.
+//!
+//! The rules it keeps:
+//! * Only files whose `podstamp.io/source` annotation names a template in the
+//!   daemon's namespace are podstamp's; every other file is never touched.
+//! * A manifest is removed only because a template is gone, and that is known
+//!   only after a complete, successful list (or a watch event saying so). An
+//!   unreachable API server changes nothing on disk.
+//! * A failed render keeps the last good manifest and is reported (log,
+//!   metrics, an Event when the template came from the API).
+//! * Two templates producing the same pod name: the first one keeps it, the
+//!   later one fails.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+
+use crate::chain::Chain;
+use crate::config::Catalog;
+use crate::manifest::{self, Manifest};
+use crate::node::NodeContext;
+use crate::plugin::WitNode;
+use crate::render::{RenderError, Stage, render};
+use crate::template::Template;
+use crate::write::{self, Outcome};
+
+use super::events::{EventSink, Report};
+use super::metrics::{Metrics, RenderResult};
+
+/// Files larger than this in the manifest directory are not read for
+/// ownership (no manifest podstamp writes is near it).
+const MAX_SCANNED_FILE: u64 = 16 << 20;
+
+/// What the sources tell the reconciler.
+#[derive(Debug)]
+pub enum Input {
+    /// A complete list of the templates begins; until [`Input::ListDone`] the
+    /// templates seen so far stay as they are.
+    ListStarted,
+    /// One template of the list.
+    Listed(Incoming),
+    /// The list is complete: templates not in it are gone.
+    ListDone,
+    /// A template was added or changed.
+    Applied(Incoming),
+    /// A template was deleted (or no longer matches the selector).
+    Deleted { key: String },
+    /// The node the daemon renders for, as now known.
+    Node(NodeContext),
+}
+
+/// A template as a source delivers it.
+#[derive(Debug, Clone)]
+pub struct Incoming {
+    /// Unique within the source: `namespace/name` from the API, the file name
+    /// from a directory.
+    pub key: String,
+    /// `namespace/name`, when it could be read even if the template is invalid.
+    pub id: Option<String>,
+    pub template: Result<Template, String>,
+    /// The PodTemplate object, for Events; None from a directory.
+    pub reference: Option<ObjectReference>,
+}
+
+struct Entry {
+    incoming: Incoming,
+    /// The last known `namespace/name`; kept when the template turns invalid.
+    id: Option<String>,
+    /// Arrival order: of two templates producing the same pod name, the
+    /// earlier keeps it.
+    seq: u64,
+    /// The manifest file this entry last wrote or confirmed.
+    claims: Option<String>,
+    /// The last failure reported, to report each distinct failure once.
+    last_error: Option<String>,
+}
+
+/// A failed render, as reported.
+struct Failure {
+    reason: &'static str,
+    plugin: Option<String>,
+    message: String,
+}
+
+pub struct Reconciler {
+    dir: PathBuf,
+    namespace: String,
+    catalog: Catalog,
+    metrics: Arc<Metrics>,
+    events: Option<EventSink>,
+    node: Option<NodeContext>,
+    entries: BTreeMap<String, Entry>,
+    pending: Option<BTreeMap<String, Incoming>>,
+    synced: bool,
+    next_seq: u64,
+    /// Manifest files of ours on disk: file name → `podstamp.io/source`.
+    owned: BTreeMap<String, String>,
+    dirty: BTreeSet<String>,
+    gc_due: bool,
+    waiting_for_node_logged: bool,
+}
+
+impl Reconciler {
+    /// Takes over the manifest directory: removes our stray temp files and
+    /// finds the manifests that are ours. Nothing is deleted here.
+    pub fn new(
+        dir: PathBuf,
+        namespace: String,
+        catalog: Catalog,
+        metrics: Arc<Metrics>,
+        events: Option<EventSink>,
+    ) -> std::io::Result<Reconciler> {
+        let removed = write::remove_stale_temp_files(&dir)?;
+        if removed > 0 {
+            tracing::info!(dir = %dir.display(), removed, "removed stale temporary files");
+        }
+        let mut owned = BTreeMap::new();
+        let prefix = format!("{namespace}/");
+        for entry in fs::read_dir(&dir)? {
+            let entry = entry?;
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            if name.starts_with('.') || !entry.file_type()?.is_file() {
+                continue;
+            }
+            let Some(bytes) = read_regular(&dir.join(&name)) else {
+                continue;
+            };
+            if let Some(o) = manifest::ownership(&bytes)
+                && o.source.starts_with(&prefix)
+            {
+                if !o.intact {
+                    tracing::warn!(file = %name, source = %o.source,
+                        "manifest was edited by hand; it will be overwritten when its template is next rendered");
+                }
+                owned.insert(name, o.source);
+            }
+        }
+        tracing::info!(dir = %dir.display(), managed = owned.len(), "found manifests of ours");
+        metrics.set_managed(owned.len());
+        Ok(Reconciler {
+            dir,
+            namespace,
+            catalog,
+            metrics,
+            events,
+            node: None,
+            entries: BTreeMap::new(),
+            pending: None,
+            synced: false,
+            next_seq: 0,
+            owned,
+            dirty: BTreeSet::new(),
+            gc_due: false,
+            waiting_for_node_logged: false,
+        })
+    }
+
+    /// Applies inputs and reconciles until the channel closes. Every
+    /// `resync`, every template is rendered again (which rewrites nothing
+    /// that is in step).
+    pub fn run(mut self, inputs: Receiver<Input>, resync: Duration) {
+        let mut last_full = Instant::now();
+        loop {
+            let timeout = resync.saturating_sub(last_full.elapsed());
+            match inputs.recv_timeout(timeout) {
+                Ok(input) => {
+                    self.apply(input);
+                    // Coalesce whatever else is queued.
+                    while let Ok(input) = inputs.try_recv() {
+                        self.apply(input);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            if last_full.elapsed() >= resync {
+                self.mark_all_dirty();
+                last_full = Instant::now();
+            }
+            self.reconcile();
+        }
+    }
+
+    pub fn apply(&mut self, input: Input) {
+        match input {
+            Input::ListStarted => self.pending = Some(BTreeMap::new()),
+            Input::Listed(incoming) => {
+                self.pending
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(incoming.key.clone(), incoming);
+            }
+            Input::ListDone => {
+                let listed = self.pending.take().unwrap_or_default();
+                let gone: Vec<String> = self
+                    .entries
+                    .keys()
+                    .filter(|k| !listed.contains_key(*k))
+                    .cloned()
+                    .collect();
+                for key in gone {
+                    self.remove(&key);
+                }
+                for (_, incoming) in listed {
+                    self.upsert(incoming);
+                }
+                if !self.synced {
+                    tracing::info!(templates = self.entries.len(), "first complete list");
+                }
+                self.synced = true;
+                self.gc_due = true;
+                self.mark_all_dirty();
+            }
+            Input::Applied(incoming) => self.upsert(incoming),
+            Input::Deleted { key } => self.remove(&key),
+            Input::Node(node) => {
+                if self.node.as_ref() != Some(&node) {
+                    tracing::info!(node = %node.name, "node changed; rendering every template again");
+                    self.node = Some(node);
+                    self.mark_all_dirty();
+                }
+            }
+        }
+    }
+
+    fn upsert(&mut self, incoming: Incoming) {
+        let key = incoming.key.clone();
+        match self.entries.get_mut(&key) {
+            Some(entry) => {
+                if incoming.id.is_some() && incoming.id != entry.id {
+                    entry.id = incoming.id.clone();
+                    self.gc_due = true;
+                }
+                entry.incoming = incoming;
+            }
+            None => {
+                let seq = self.next_seq;
+                self.next_seq += 1;
+                self.entries.insert(
+                    key.clone(),
+                    Entry {
+                        id: incoming.id.clone(),
+                        incoming,
+                        seq,
+                        claims: None,
+                        last_error: None,
+                    },
+                );
+            }
+        }
+        self.dirty.insert(key);
+    }
+
+    fn remove(&mut self, key: &str) {
+        if self.entries.remove(key).is_some() {
+            tracing::info!(template = key, "template gone");
+            self.gc_due = true;
+            // A template that lost a pod name to this one may have it now.
+            let failing: Vec<String> = self
+                .entries
+                .iter()
+                .filter(|(_, e)| e.last_error.is_some())
+                .map(|(k, _)| k.clone())
+                .collect();
+            self.dirty.extend(failing);
+        }
+    }
+
+    fn mark_all_dirty(&mut self) {
+        self.dirty.extend(self.entries.keys().cloned());
+    }
+
+    /// Whether the first complete list was applied (and so garbage collection may run).
+    pub fn synced(&self) -> bool {
+        self.synced
+    }
+
+    pub fn reconcile(&mut self) {
+        if self.gc_due && self.synced {
+            self.collect_garbage();
+            self.gc_due = false;
+        }
+        if self.node.is_none() {
+            if !self.dirty.is_empty() && !self.waiting_for_node_logged {
+                tracing::warn!(
+                    "the Node is not known yet; not rendering (manifests on disk are kept)"
+                );
+                self.waiting_for_node_logged = true;
+            }
+            self.metrics.set_managed(self.owned.len());
+            return;
+        }
+        let mut dirty: Vec<(u64, String)> = std::mem::take(&mut self.dirty)
+            .into_iter()
+            .filter_map(|k| self.entries.get(&k).map(|e| (e.seq, k)))
+            .collect();
+        dirty.sort();
+        for (_, key) in dirty {
+            self.render_one(&key);
+        }
+        self.metrics.set_managed(self.owned.len());
+        if self.synced {
+            self.metrics.synced_now();
+            if !self.metrics.is_ready() {
+                tracing::info!(managed = self.owned.len(), "first sync done; ready");
+                self.metrics.set_ready();
+            }
+        }
+    }
+
+    /// Removes our manifests whose template is gone.
+    fn collect_garbage(&mut self) {
+        let live: BTreeSet<&str> = self
+            .entries
+            .values()
+            .filter_map(|e| e.id.as_deref())
+            .collect();
+        let stale: Vec<(String, String)> = self
+            .owned
+            .iter()
+            .filter(|(_, source)| !live.contains(source.as_str()))
+            .map(|(f, s)| (f.clone(), s.clone()))
+            .collect();
+        for (file, source) in stale {
+            let path = self.dir.join(&file);
+            // Only what still is ours, as a regular file, is removed.
+            let still_ours = read_regular(&path)
+                .and_then(|bytes| manifest::ownership(&bytes))
+                .is_some_and(|o| o.source == source);
+            if still_ours {
+                match fs::remove_file(&path).and_then(|()| fs::File::open(&self.dir)?.sync_all()) {
+                    Ok(()) => {
+                        tracing::info!(file = %file, template = %source, "removed manifest: its template is gone");
+                        self.metrics.removed();
+                    }
+                    Err(e) => {
+                        tracing::error!(file = %file, "cannot remove manifest: {e}");
+                        continue;
+                    }
+                }
+            }
+            self.owned.remove(&file);
+            for entry in self.entries.values_mut() {
+                if entry.claims.as_deref() == Some(file.as_str()) {
+                    entry.claims = None;
+                }
+            }
+        }
+    }
+
+    fn render_one(&mut self, key: &str) {
+        let node = self.node.clone().expect("checked by reconcile");
+        let result = self.try_render(key, &node);
+        let entry = self.entries.get_mut(key).expect("dirty keys exist");
+        let id = entry.id.clone().unwrap_or_else(|| key.to_string());
+        match result {
+            Ok((file, outcome)) => {
+                entry.claims = Some(file.clone());
+                self.metrics.render(match outcome {
+                    Outcome::Written => RenderResult::Written,
+                    Outcome::Unchanged => RenderResult::Unchanged,
+                });
+                if outcome == Outcome::Written {
+                    tracing::info!(template = %id, file = %file, "wrote manifest");
+                } else {
+                    tracing::debug!(template = %id, file = %file, "manifest unchanged");
+                }
+                if entry.last_error.take().is_some() {
+                    tracing::info!(template = %id, "renders again");
+                }
+            }
+            Err(failure) => {
+                self.metrics.render(RenderResult::Failed(failure.reason));
+                if entry.last_error.as_deref() == Some(failure.message.as_str()) {
+                    tracing::debug!(template = %id, reason = failure.reason, "still failing: {}", failure.message);
+                    return;
+                }
+                tracing::warn!(template = %id, node = %node.name, reason = failure.reason,
+                    plugin = failure.plugin.as_deref().unwrap_or(""),
+                    "{}; the last good manifest stays", failure.message);
+                entry.last_error = Some(failure.message.clone());
+                if let (Some(events), Some(reference)) = (&self.events, &entry.incoming.reference) {
+                    events.report(Report {
+                        reference: reference.clone(),
+                        reason: failure.reason,
+                        note: format!(
+                            "node {}: plugin {}: {}",
+                            node.name,
+                            failure.plugin.as_deref().unwrap_or("none"),
+                            failure.message
+                        ),
+                    });
+                }
+            }
+        }
+    }
+
+    fn try_render(&mut self, key: &str, node: &NodeContext) -> Result<(String, Outcome), Failure> {
+        let entry = &self.entries[key];
+        let invalid = |message: String| Failure {
+            reason: "InvalidTemplate",
+            plugin: None,
+            message,
+        };
+        let template = entry
+            .incoming
+            .template
+            .as_ref()
+            .map_err(|e| invalid(e.clone()))?;
+        if template.namespace != self.namespace {
+            return Err(invalid(format!(
+                "PodTemplate {}: metadata.namespace: is {:?}, but this podstamp manages namespace {:?}",
+                template.id(),
+                template.namespace,
+                self.namespace
+            )));
+        }
+        let chain = self
+            .catalog
+            .chain_for(&template.annotations)
+            .map_err(|e| Failure {
+                reason: "UnknownPlugin",
+                plugin: None,
+                message: format!("PodTemplate {}: {e}", template.id()),
+            })?;
+        let manifest = render_timed(template, node, &chain, &self.namespace, &self.metrics)
+            .map_err(|e| {
+                let plugin = match &e.stage {
+                    Stage::Plugin(f) => Some(f.step.clone()),
+                    _ => None,
+                };
+                Failure {
+                    reason: "RenderFailed",
+                    plugin,
+                    message: e.to_string(),
+                }
+            })?;
+        let file = manifest.file_name();
+        let conflict = |message: String| Failure {
+            reason: "NameConflict",
+            plugin: None,
+            message,
+        };
+        if let Some(other) = self.entries.iter().find(|(k, e)| {
+            k.as_str() != key && e.seq < entry.seq && e.claims.as_deref() == Some(file.as_str())
+        }) {
+            return Err(conflict(format!(
+                "PodTemplate {}: pod name {:?} is already produced by PodTemplate {}",
+                template.id(),
+                manifest.pod_name,
+                other.1.id.as_deref().unwrap_or(other.0)
+            )));
+        }
+        match self.owned.get(&file) {
+            Some(source) if *source != manifest.source => {
+                return Err(conflict(format!(
+                    "PodTemplate {}: {} belongs to PodTemplate {source}",
+                    template.id(),
+                    self.dir.join(&file).display()
+                )));
+            }
+            Some(_) => {}
+            None => {
+                let path = self.dir.join(&file);
+                if fs::symlink_metadata(&path).is_ok() {
+                    let ours = read_regular(&path)
+                        .and_then(|b| manifest::ownership(&b))
+                        .is_some_and(|o| o.source == manifest.source);
+                    if !ours {
+                        return Err(Failure {
+                            reason: "ForeignFile",
+                            plugin: None,
+                            message: format!(
+                                "PodTemplate {}: {} exists and is not podstamp's; it is left alone",
+                                template.id(),
+                                path.display()
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+        let outcome = write_manifest(&self.dir, &manifest).map_err(|e| Failure {
+            reason: "WriteFailed",
+            plugin: None,
+            message: format!("PodTemplate {}: {}: {e}", template.id(), file),
+        })?;
+        self.owned.insert(file.clone(), manifest.source.clone());
+        Ok((file, outcome))
+    }
+}
+
+fn write_manifest(dir: &Path, manifest: &Manifest) -> std::io::Result<Outcome> {
+    write::write_atomic(dir, &manifest.file_name(), &manifest.bytes)
+}
+
+/// [`render`], with each plugin call timed for the metrics.
+#[allow(clippy::result_large_err)] // the same error as render()'s
+pub fn render_timed(
+    template: &Template,
+    node: &NodeContext,
+    chain: &Chain,
+    namespace: &str,
+    metrics: &Metrics,
+) -> Result<Manifest, RenderError> {
+    let wit_node = WitNode::from(node);
+    let subject = format!("{} on {}", template.id(), node.name);
+    let mut pod = template.pod.clone();
+    let length = chain.steps().len();
+    for (index, step) in chain.steps().iter().enumerate() {
+        let one = Chain::new(vec![step.clone()]);
+        let start = Instant::now();
+        let result = one.apply(pod, &wit_node, &subject);
+        metrics.plugin_call(&step.name, result.is_ok(), start.elapsed());
+        pod = result.map_err(|mut failure| {
+            failure.position = index + 1;
+            failure.chain_length = length;
+            RenderError {
+                template: template.id(),
+                stage: Stage::Plugin(failure),
+            }
+        })?;
+    }
+    let mut transformed = template.clone();
+    transformed.pod = pod;
+    render(&transformed, node, &Chain::default(), namespace).map_err(|mut e| {
+        if let Stage::Result { after_plugins, .. } = &mut e.stage {
+            *after_plugins = length > 0;
+        }
+        e
+    })
+}
+
+/// A regular file's content, never through a symlink; None otherwise.
+fn read_regular(path: &Path) -> Option<Vec<u8>> {
+    let meta = fs::symlink_metadata(path).ok()?;
+    if !meta.is_file() || meta.len() > MAX_SCANNED_FILE {
+        return None;
+    }
+    let mut file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
+    let mut bytes = Vec::new();
+    file.by_ref()
+        .take(MAX_SCANNED_FILE)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    Some(bytes)
+}

@@ -1,0 +1,923 @@
+//! End-to-end tests of `podstamp run` against a real kube-apiserver (the
+//! harness's), with the real compiled plugins, and with the kubelet's own
+//! static pod decoder checking what podstamp writes.
+//!
+//! Needs `bash tests/harness/build.sh` and `bash plugins/build.sh` first.
+
+mod common;
+#[path = "daemon/support.rs"]
+mod support;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::{Namespace, Node, PodTemplate};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use support::*;
+
+const CONVERGE: Duration = Duration::from_secs(20);
+
+/// Synchronous access to the API server for the tests.
+struct Kube {
+    rt: tokio::runtime::Runtime,
+    client: kube::Client,
+    ns: String,
+}
+
+impl Kube {
+    fn new(kubeconfig: &Path, ns: &str) -> Kube {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = rt.block_on(client(kubeconfig));
+        Kube {
+            rt,
+            client,
+            ns: ns.to_string(),
+        }
+    }
+
+    /// An admin client, and a fresh namespace for the test.
+    fn admin_with_namespace(server: &ApiServer, ns: &str) -> Kube {
+        let kube = Kube::new(&server.kubeconfig("admin"), ns);
+        kube.create_cluster::<Namespace>(
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        );
+        kube
+    }
+
+    fn create<K>(&self, object: Value) -> K
+    where
+        K: kube::Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
+        K: Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::namespaced(self.client.clone(), &self.ns);
+        let object: K = serde_json::from_value(object).unwrap();
+        self.rt
+            .block_on(api.create(&PostParams::default(), &object))
+            .unwrap()
+    }
+
+    fn create_cluster<K>(&self, object: Value) -> K
+    where
+        K: kube::Resource<DynamicType = ()>,
+        K: Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::all(self.client.clone());
+        let object: K = serde_json::from_value(object).unwrap();
+        self.rt
+            .block_on(api.create(&PostParams::default(), &object))
+            .unwrap()
+    }
+
+    fn templates(&self) -> Api<PodTemplate> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    fn patch_template(&self, name: &str, patch: Value) {
+        self.rt
+            .block_on(
+                // Strategic: containers are merged by name, not replaced.
+                self.templates()
+                    .patch(name, &PatchParams::default(), &Patch::Strategic(patch)),
+            )
+            .unwrap();
+    }
+
+    fn delete_template(&self, name: &str) {
+        self.rt
+            .block_on(self.templates().delete(name, &DeleteParams::default()))
+            .unwrap();
+    }
+
+    fn patch_node(&self, name: &str, patch: Value) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        self.rt
+            .block_on(api.patch(name, &PatchParams::default(), &Patch::Merge(patch)))
+            .unwrap();
+    }
+
+    fn events(&self) -> Vec<Event> {
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
+        self.rt
+            .block_on(api.list(&ListParams::default()))
+            .unwrap()
+            .items
+    }
+}
+
+/// A PodTemplate selected by the default selector, whose pod goes through
+/// `substitute` (placeholders) and `node-env` (env from the node).
+fn template(name: &str, image: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "PodTemplate",
+        "metadata": {"name": name, "labels": {"podstamp.io/enabled": "true"}},
+        "template": {
+            "metadata": {"labels": {"app": name}},
+            "spec": {"containers": [{
+                "name": "main", "image": image,
+                "command": ["serve", "--node=${node.name}", "--zone=${node.label[zone]}", "--say=${var.greeting}"]
+            }]}
+        }
+    })
+}
+
+fn node(name: &str, zone: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"zone": zone}}})
+}
+
+fn read(path: &Path) -> Option<String> {
+    fs::read_to_string(path).ok()
+}
+
+/// Waits until `path` exists and contains every one of `needles`; returns its content.
+fn wait_content(daemon: &Daemon, path: &Path, needles: &[&str]) -> String {
+    let what = format!("{} to contain {needles:?}", path.display());
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(&what, CONVERGE, || {
+            daemon.assert_running();
+            read(path).filter(|text| needles.iter().all(|n| text.contains(n)))
+        })
+    }));
+    found.unwrap_or_else(|_| {
+        panic!(
+            "timed out waiting for {what}; it has:\n{}\npodstamp's log:\n{}",
+            read(path).unwrap_or_else(|| "(no file)".into()),
+            daemon.logs()
+        )
+    })
+}
+
+fn wait_gone(daemon: &Daemon, path: &Path) {
+    let what = format!("{} to be removed", path.display());
+    let gone = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(&what, CONVERGE, || {
+            daemon.assert_running();
+            (!path.exists()).then_some(())
+        })
+    }));
+    if gone.is_err() {
+        panic!(
+            "timed out waiting for {what}; podstamp's log:\n{}",
+            daemon.logs()
+        );
+    }
+}
+
+struct Setup {
+    tmp: tempfile::TempDir,
+    manifests: PathBuf,
+    config: PathBuf,
+}
+
+fn setup() -> Setup {
+    let tmp = tempfile::tempdir().unwrap();
+    let manifests = tmp.path().join("manifests");
+    fs::create_dir(&manifests).unwrap();
+    let config = write_config(tmp.path());
+    Setup {
+        tmp,
+        manifests,
+        config,
+    }
+}
+
+fn start_daemon(s: &Setup, kubeconfig: &Path, ns: &str, node: &str, dir: &Path) -> Daemon {
+    Daemon::start(
+        &[
+            "--config",
+            s.config.to_str().unwrap(),
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--namespace",
+            ns,
+            "--node-name",
+            node,
+            "--manifest-dir",
+            dir.to_str().unwrap(),
+        ],
+        s.tmp
+            .path()
+            .join(format!("podstamp-{node}-{}.log", unique("log"))),
+    )
+}
+
+#[test]
+fn templates_become_manifests_and_follow_updates_deletes_and_the_node() {
+    let server = shared_server();
+    let ns = unique("life");
+    let node_name = unique("node");
+    let kube = Kube::admin_with_namespace(server, &ns);
+    kube.create_cluster::<Node>(node(&node_name, "zone-a"));
+    let s = setup();
+    let dir = &s.manifests;
+    let foreign = dir.join("foreign.yaml");
+    fs::write(
+        &foreign,
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: foreign, namespace: kube-system}\nspec: {containers: [{name: c, image: busybox}]}\n",
+    )
+    .unwrap();
+    let foreign_before = (fs::read(&foreign).unwrap(), identity(&foreign));
+    kube.create::<PodTemplate>(template("web", "nginx:1.27"));
+
+    let daemon = start_daemon(&s, &server.kubeconfig("admin"), &ns, &node_name, dir);
+    let web = dir.join("web.yaml");
+    let text = wait_content(
+        &daemon,
+        &web,
+        &[
+            "image: nginx:1.27",
+            &format!("--node={node_name}"),
+            "--zone=zone-a",
+            "--say=hello",
+            "name: ZONE",
+            "value: zone-a",
+            "name: NODE_NAME",
+            &format!("podstamp.io/source: {ns}/web"),
+            &format!("namespace: {ns}"),
+        ],
+    );
+    assert!(
+        !text.contains("${"),
+        "placeholders are substituted:\n{text}"
+    );
+    daemon.wait_ready(CONVERGE);
+    kubelet_accepts(&[dir], &node_name);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            fs::metadata(&web).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+
+    // An update is rendered and written.
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "main", "image": "nginx:1.28"}]}}}),
+    );
+    wait_content(&daemon, &web, &["image: nginx:1.28", "--zone=zone-a"]);
+    kubelet_accepts(&[&web], &node_name);
+
+    // An update that does not change the rendered bytes leaves the file alone.
+    let before = identity(&web);
+    let unchanged = daemon.metric("podstamp_renders_total{result=\"unchanged\"}");
+    kube.patch_template(
+        "web",
+        json!({"metadata": {"annotations": {"owner": "team-a"}}}),
+    );
+    wait_for("an unchanged render", CONVERGE, || {
+        (daemon.metric("podstamp_renders_total{result=\"unchanged\"}") > unchanged).then_some(())
+    });
+    assert_eq!(identity(&web), before, "same inode and mtime");
+
+    // A node label change re-renders.
+    kube.patch_node(
+        &node_name,
+        json!({"metadata": {"labels": {"zone": "zone-b"}}}),
+    );
+    wait_content(&daemon, &web, &["--zone=zone-b", "value: zone-b"]);
+
+    // A second template, deleted: its manifest goes.
+    kube.create::<PodTemplate>(template("api", "busybox:1"));
+    let api = dir.join("api.yaml");
+    wait_content(&daemon, &api, &["image: busybox:1", "--zone=zone-b"]);
+    kubelet_accepts(&[dir], &node_name);
+    kube.delete_template("api");
+    wait_gone(&daemon, &api);
+
+    // A template that stops matching the selector: its manifest goes.
+    kube.patch_template(
+        "web",
+        json!({"metadata": {"labels": {"podstamp.io/enabled": null}}}),
+    );
+    wait_gone(&daemon, &web);
+
+    // A template not selected at all never gets a manifest.
+    let mut other = template("unselected", "busybox:1");
+    other["metadata"]["labels"] = json!({"podstamp.io/enabled": "false"});
+    kube.create::<PodTemplate>(other);
+    kube.create::<PodTemplate>(template("last", "busybox:2"));
+    wait_content(&daemon, &dir.join("last.yaml"), &["image: busybox:2"]);
+    assert!(!dir.join("unselected.yaml").exists());
+
+    assert_eq!(
+        (fs::read(&foreign).unwrap(), identity(&foreign)),
+        foreign_before,
+        "a foreign file is never touched"
+    );
+    assert_eq!(daemon.metric("podstamp_managed_manifests"), 1.0);
+    assert!(daemon.metric("podstamp_manifests_removed_total") >= 2.0);
+    assert!(daemon.metric("podstamp_last_successful_sync_timestamp_seconds") > 1.0e9);
+    let (code, body) = daemon.get("/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        body.contains(
+            "podstamp_plugin_call_duration_seconds_count{plugin=\"substitute\",result=\"ok\"}"
+        ),
+        "{body}"
+    );
+    assert_eq!(daemon.get("/healthz").unwrap().0, 200);
+    let status = daemon.stop();
+    assert!(status.success(), "exit on SIGTERM: {status}");
+}
+
+#[test]
+fn a_failing_template_keeps_its_last_good_manifest_and_gets_an_event() {
+    let server = shared_server();
+    let ns = unique("fail");
+    let node_name = unique("node");
+    let kube = Kube::admin_with_namespace(server, &ns);
+    kube.create_cluster::<Node>(node(&node_name, "zone-a"));
+    let s = setup();
+    let dir = &s.manifests;
+    kube.create::<PodTemplate>(template("db", "postgres:17"));
+    let daemon = start_daemon(&s, &server.kubeconfig("admin"), &ns, &node_name, dir);
+    let db = dir.join("db.yaml");
+    let good = wait_content(&daemon, &db, &["image: postgres:17", "--zone=zone-a"]);
+    daemon.wait_ready(CONVERGE);
+    let good_identity = identity(&db);
+
+    // substitute fails on a label the node does not have.
+    kube.patch_template(
+        "db",
+        json!({"template": {"spec": {"containers": [{"name": "main", "image": "postgres:18",
+            "command": ["serve", "--rack=${node.label[rack]}"]}]}}}),
+    );
+    let event = wait_for("a RenderFailed Event on the PodTemplate", CONVERGE, || {
+        kube.events().into_iter().find(|e| {
+            e.reason.as_deref() == Some("RenderFailed")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("db")
+        })
+    });
+    let note = event.note.clone().unwrap_or_default();
+    assert!(
+        note.contains(&node_name) && note.contains("substitute") && note.contains("rack"),
+        "{note}"
+    );
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        event.regarding.as_ref().and_then(|r| r.kind.as_deref()),
+        Some("PodTemplate")
+    );
+    assert_eq!(read(&db).unwrap(), good, "the last good manifest stays");
+    assert_eq!(identity(&db), good_identity);
+    assert!(daemon.metric("podstamp_renders_total{result=\"failed\"}") >= 1.0);
+    assert!(daemon.metric("podstamp_render_failures_total{reason=\"RenderFailed\"}") >= 1.0);
+    assert!(daemon.logs().contains("rack"), "the failure is logged");
+
+    // Other templates keep rendering; one naming an unknown plugin fails alone.
+    kube.create::<PodTemplate>(template("cache", "redis:8"));
+    let mut unknown = template("odd", "busybox:1");
+    unknown["metadata"]["annotations"] = json!({"podstamp.io/plugins": "node-env,nope"});
+    kube.create::<PodTemplate>(unknown);
+    let mut picked = template("plain", "busybox:1");
+    picked["metadata"]["annotations"] = json!({"podstamp.io/plugins": "identity"});
+    kube.create::<PodTemplate>(picked);
+    wait_content(&daemon, &dir.join("cache.yaml"), &["image: redis:8"]);
+    // Through identity only: the placeholders stay as they are.
+    wait_content(
+        &daemon,
+        &dir.join("plain.yaml"),
+        &["--zone=${node.label[zone]}"],
+    );
+    let event = wait_for("an UnknownPlugin Event", CONVERGE, || {
+        kube.events().into_iter().find(|e| {
+            e.reason.as_deref() == Some("UnknownPlugin")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("odd")
+        })
+    });
+    assert!(event.note.unwrap_or_default().contains("\"nope\""));
+    assert!(!dir.join("odd.yaml").exists());
+    kubelet_accepts(&[dir], &node_name);
+
+    // One Event per distinct failure, not one per render.
+    let failed = |k: &Kube| {
+        k.events()
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("RenderFailed"))
+            .count()
+    };
+    assert_eq!(failed(&kube), 1);
+
+    // Fixed: rendered again.
+    kube.patch_template(
+        "db",
+        json!({"template": {"spec": {"containers": [{"name": "main", "image": "postgres:18",
+            "command": ["serve", "--zone=${node.label[zone]}"]}]}}}),
+    );
+    wait_content(&daemon, &db, &["image: postgres:18", "--zone=zone-a"]);
+}
+
+#[test]
+fn three_daemons_write_their_own_nodes_results() {
+    let server = shared_server();
+    let ns = unique("three");
+    let kube = Kube::admin_with_namespace(server, &ns);
+    let s = setup();
+    kube.create::<PodTemplate>(template("agent", "agent:1"));
+    let mut daemons = Vec::new();
+    for i in 1..=3 {
+        let name = unique(&format!("n{i}"));
+        kube.create_cluster::<Node>(node(&name, &format!("zone-{i}")));
+        let dir = s.tmp.path().join(format!("m{i}"));
+        fs::create_dir(&dir).unwrap();
+        let daemon = start_daemon(&s, &server.kubeconfig("admin"), &ns, &name, &dir);
+        daemons.push((name, dir, daemon));
+    }
+    for (i, (name, dir, daemon)) in daemons.iter().enumerate() {
+        let zone = format!("--zone=zone-{}", i + 1);
+        wait_content(
+            daemon,
+            &dir.join("agent.yaml"),
+            &[&format!("--node={name}"), &zone],
+        );
+        kubelet_accepts(&[dir], name);
+    }
+}
+
+#[test]
+fn an_api_outage_changes_nothing_on_disk_and_a_relist_catches_up() {
+    let state = tempfile::tempdir().unwrap();
+    let mut server = ApiServer::start(&state.path().join("apiserver"));
+    let ns = unique("outage");
+    let node_name = unique("node");
+    let s = setup();
+    let dir = &s.manifests;
+    {
+        let kube = Kube::admin_with_namespace(&server, &ns);
+        kube.create_cluster::<Node>(node(&node_name, "zone-a"));
+        kube.create::<PodTemplate>(template("etcd", "etcd:3.6"));
+        kube.create::<PodTemplate>(template("gone", "busybox:1"));
+    }
+    let kubeconfig = server.kubeconfig("admin");
+    let (etcd, gone) = (dir.join("etcd.yaml"), dir.join("gone.yaml"));
+
+    let daemon = start_daemon(&s, &kubeconfig, &ns, &node_name, dir);
+    wait_content(&daemon, &etcd, &["image: etcd:3.6"]);
+    wait_content(&daemon, &gone, &["image: busybox:1"]);
+    daemon.wait_ready(CONVERGE);
+    let before = [identity(&etcd), identity(&gone)];
+
+    // The API server goes away under a running daemon.
+    server.kill();
+    wait_for("a watch restart after the outage", CONVERGE, || {
+        daemon.assert_running();
+        (daemon.metric("podstamp_watch_restarts_total{watch=\"podtemplates\"}") >= 1.0)
+            .then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    daemon.assert_running();
+    assert_eq!([identity(&etcd), identity(&gone)], before);
+    assert_eq!(daemon.get("/healthz").unwrap().0, 200);
+    assert!(daemon.stop().success());
+
+    // While no daemon runs, a template is deleted.
+    server = ApiServer::start(&state.path().join("apiserver"));
+    Kube::new(&kubeconfig, &ns).delete_template("gone");
+    server.kill();
+
+    // Started with the API down: keeps what is on disk, is not ready.
+    let daemon = start_daemon(&s, &kubeconfig, &ns, &node_name, dir);
+    std::thread::sleep(Duration::from_secs(3));
+    daemon.assert_running();
+    assert_eq!(
+        [identity(&etcd), identity(&gone)],
+        before,
+        "nothing changes while the API is down"
+    );
+    assert_eq!(daemon.get("/readyz").unwrap().0, 503);
+    assert_eq!(daemon.metric("podstamp_managed_manifests"), 2.0);
+
+    // Back: a relist removes the deleted template's manifest, and updates flow again.
+    server = ApiServer::start(&state.path().join("apiserver"));
+    wait_gone(&daemon, &gone);
+    daemon.wait_ready(CONVERGE);
+    assert_eq!(identity(&etcd), before[0], "the rest stays untouched");
+    Kube::new(&kubeconfig, &ns).patch_template(
+        "etcd",
+        json!({"template": {"spec": {"containers": [{"name": "main", "image": "etcd:3.7"}]}}}),
+    );
+    wait_content(&daemon, &etcd, &["image: etcd:3.7"]);
+    assert!(
+        daemon.logs().contains("unreachable"),
+        "the outage is logged"
+    );
+    drop(server);
+}
+
+/// Rules of the deploy/ RBAC objects, by kind.
+fn deploy_rules(kind: &str) -> Value {
+    let text = fs::read_to_string(common::repo().join("deploy/rbac.yaml")).unwrap();
+    for document in serde_norway::Deserializer::from_str(&text) {
+        let value = Value::deserialize(document).unwrap();
+        if value["kind"] == kind {
+            return value["rules"].clone();
+        }
+    }
+    panic!("deploy/rbac.yaml has no {kind}");
+}
+
+use serde::Deserialize;
+
+fn bind(kube: &Kube, ns: &str, role_rules: Value, cluster_rules: Value) {
+    let cluster_role = format!("podstamp-{ns}");
+    kube.create::<k8s_openapi::api::rbac::v1::Role>(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "podstamp", "namespace": ns}, "rules": role_rules}));
+    kube.create::<k8s_openapi::api::rbac::v1::RoleBinding>(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "podstamp", "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "podstamp"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "podstamp"}]}));
+    kube.create_cluster::<k8s_openapi::api::rbac::v1::ClusterRole>(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": cluster_role}, "rules": cluster_rules}));
+    kube.create_cluster::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": cluster_role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "podstamp"}]}));
+}
+
+#[test]
+fn the_deploy_rbac_is_enough_and_a_missing_permission_is_named() {
+    let server = shared_server();
+    let ns = unique("rbac");
+    let node_name = unique("node");
+    let kube = Kube::admin_with_namespace(server, &ns);
+    kube.create_cluster::<Node>(node(&node_name, "zone-r"));
+    bind(
+        &kube,
+        &ns,
+        deploy_rules("Role"),
+        deploy_rules("ClusterRole"),
+    );
+    kube.create::<PodTemplate>(template("ok", "busybox:1"));
+    let mut failing = template("broken", "busybox:1");
+    failing["template"]["spec"]["containers"][0]["command"] = json!(["${node.label[none]}"]);
+    kube.create::<PodTemplate>(failing);
+
+    let s = setup();
+    let daemon = start_daemon(
+        &s,
+        &server.kubeconfig("podstamp"),
+        &ns,
+        &node_name,
+        &s.manifests,
+    );
+    wait_content(&daemon, &s.manifests.join("ok.yaml"), &["--zone=zone-r"]);
+    daemon.wait_ready(CONVERGE);
+    wait_for(
+        "an Event written with the deploy/ permissions",
+        CONVERGE,
+        || {
+            kube.events()
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("RenderFailed"))
+        },
+    );
+    assert!(!daemon.logs().contains("forbidden"), "{}", daemon.logs());
+    drop(daemon);
+
+    // The same rules without `list` on podtemplates: the error names it.
+    let ns2 = unique("rbac-nolist");
+    let kube2 = Kube::admin_with_namespace(server, &ns2);
+    let mut rules = deploy_rules("Role");
+    for rule in rules.as_array_mut().unwrap() {
+        if rule["resources"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("podtemplates"))
+        {
+            rule["verbs"] = json!(["get", "watch"]);
+        }
+    }
+    bind(&kube2, &ns2, rules, deploy_rules("ClusterRole"));
+    let s2 = setup();
+    let daemon = start_daemon(
+        &s2,
+        &server.kubeconfig("podstamp"),
+        &ns2,
+        &node_name,
+        &s2.manifests,
+    );
+    let needle = format!(
+        "cannot list resource \"podtemplates\" in API group \"\" in the namespace \"{ns2}\""
+    );
+    wait_for("the missing permission in the log", CONVERGE, || {
+        daemon.assert_running();
+        daemon.logs().contains(&needle).then_some(())
+    });
+    assert!(
+        daemon.logs().contains("permission denied"),
+        "{}",
+        daemon.logs()
+    );
+    assert_eq!(daemon.get("/readyz").unwrap().0, 503);
+}
+
+#[test]
+fn the_deploy_manifests_are_accepted_by_the_api_server() {
+    let server = shared_server();
+    let ns = unique("deploy");
+    let kube = Kube::admin_with_namespace(server, &ns);
+    let root = common::repo().join("deploy");
+    let mut kinds = Vec::new();
+    for file in ["rbac.yaml", "daemonset.yaml", "example-podtemplate.yaml"] {
+        let text = fs::read_to_string(root.join(file)).unwrap();
+        for document in serde_norway::Deserializer::from_str(&text) {
+            let mut value = Value::deserialize(document).unwrap();
+            if value["metadata"].get("namespace").is_some() {
+                value["metadata"]["namespace"] = json!(ns);
+            }
+            let kind = value["kind"].as_str().unwrap().to_string();
+            // Cluster objects get a unique name, since the server is shared.
+            match kind.as_str() {
+                "ServiceAccount" => {
+                    drop(kube.create::<k8s_openapi::api::core::v1::ServiceAccount>(value))
+                }
+                "Role" => drop(kube.create::<k8s_openapi::api::rbac::v1::Role>(value)),
+                "RoleBinding" => {
+                    value["subjects"][0]["namespace"] = json!(ns);
+                    drop(kube.create::<k8s_openapi::api::rbac::v1::RoleBinding>(value))
+                }
+                "ClusterRole" => {
+                    value["metadata"]["name"] = json!(format!("{ns}-podstamp"));
+                    drop(kube.create_cluster::<k8s_openapi::api::rbac::v1::ClusterRole>(value))
+                }
+                "ClusterRoleBinding" => {
+                    value["metadata"]["name"] = json!(format!("{ns}-podstamp"));
+                    value["roleRef"]["name"] = json!(format!("{ns}-podstamp"));
+                    value["subjects"][0]["namespace"] = json!(ns);
+                    drop(
+                        kube.create_cluster::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>(
+                            value,
+                        ),
+                    )
+                }
+                "ConfigMap" => drop(kube.create::<k8s_openapi::api::core::v1::ConfigMap>(value)),
+                "DaemonSet" => drop(kube.create::<k8s_openapi::api::apps::v1::DaemonSet>(value)),
+                "PodTemplate" => drop(kube.create::<PodTemplate>(value)),
+                other => panic!("{file}: unexpected kind {other}"),
+            }
+            kinds.push(kind);
+        }
+    }
+    for kind in [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+        "PodTemplate",
+    ] {
+        assert!(
+            kinds.iter().any(|k| k == kind),
+            "deploy/ has no {kind}: {kinds:?}"
+        );
+    }
+}
+
+fn write_atomically(path: &Path, text: &str) {
+    let temp = path.with_extension("tmp~");
+    fs::write(&temp, text).unwrap();
+    fs::rename(&temp, path).unwrap();
+}
+
+const DIR_TEMPLATE: &str = "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: boot}\ntemplate:\n  spec:\n    containers:\n    - name: main\n      image: IMAGE\n      command: [run, \"--zone=${node.label[zone]}\"]\n";
+
+#[test]
+fn the_directory_source_needs_no_api_server() {
+    let s = setup();
+    let templates = s.tmp.path().join("templates");
+    fs::create_dir(&templates).unwrap();
+    fs::write(
+        templates.join("boot.yaml"),
+        DIR_TEMPLATE.replace("IMAGE", "boot:1"),
+    )
+    .unwrap();
+    fs::write(templates.join("README.md"), "not a template").unwrap();
+    let node_file = s.tmp.path().join("node.yaml");
+    fs::write(
+        &node_file,
+        "apiVersion: v1\nkind: Node\nmetadata: {name: ignored, labels: {zone: lab}}\n",
+    )
+    .unwrap();
+    let dir = &s.manifests;
+    let foreign = dir.join("kube-apiserver.yaml");
+    fs::write(
+        &foreign,
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: kube-apiserver}\n",
+    )
+    .unwrap();
+    let foreign_before = identity(&foreign);
+    let daemon = Daemon::start(
+        &[
+            "--config",
+            s.config.to_str().unwrap(),
+            "--source",
+            &format!("dir:{}", templates.display()),
+            "--node-name",
+            "laptop",
+            "--node-file",
+            node_file.to_str().unwrap(),
+            "--manifest-dir",
+            dir.to_str().unwrap(),
+        ],
+        s.tmp.path().join("podstamp.log"),
+    );
+    let boot = dir.join("boot.yaml");
+    wait_content(
+        &daemon,
+        &boot,
+        &[
+            "image: boot:1",
+            "--zone=lab",
+            "value: laptop",
+            "namespace: kube-system",
+            "podstamp.io/source: kube-system/boot",
+        ],
+    );
+    daemon.wait_ready(CONVERGE);
+    kubelet_accepts(&[&boot], "laptop");
+
+    write_atomically(
+        &templates.join("boot.yaml"),
+        &DIR_TEMPLATE.replace("IMAGE", "boot:2"),
+    );
+    wait_content(&daemon, &boot, &["image: boot:2"]);
+
+    // Broken: the last good manifest stays.
+    let good = identity(&boot);
+    fs::write(
+        templates.join("boot.yaml"),
+        "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: boot\n",
+    )
+    .unwrap();
+    wait_for("the parse error in the log", CONVERGE, || {
+        daemon.logs().contains("InvalidTemplate").then_some(())
+    });
+    assert_eq!(identity(&boot), good);
+
+    // A second file with the same template name: the later one fails.
+    write_atomically(
+        &templates.join("boot.yaml"),
+        &DIR_TEMPLATE.replace("IMAGE", "boot:3"),
+    );
+    wait_content(&daemon, &boot, &["image: boot:3"]);
+    write_atomically(
+        &templates.join("copy.yaml"),
+        &DIR_TEMPLATE.replace("IMAGE", "copy:1"),
+    );
+    wait_for("the name conflict in the log", CONVERGE, || {
+        daemon.logs().contains("NameConflict").then_some(())
+    });
+    assert!(read(&boot).unwrap().contains("image: boot:3"));
+    // The first one goes: the other gets the name.
+    fs::remove_file(templates.join("boot.yaml")).unwrap();
+    wait_content(&daemon, &boot, &["image: copy:1"]);
+    fs::remove_file(templates.join("copy.yaml")).unwrap();
+    wait_gone(&daemon, &boot);
+    assert_eq!(identity(&foreign), foreign_before);
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn a_restart_keeps_hand_edits_out_and_foreign_files_in() {
+    // Offline: a manifest of ours edited by hand is overwritten on the next
+    // render; stray temp files of ours go; a file of another namespace's
+    // podstamp is not ours.
+    let s = setup();
+    let templates = s.tmp.path().join("templates");
+    fs::create_dir(&templates).unwrap();
+    fs::write(
+        templates.join("boot.yaml"),
+        DIR_TEMPLATE.replace("IMAGE", "boot:1"),
+    )
+    .unwrap();
+    let dir = &s.manifests;
+    let node_file = s.tmp.path().join("node.yaml");
+    fs::write(
+        &node_file,
+        "apiVersion: v1\nkind: Node\nmetadata: {name: n1, labels: {zone: lab}}\n",
+    )
+    .unwrap();
+    let args = |node: &str| -> Vec<String> {
+        vec![
+            "--node-file".into(),
+            node_file.to_str().unwrap().into(),
+            "--config".into(),
+            s.config.to_str().unwrap().into(),
+            "--source".into(),
+            format!("dir:{}", templates.display()),
+            "--node-name".into(),
+            node.into(),
+            "--manifest-dir".into(),
+            dir.to_str().unwrap().into(),
+        ]
+    };
+    let start = |node: &str, log: &str| {
+        let a = args(node);
+        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+        Daemon::start(&refs, s.tmp.path().join(log))
+    };
+    let daemon = start("n1", "1.log");
+    let boot = dir.join("boot.yaml");
+    let good = wait_content(&daemon, &boot, &["image: boot:1"]);
+    assert!(daemon.stop().success());
+
+    fs::write(&boot, good.replace("image: boot:1", "image: evil:1")).unwrap();
+    let stray = dir.join(".podstamp-boot.yaml.1.0.tmp");
+    fs::write(&stray, "half").unwrap();
+    let other = dir.join("other.yaml");
+    let other_text = good.replace(
+        "podstamp.io/source: kube-system/boot",
+        "podstamp.io/source: elsewhere/boot",
+    );
+    fs::write(&other, &other_text).unwrap();
+
+    let daemon = start("n1", "2.log");
+    wait_content(&daemon, &boot, &["image: boot:1"]);
+    daemon.wait_ready(CONVERGE);
+    assert!(
+        daemon.logs().contains("edited by hand"),
+        "{}",
+        daemon.logs()
+    );
+    assert!(!stray.exists(), "stray temp files of ours are removed");
+    assert_eq!(
+        read(&other).unwrap(),
+        other_text,
+        "another namespace's manifest is not ours"
+    );
+    fs::remove_file(templates.join("boot.yaml")).unwrap();
+    wait_gone(&daemon, &boot);
+    assert!(other.exists());
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = tmp.path().join("bad.yaml");
+    fs::write(&bad, "daemon:\n  nodeNmae: x\n").unwrap();
+    let manifests = tmp.path().join("m");
+    let m = manifests.to_str().unwrap();
+    for (args, needle) in [
+        (vec!["run", "--manifest-dir", m], "--node-name"),
+        (
+            vec![
+                "run",
+                "--node-name",
+                "n",
+                "--source",
+                "ftp:x",
+                "--manifest-dir",
+                m,
+            ],
+            "--source",
+        ),
+        (
+            vec!["run", "--node-name", "n", "--config", bad.to_str().unwrap()],
+            "daemon.nodeNmae",
+        ),
+        (
+            vec![
+                "run",
+                "--node-name",
+                "n",
+                "--source",
+                "dir:/nonexistent",
+                "--manifest-dir",
+                m,
+            ],
+            "not a directory",
+        ),
+        (
+            vec![
+                "run",
+                "--node-name",
+                "n",
+                "--namespace",
+                "Bad_NS",
+                "--manifest-dir",
+                m,
+            ],
+            "namespace",
+        ),
+    ] {
+        let out = common::podstamp(&args);
+        let err = common::stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}

@@ -1,0 +1,315 @@
+//! Helpers for the daemon's end-to-end tests: the harness's real
+//! kube-apiserver, `podstamp run` processes, the kubelet's manifest check.
+#![allow(dead_code)]
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::common::repo;
+
+/// The harness binaries (tests/harness/README.md), or a failure saying how to build them.
+pub fn harness_bin(name: &str) -> PathBuf {
+    let dir = std::env::var_os("PODSTAMP_HARNESS_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target/harness"));
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: run `bash tests/harness/build.sh` (or set PODSTAMP_HARNESS_BIN to where it put the binaries)",
+        path.display()
+    );
+    path
+}
+
+/// Polls `probe` every 50 ms until it gives a value, for at most `limit`.
+pub fn wait_for<T>(what: &str, limit: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Makes the child die with the thread that spawned it.
+fn die_with_parent(command: &mut Command) {
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
+/// A `podstamp-apiserver` process on a state directory.
+pub struct ApiServer {
+    pub dir: PathBuf,
+    child: Option<Child>,
+    pub url: String,
+}
+
+impl ApiServer {
+    /// Starts (or restarts, on the same directory) a server and waits until it is ready.
+    pub fn start(dir: &Path) -> ApiServer {
+        fs::create_dir_all(dir).unwrap();
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("apiserver.log"))
+            .unwrap();
+        let mut command = Command::new(harness_bin("podstamp-apiserver"));
+        command
+            .arg("--dir")
+            .arg(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        die_with_parent(&mut command);
+        let mut child = command.spawn().expect("start podstamp-apiserver");
+        let pid = child.id();
+        let ready = dir.join("ready");
+        let url = wait_for(
+            "the API server's ready file",
+            Duration::from_secs(90),
+            || {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!(
+                        "podstamp-apiserver exited with {status}; see {}",
+                        dir.join("apiserver.log").display()
+                    );
+                }
+                let text = fs::read_to_string(&ready).ok()?;
+                let value: serde_json::Value = serde_json::from_str(&text).ok()?;
+                (value["pid"].as_u64() == Some(u64::from(pid)))
+                    .then(|| value["url"].as_str().unwrap().to_string())
+            },
+        );
+        ApiServer {
+            dir: dir.to_path_buf(),
+            child: Some(child),
+            url,
+        }
+    }
+
+    pub fn kubeconfig(&self, user: &str) -> PathBuf {
+        self.dir.join(format!("{user}.kubeconfig"))
+    }
+
+    /// SIGKILL, as if the control plane went away.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub async fn admin(&self) -> kube::Client {
+        client(&self.kubeconfig("admin")).await
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub async fn client(kubeconfig: &Path) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
+/// One API server for the whole test binary. It is started from a thread
+/// that lives as long as the process, so that it dies with the process.
+pub fn shared_server() -> &'static ApiServer {
+    static SERVER: OnceLock<&'static ApiServer> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let dir = tempfile::Builder::new()
+                .prefix("podstamp-apiserver-")
+                .tempdir()
+                .unwrap()
+                .keep();
+            let server: &'static ApiServer = Box::leak(Box::new(ApiServer::start(&dir)));
+            tx.send(server).unwrap();
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv().expect("the API server failed to start")
+    })
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running `podstamp run`.
+pub struct Daemon {
+    child: Child,
+    pub log: PathBuf,
+    pub port: u16,
+}
+
+impl Daemon {
+    /// Starts `podstamp run` with these arguments (plus --listen), logging at info.
+    pub fn start(args: &[&str], log: PathBuf) -> Daemon {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let out = fs::File::create(&log).unwrap();
+        // PODSTAMP_TEST_LOG overrides the daemon's log filter, e.g. `debug`.
+        let filter = std::env::var("PODSTAMP_TEST_LOG").unwrap_or_else(|_| "info,kube=warn".into());
+        let mut command = Command::new(env!("CARGO_BIN_EXE_podstamp"));
+        command
+            .args(["--log-level", &filter, "run", "--listen", &listen])
+            .args(args)
+            .env_remove("RUST_LOG")
+            .env_remove("NODE_NAME")
+            .env_remove("KUBECONFIG")
+            .env(
+                "PODSTAMP_CACHE_DIR",
+                repo().join("target/test-plugin-cache"),
+            )
+            .current_dir(repo())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(out);
+        die_with_parent(&mut command);
+        let child = command.spawn().expect("run podstamp");
+        Daemon { child, log, port }
+    }
+
+    pub fn logs(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// GET `path` on the daemon's listener: (status code, body); None when it does not answer.
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        let code = response.split_whitespace().nth(1)?.parse().ok()?;
+        let body = response.split_once("\r\n\r\n")?.1.to_string();
+        Some((code, body))
+    }
+
+    /// The value of one sample in /metrics, 0 when absent.
+    pub fn metric(&self, sample: &str) -> f64 {
+        let (_, body) = self.get("/metrics").unwrap_or_default();
+        body.lines()
+            .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    pub fn wait_ready(&self, limit: Duration) {
+        wait_for("podstamp to be ready", limit, || {
+            self.assert_running();
+            (self.get("/readyz")?.0 == 200).then_some(())
+        });
+    }
+
+    pub fn assert_running(&self) {
+        let pid = self.child.id() as i32;
+        // Still our child and not exited: waitpid with WNOHANG returns 0.
+        let mut status = 0;
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        assert!(r == 0, "podstamp run exited; its log:\n{}", self.logs());
+    }
+
+    /// SIGTERM, and the exit status.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "podstamp did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the kubelet's static pod file check on `paths`; panics with its output if any is rejected.
+pub fn kubelet_accepts(paths: &[&Path], node: &str) {
+    let output = Command::new(harness_bin("podstamp-manifestcheck"))
+        .arg("--node-name")
+        .arg(node)
+        .args(paths)
+        .output()
+        .expect("run podstamp-manifestcheck");
+    assert!(
+        output.status.success(),
+        "the kubelet rejects a manifest ({}):\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// (inode, mtime in ns) of a file.
+pub fn identity(path: &Path) -> (u64, i128) {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(path).unwrap();
+    (
+        m.ino(),
+        i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+    )
+}
+
+/// The config file for tests: substitute then node-env, from the real plugins.
+pub fn write_config(dir: &Path) -> PathBuf {
+    use crate::common::plugin;
+    let path = dir.join("podstamp.yaml");
+    let text = format!(
+        "plugins:\n  substitute:\n    path: {}\n    settings: {{vars: {{greeting: hello}}}}\n  node-env:\n    path: {}\n    settings: {{nodeIP: \"\", labels: {{ZONE: zone}}}}\n  identity:\n    path: {}\nchain: [substitute, node-env]\nlimits: {{timeout: 2s}}\n",
+        plugin("substitute").display(),
+        plugin("node-env").display(),
+        plugin("identity").display(),
+    );
+    fs::write(&path, text).unwrap();
+    path
+}
+
+static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A name unique in this run: `prefix-<pid>-<n>`.
+pub fn unique(prefix: &str) -> String {
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{prefix}-{}-{n}", std::process::id())
+}
