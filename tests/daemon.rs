@@ -156,6 +156,14 @@ fn wait_content(daemon: &Daemon, path: &Path, needles: &[&str]) -> String {
     })
 }
 
+/// Prints (never asserts) how long a change took to reach the file: from
+/// just before the API request to the manifest's mtime.
+fn report_latency(what: &str, sent: std::time::SystemTime, path: &Path) {
+    let written = fs::metadata(path).unwrap().modified().unwrap();
+    let took = written.duration_since(sent).unwrap_or_default();
+    eprintln!("measured: {what} -> manifest written in {took:?}");
+}
+
 fn wait_gone(daemon: &Daemon, path: &Path) {
     let what = format!("{} to be removed", path.display());
     let gone = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -260,11 +268,13 @@ fn templates_become_manifests_and_follow_updates_deletes_and_the_node() {
     }
 
     // An update is rendered and written.
+    let sent = std::time::SystemTime::now();
     kube.patch_template(
         "web",
         json!({"template": {"spec": {"containers": [{"name": "main", "image": "nginx:1.28"}]}}}),
     );
     wait_content(&daemon, &web, &["image: nginx:1.28", "--zone=zone-a"]);
+    report_latency("template update", sent, &web);
     kubelet_accepts(&[&web], &node_name);
 
     // An update that does not change the rendered bytes leaves the file alone.
@@ -280,11 +290,13 @@ fn templates_become_manifests_and_follow_updates_deletes_and_the_node() {
     assert_eq!(identity(&web), before, "same inode and mtime");
 
     // A node label change re-renders.
+    let sent = std::time::SystemTime::now();
     kube.patch_node(
         &node_name,
         json!({"metadata": {"labels": {"zone": "zone-b"}}}),
     );
     wait_content(&daemon, &web, &["--zone=zone-b", "value: zone-b"]);
+    report_latency("node label change", sent, &web);
 
     // A second template, deleted: its manifest goes.
     kube.create::<PodTemplate>(template("api", "busybox:1"));
@@ -827,7 +839,8 @@ fn a_restart_keeps_hand_edits_out_and_foreign_files_in() {
         ]
     };
     let start = |node: &str, log: &str| {
-        let a = args(node);
+        let mut a = args(node);
+        a.extend(["--log-format".to_string(), "json".to_string()]);
         let refs: Vec<&str> = a.iter().map(String::as_str).collect();
         Daemon::start(&refs, s.tmp.path().join(log))
     };
@@ -845,10 +858,18 @@ fn a_restart_keeps_hand_edits_out_and_foreign_files_in() {
         "podstamp.io/source: elsewhere/boot",
     );
     fs::write(&other, &other_text).unwrap();
+    // A copy of ours under another name would be a second pod for the kubelet.
+    let renamed = dir.join("boot-renamed.yaml");
+    fs::write(&renamed, &good).unwrap();
 
     let daemon = start("n1", "2.log");
     wait_content(&daemon, &boot, &["image: boot:1"]);
     daemon.wait_ready(CONVERGE);
+    wait_gone(&daemon, &renamed);
+    for line in daemon.logs().lines() {
+        let parsed: Result<Value, _> = serde_json::from_str(line);
+        assert!(parsed.is_ok(), "--log-format json: not JSON: {line}");
+    }
     assert!(
         daemon.logs().contains("edited by hand"),
         "{}",

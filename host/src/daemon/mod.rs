@@ -285,7 +285,14 @@ async fn run(settings: Settings, catalog: Catalog, dir_node: Option<NodeContext>
     let resync = settings.resync;
     let worker = std::thread::Builder::new()
         .name("reconciler".into())
-        .spawn(move || reconciler.run(received, resync));
+        .spawn(move || {
+            let run = std::panic::AssertUnwindSafe(|| reconciler.run(received, resync));
+            if std::panic::catch_unwind(run).is_err() {
+                // Better restarted by the kubelet than alive and doing nothing.
+                tracing::error!("the reconciler panicked; exiting");
+                std::process::exit(70);
+            }
+        });
     if let Err(e) = worker {
         return usage(format!("cannot start the reconciler: {e}"));
     }

@@ -308,8 +308,12 @@ impl Reconciler {
             .filter_map(|k| self.entries.get(&k).map(|e| (e.seq, k)))
             .collect();
         dirty.sort();
+        let rendered = !dirty.is_empty();
         for (_, key) in dirty {
             self.render_one(&key);
+        }
+        if rendered && self.synced {
+            self.collect_garbage();
         }
         self.metrics.set_managed(self.owned.len());
         if self.synced {
@@ -328,10 +332,23 @@ impl Reconciler {
             .values()
             .filter_map(|e| e.id.as_deref())
             .collect();
+        // (template, file) each template wrote; a template that wrote its
+        // manifest makes any other file of ours naming it a stale duplicate
+        // (say, one renamed by hand).
+        let claimed: BTreeSet<(&str, &str)> = self
+            .entries
+            .values()
+            .filter_map(|e| Some((e.id.as_deref()?, e.claims.as_deref()?)))
+            .collect();
+        let claiming: BTreeSet<&str> = claimed.iter().map(|(id, _)| *id).collect();
         let stale: Vec<(String, String)> = self
             .owned
             .iter()
-            .filter(|(_, source)| !live.contains(source.as_str()))
+            .filter(|(file, source)| {
+                !live.contains(source.as_str())
+                    || (claiming.contains(source.as_str())
+                        && !claimed.contains(&(source.as_str(), file.as_str())))
+            })
             .map(|(f, s)| (f.clone(), s.clone()))
             .collect();
         for (file, source) in stale {
@@ -343,7 +360,7 @@ impl Reconciler {
             if still_ours {
                 match fs::remove_file(&path).and_then(|()| fs::File::open(&self.dir)?.sync_all()) {
                     Ok(()) => {
-                        tracing::info!(file = %file, template = %source, "removed manifest: its template is gone");
+                        tracing::info!(file = %file, template = %source, "removed manifest: its template is gone, or wrote its manifest under another name");
                         self.metrics.removed();
                     }
                     Err(e) => {
