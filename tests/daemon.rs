@@ -519,6 +519,7 @@ fn an_api_outage_changes_nothing_on_disk_and_a_relist_catches_up() {
         json!({"template": {"spec": {"containers": [{"name": "main", "image": "etcd:3.7"}]}}}),
     );
     wait_content(&daemon, &etcd, &["image: etcd:3.7"]);
+    kubelet_accepts(&[dir], &node_name);
     assert!(
         daemon.logs().contains("unreachable"),
         "the outage is logged"
@@ -866,6 +867,7 @@ fn a_restart_keeps_hand_edits_out_and_foreign_files_in() {
     wait_content(&daemon, &boot, &["image: boot:1"]);
     daemon.wait_ready(CONVERGE);
     wait_gone(&daemon, &renamed);
+    kubelet_accepts(&[&boot], "n1");
     for line in daemon.logs().lines() {
         let parsed: Result<Value, _> = serde_json::from_str(line);
         assert!(parsed.is_ok(), "--log-format json: not JSON: {line}");

@@ -579,3 +579,146 @@ fn read_regular(path: &Path) -> Option<Vec<u8>> {
         .ok()?;
     Some(bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn incoming(key: &str, name: &str, image: &str) -> Incoming {
+        let value = json!({"apiVersion": "v1", "kind": "PodTemplate",
+            "metadata": {"name": name, "namespace": "kube-system"},
+            "template": {"spec": {"containers": [{"name": "c", "image": image}]}}});
+        Incoming {
+            key: key.to_string(),
+            id: Some(format!("kube-system/{name}")),
+            template: Template::from_value(&value).map_err(|e| e.to_string()),
+            reference: None,
+        }
+    }
+
+    fn reconciler(dir: &Path) -> Reconciler {
+        let mut r = Reconciler::new(
+            dir.to_path_buf(),
+            "kube-system".into(),
+            Catalog::from_steps(Vec::new()),
+            Arc::new(Metrics::default()),
+            None,
+        )
+        .unwrap();
+        r.apply(Input::Node(NodeContext::named("n1")));
+        r
+    }
+
+    fn list(r: &mut Reconciler, items: Vec<Incoming>) {
+        r.apply(Input::ListStarted);
+        for item in items {
+            r.apply(Input::Listed(item));
+        }
+        r.apply(Input::ListDone);
+        r.reconcile();
+    }
+
+    #[test]
+    fn nothing_is_deleted_before_a_complete_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = reconciler(dir.path());
+        list(
+            &mut r,
+            vec![incoming("a", "a", "x:1"), incoming("b", "b", "x:1")],
+        );
+        assert!(dir.path().join("a.yaml").exists() && dir.path().join("b.yaml").exists());
+
+        // A restarted daemon, and a relist that has not finished.
+        let mut r = reconciler(dir.path());
+        assert_eq!(r.owned.len(), 2);
+        r.reconcile();
+        r.apply(Input::ListStarted);
+        r.apply(Input::Listed(incoming("a", "a", "x:1")));
+        r.reconcile();
+        assert!(
+            dir.path().join("b.yaml").exists(),
+            "a partial list deletes nothing"
+        );
+        r.apply(Input::ListDone);
+        r.reconcile();
+        assert!(
+            !dir.path().join("b.yaml").exists(),
+            "gone after the complete list"
+        );
+        assert!(dir.path().join("a.yaml").exists());
+    }
+
+    #[test]
+    fn the_first_template_keeps_a_pod_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = reconciler(dir.path());
+        list(&mut r, vec![incoming("1.yaml", "web", "first:1")]);
+        r.apply(Input::Applied(incoming("2.yaml", "web", "second:1")));
+        r.reconcile();
+        let text = fs::read_to_string(dir.path().join("web.yaml")).unwrap();
+        assert!(text.contains("first:1"), "{text}");
+        assert!(
+            r.entries["2.yaml"]
+                .last_error
+                .as_deref()
+                .unwrap()
+                .contains("already produced")
+        );
+        // A change to the first one is still written.
+        r.apply(Input::Applied(incoming("1.yaml", "web", "first:2")));
+        r.reconcile();
+        let text = fs::read_to_string(dir.path().join("web.yaml")).unwrap();
+        assert!(text.contains("first:2"), "{text}");
+    }
+
+    #[test]
+    fn foreign_files_and_symlinks_are_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("web.yaml"), "apiVersion: v1\nkind: Pod\n").unwrap();
+        let outside = dir.path().join(".outside");
+        fs::write(&outside, "keep").unwrap();
+        std::os::unix::fs::symlink(&outside, dir.path().join("db.yaml")).unwrap();
+        let mut r = reconciler(dir.path());
+        list(
+            &mut r,
+            vec![incoming("web", "web", "x:1"), incoming("db", "db", "x:1")],
+        );
+        assert_eq!(
+            fs::read_to_string(dir.path().join("web.yaml")).unwrap(),
+            "apiVersion: v1\nkind: Pod\n"
+        );
+        assert_eq!(fs::read_to_string(&outside).unwrap(), "keep");
+        assert!(
+            r.entries["web"]
+                .last_error
+                .as_deref()
+                .unwrap()
+                .contains("not podstamp's")
+        );
+        assert!(r.entries["db"].last_error.is_some());
+        // Deleting the templates does not delete what was never ours.
+        list(&mut r, vec![]);
+        assert!(dir.path().join("web.yaml").exists() && dir.path().join("db.yaml").exists());
+    }
+
+    #[test]
+    fn without_the_node_nothing_is_rendered() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = Reconciler::new(
+            dir.path().to_path_buf(),
+            "kube-system".into(),
+            Catalog::from_steps(Vec::new()),
+            Arc::new(Metrics::default()),
+            None,
+        )
+        .unwrap();
+        list(&mut r, vec![incoming("a", "a", "x:1")]);
+        assert!(!dir.path().join("a.yaml").exists());
+        assert!(!r.metrics.is_ready());
+        r.apply(Input::Node(NodeContext::named("n1")));
+        r.reconcile();
+        assert!(dir.path().join("a.yaml").exists());
+        assert!(r.metrics.is_ready());
+    }
+}
