@@ -510,8 +510,14 @@ fn an_api_outage_changes_nothing_on_disk_and_a_relist_catches_up() {
     assert_eq!(daemon.metric("podstamp_managed_manifests"), 2.0);
 
     // Back: a relist removes the deleted template's manifest, and updates flow again.
+    let restarted = std::time::Instant::now();
     server = ApiServer::start(&state.path().join("apiserver"));
+    let ready = restarted.elapsed();
     wait_gone(&daemon, &gone);
+    eprintln!(
+        "measured: API server restart -> relisted and garbage-collected in {:?} (the server itself took {ready:?} to report ready)",
+        restarted.elapsed()
+    );
     daemon.wait_ready(CONVERGE);
     assert_eq!(identity(&etcd), before[0], "the rest stays untouched");
     Kube::new(&kubeconfig, &ns).patch_template(
