@@ -141,11 +141,10 @@ pub fn shared_server() -> &'static ApiServer {
     SERVER.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let dir = tempfile::Builder::new()
-                .prefix("podstamp-apiserver-")
-                .tempdir()
-                .unwrap()
-                .keep();
+            // A fixed place, emptied first: the process never runs destructors
+            // for statics, so a temporary directory would be left behind.
+            let dir = repo().join("target/daemon-tests/shared-apiserver");
+            let _ = fs::remove_dir_all(&dir);
             let server: &'static ApiServer = Box::leak(Box::new(ApiServer::start(&dir)));
             tx.send(server).unwrap();
             loop {
