@@ -26,7 +26,11 @@ fn render_ok(plugins: &[String]) -> String {
     }
     let out = podstamp(&args);
     assert!(out.status.success(), "render failed: {}", stderr(&out));
-    assert_eq!(stderr(&out), "", "a successful render prints nothing on stderr");
+    assert_eq!(
+        stderr(&out),
+        "",
+        "a successful render prints nothing on stderr"
+    );
     stdout(&out)
 }
 
@@ -37,7 +41,10 @@ fn fails(args: &[&str], stdin: Option<&str>, code: i32) -> String {
     assert_eq!(out.status.code(), Some(code), "stderr: {err}");
     assert_eq!(stdout(&out), "", "nothing on stdout when it fails");
     assert_eq!(err.lines().count(), 1, "one line: {err}");
-    err.trim_end().strip_prefix("podstamp: error: ").unwrap_or_else(|| panic!("{err}")).to_string()
+    err.trim_end()
+        .strip_prefix("podstamp: error: ")
+        .unwrap_or_else(|| panic!("{err}"))
+        .to_string()
 }
 
 #[test]
@@ -50,7 +57,14 @@ fn passthrough_is_golden_and_byte_stable() {
     // The same bytes through --output, a JSON template and stdin.
     let dir = tempfile::tempdir().unwrap();
     let out_path = dir.path().join("m.yaml");
-    let out = podstamp(&["render", CHECKPOINTER, "--node", NODE, "-o", out_path.to_str().unwrap()]);
+    let out = podstamp(&[
+        "render",
+        CHECKPOINTER,
+        "--node",
+        NODE,
+        "-o",
+        out_path.to_str().unwrap(),
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(std::fs::read_to_string(&out_path).unwrap(), first);
     let yaml = std::fs::read(common::repo().join(CHECKPOINTER)).unwrap();
@@ -70,7 +84,10 @@ fn identity_changes_nothing() {
 fn node_env_is_golden() {
     golden(
         "node-env.yaml",
-        &render_ok(&[with_plugin("node-env", Some("tests/fixtures/node-env.yaml"))]),
+        &render_ok(&[with_plugin(
+            "node-env",
+            Some("tests/fixtures/node-env.yaml"),
+        )]),
     );
 }
 
@@ -78,7 +95,10 @@ fn node_env_is_golden() {
 fn substitute_is_golden() {
     golden(
         "substitute.yaml",
-        &render_ok(&[with_plugin("substitute", Some("tests/fixtures/substitute.yaml"))]),
+        &render_ok(&[with_plugin(
+            "substitute",
+            Some("tests/fixtures/substitute.yaml"),
+        )]),
     );
 }
 
@@ -86,14 +106,25 @@ fn substitute_is_golden() {
 fn arch_image_is_golden() {
     golden(
         "arch-image.yaml",
-        &render_ok(&[with_plugin("arch-image", Some("tests/fixtures/arch-image.yaml"))]),
+        &render_ok(&[with_plugin(
+            "arch-image",
+            Some("tests/fixtures/arch-image.yaml"),
+        )]),
     );
 }
 
 #[test]
 fn the_example_chain_is_golden_and_matches_the_flag_form() {
     plugin("arch-image");
-    let out = podstamp(&["render", CHECKPOINTER, "--node", NODE, "--config", "examples/podstamp.yaml", "--no-cache"]);
+    let out = podstamp(&[
+        "render",
+        CHECKPOINTER,
+        "--node",
+        NODE,
+        "--config",
+        "examples/podstamp.yaml",
+        "--no-cache",
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let from_config = stdout(&out);
     golden("example-chain.yaml", &from_config);
@@ -109,7 +140,10 @@ fn the_example_chain_is_golden_and_matches_the_flag_form() {
         "value: eu-west-1b",
         "checkpointer.alpha.coreos.com/checkpoint-of: worker-eu-1",
     ] {
-        assert!(from_config.contains(expected), "missing {expected:?} in\n{from_config}");
+        assert!(
+            from_config.contains(expected),
+            "missing {expected:?} in\n{from_config}"
+        );
     }
 }
 
@@ -118,11 +152,24 @@ fn the_compiled_code_cache_gives_the_same_output() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
     let args = |cache: &str| {
-        podstamp(&["render", CHECKPOINTER, "--node", NODE, "--config", "examples/podstamp.yaml", "--cache-dir", cache])
+        podstamp(&[
+            "render",
+            CHECKPOINTER,
+            "--node",
+            NODE,
+            "--config",
+            "examples/podstamp.yaml",
+            "--cache-dir",
+            cache,
+        ])
     };
     let cold = args(cache.to_str().unwrap());
     assert!(cold.status.success(), "{}", stderr(&cold));
-    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 4, "one entry per catalog plugin");
+    assert_eq!(
+        std::fs::read_dir(&cache).unwrap().count(),
+        4,
+        "one entry per catalog plugin"
+    );
     let warm = args(cache.to_str().unwrap());
     assert_eq!(stdout(&warm), stdout(&cold));
 }
@@ -136,10 +183,21 @@ fn a_template_picks_its_chain_from_the_catalog_only() {
             &format!("  labels:\n    podstamp.io/enabled: \"true\"\n  annotations:\n    podstamp.io/plugins: \"{list}\"\n"),
         )
     };
-    let args = ["render", "-", "--node", NODE, "--config", "examples/podstamp.yaml", "--no-cache"];
+    let args = [
+        "render",
+        "-",
+        "--node",
+        NODE,
+        "--config",
+        "examples/podstamp.yaml",
+        "--no-cache",
+    ];
     let out = podstamp_in(&args, Some(pick("identity").as_bytes()));
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stdout(&out).contains("${node.name}"), "identity only: placeholders stay");
+    assert!(
+        stdout(&out).contains("${node.name}"),
+        "identity only: placeholders stay"
+    );
     let err = fails(&args, Some(&pick("node-env, nope")), 1);
     assert_eq!(
         err,
@@ -151,23 +209,62 @@ fn a_template_picks_its_chain_from_the_catalog_only() {
 fn plugin_errors_name_the_template_the_plugin_and_the_field() {
     let node_env = with_plugin("node-env", Some("tests/fixtures/node-env.yaml"));
     let err = fails(
-        &["render", CHECKPOINTER, "--node-name", "bare", "--node-address", "InternalIP=10.0.0.9", "--plugin", &node_env, "--no-cache"],
+        &[
+            "render",
+            CHECKPOINTER,
+            "--node-name",
+            "bare",
+            "--node-address",
+            "InternalIP=10.0.0.9",
+            "--plugin",
+            &node_env,
+            "--no-cache",
+        ],
         None,
         1,
     );
     assert!(
-        err.starts_with("PodTemplate kube-system/pod-checkpointer: plugin 1 of 1 `node-env` (node-env 0.1.0): "),
+        err.starts_with(
+            "PodTemplate kube-system/pod-checkpointer: plugin 1 of 1 `node-env` (node-env 0.1.0): "
+        ),
         "{err}"
     );
     assert!(err.contains("topology.kubernetes.io/zone"), "{err}");
 
     let substitute = with_plugin("substitute", None);
-    let err = fails(&["render", CHECKPOINTER, "--node-name", "bare", "--plugin", &substitute, "--no-cache"], None, 1);
+    let err = fails(
+        &[
+            "render",
+            CHECKPOINTER,
+            "--node-name",
+            "bare",
+            "--plugin",
+            &substitute,
+            "--no-cache",
+        ],
+        None,
+        1,
+    );
     assert!(err.contains("spec.containers[0].command[5]"), "{err}");
     assert!(err.contains("${node.address.InternalIP}"), "{err}");
 
-    let arch = with_plugin("arch-image", Some("tests/fixtures/arch-image-amd64-only.json"));
-    let err = fails(&["render", CHECKPOINTER, "--node", NODE, "--plugin", &arch, "--no-cache"], None, 1);
+    let arch = with_plugin(
+        "arch-image",
+        Some("tests/fixtures/arch-image-amd64-only.json"),
+    );
+    let err = fails(
+        &[
+            "render",
+            CHECKPOINTER,
+            "--node",
+            NODE,
+            "--plugin",
+            &arch,
+            "--no-cache",
+        ],
+        None,
+        1,
+    );
     assert_eq!(
         err,
         "PodTemplate kube-system/pod-checkpointer: plugin 1 of 1 `arch-image` (arch-image 0.1.0): spec.containers[0].image: no image for architecture arm64 (have amd64)"
@@ -178,9 +275,29 @@ fn plugin_errors_name_the_template_the_plugin_and_the_field() {
 fn invalid_plugin_settings_are_reported_by_the_plugin() {
     let dir = tempfile::tempdir().unwrap();
     let settings = dir.path().join("s.json");
-    std::fs::write(&settings, r#"{"images": {"pod-checkpointer": {"arm64": 5}}}"#).unwrap();
-    let arch = format!("{},settings={}", plugin("arch-image").display(), settings.display());
-    let err = fails(&["render", CHECKPOINTER, "--node", NODE, "--plugin", &arch, "--no-cache"], None, 1);
+    std::fs::write(
+        &settings,
+        r#"{"images": {"pod-checkpointer": {"arm64": 5}}}"#,
+    )
+    .unwrap();
+    let arch = format!(
+        "{},settings={}",
+        plugin("arch-image").display(),
+        settings.display()
+    );
+    let err = fails(
+        &[
+            "render",
+            CHECKPOINTER,
+            "--node",
+            NODE,
+            "--plugin",
+            &arch,
+            "--no-cache",
+        ],
+        None,
+        1,
+    );
     assert!(err.contains("invalid settings"), "{err}");
     assert!(err.contains("images.pod-checkpointer.arm64"), "{err}");
 }
@@ -189,9 +306,29 @@ fn invalid_plugin_settings_are_reported_by_the_plugin() {
 fn the_result_of_the_chain_is_validated() {
     let dir = tempfile::tempdir().unwrap();
     let settings = dir.path().join("s.yaml");
-    std::fs::write(&settings, "images: {pod-checkpointer: {arm64: \"bad image\"}}\n").unwrap();
-    let arch = format!("{},settings={}", plugin("arch-image").display(), settings.display());
-    let err = fails(&["render", CHECKPOINTER, "--node", NODE, "--plugin", &arch, "--no-cache"], None, 1);
+    std::fs::write(
+        &settings,
+        "images: {pod-checkpointer: {arm64: \"bad image\"}}\n",
+    )
+    .unwrap();
+    let arch = format!(
+        "{},settings={}",
+        plugin("arch-image").display(),
+        settings.display()
+    );
+    let err = fails(
+        &[
+            "render",
+            CHECKPOINTER,
+            "--node",
+            NODE,
+            "--plugin",
+            &arch,
+            "--no-cache",
+        ],
+        None,
+        1,
+    );
     assert_eq!(
         err,
         r#"PodTemplate kube-system/pod-checkpointer: the pod returned by the plugin chain is invalid: spec.containers[0].image: "bad image" contains whitespace"#
@@ -201,22 +338,50 @@ fn the_result_of_the_chain_is_validated() {
 #[test]
 fn template_errors_name_the_file_and_field() {
     let args = ["render", "-", "--node-name", "n1"];
-    let err = fails(&args, Some("apiVersion: v1\nkind: PodTemplate\nmetadata:\n  name: [x\n"), 1);
-    assert!(err.starts_with("<stdin>:5:1: did not find expected ',' or ']'"), "{err}");
     let err = fails(
         &args,
-        Some("apiVersion: v1\nkind: PodTemplate\nmetadata: {name: web}\ntemplate:\n  spec:\n    containers: [{name: web, image: nginx, ports: [{containerPort: http}]}]\n"),
+        Some("apiVersion: v1\nkind: PodTemplate\nmetadata:\n  name: [x\n"),
         1,
     );
-    assert_eq!(err, "<stdin>: template.spec.containers[0].ports[0].containerPort: invalid type: string \"http\", expected i32");
+    assert!(
+        err.starts_with("<stdin>:5:1: did not find expected ',' or ']'"),
+        "{err}"
+    );
     let err = fails(
         &args,
-        Some("apiVersion: v1\nkind: PodTemplate\nmetadata: {name: web}\ntemplate:\n  spec: {containers: []}\n"),
+        Some(
+            "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: web}\ntemplate:\n  spec:\n    containers: [{name: web, image: nginx, ports: [{containerPort: http}]}]\n",
+        ),
         1,
     );
-    assert_eq!(err, "PodTemplate default/web: the template's pod is invalid: spec.containers: must list at least one container");
-    let err = fails(&args, Some("apiVersion: v1\nkind: PodTemplate\nmetadata: {name: ../../etc/passwd}\ntemplate: {spec: {}}\n"), 1);
-    assert!(err.starts_with("<stdin>: metadata.name: \"../../etc/passwd\" is not a valid DNS-1123 subdomain"), "{err}");
+    assert_eq!(
+        err,
+        "<stdin>: template.spec.containers[0].ports[0].containerPort: invalid type: string \"http\", expected i32"
+    );
+    let err = fails(
+        &args,
+        Some(
+            "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: web}\ntemplate:\n  spec: {containers: []}\n",
+        ),
+        1,
+    );
+    assert_eq!(
+        err,
+        "PodTemplate default/web: the template's pod is invalid: spec.containers: must list at least one container"
+    );
+    let err = fails(
+        &args,
+        Some(
+            "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: ../../etc/passwd}\ntemplate: {spec: {}}\n",
+        ),
+        1,
+    );
+    assert!(
+        err.starts_with(
+            "<stdin>: metadata.name: \"../../etc/passwd\" is not a valid DNS-1123 subdomain"
+        ),
+        "{err}"
+    );
     let err = fails(&["render", "missing.yaml", "--node-name", "n1"], None, 2);
     assert_eq!(err, "missing.yaml: No such file or directory (os error 2)");
 }
@@ -228,11 +393,33 @@ fn usage_errors_exit_2() {
         "say which node to render for: --node FILE or --node-name NAME"
     );
     assert_eq!(
-        fails(&["render", CHECKPOINTER, "--node-name", "n", "--node-label", "novalue"], None, 2),
+        fails(
+            &[
+                "render",
+                CHECKPOINTER,
+                "--node-name",
+                "n",
+                "--node-label",
+                "novalue"
+            ],
+            None,
+            2
+        ),
         "--node-label \"novalue\": expected KEY=VALUE"
     );
     assert_eq!(
-        fails(&["render", CHECKPOINTER, "--node-name", "n", "--timeout", "soon"], None, 2),
+        fails(
+            &[
+                "render",
+                CHECKPOINTER,
+                "--node-name",
+                "n",
+                "--timeout",
+                "soon"
+            ],
+            None,
+            2
+        ),
         "--timeout: \"soon\" is not a duration such as 100ms or 2s"
     );
     assert_eq!(
@@ -243,7 +430,18 @@ fn usage_errors_exit_2() {
     let config = dir.path().join("c.yaml");
     std::fs::write(&config, "chain: [missing]\n").unwrap();
     assert_eq!(
-        fails(&["render", CHECKPOINTER, "--node-name", "n", "--config", config.to_str().unwrap()], None, 2),
+        fails(
+            &[
+                "render",
+                CHECKPOINTER,
+                "--node-name",
+                "n",
+                "--config",
+                config.to_str().unwrap()
+            ],
+            None,
+            2
+        ),
         "chain: unknown plugin \"missing\" (the catalog has: none)"
     );
     // clap's own usage errors exit 2 too.
@@ -253,10 +451,40 @@ fn usage_errors_exit_2() {
 
 #[test]
 fn a_missing_or_foreign_plugin_fails_the_render() {
-    let err = fails(&["render", CHECKPOINTER, "--node", NODE, "--plugin", "nope.wasm", "--no-cache"], None, 1);
-    assert_eq!(err, "nope.wasm: cannot read plugin: No such file or directory (os error 2)");
-    let err = fails(&["render", CHECKPOINTER, "--node", NODE, "--plugin", NODE, "--no-cache"], None, 1);
-    assert!(err.starts_with("examples/node.yaml: not a valid WebAssembly component"), "{err}");
+    let err = fails(
+        &[
+            "render",
+            CHECKPOINTER,
+            "--node",
+            NODE,
+            "--plugin",
+            "nope.wasm",
+            "--no-cache",
+        ],
+        None,
+        1,
+    );
+    assert_eq!(
+        err,
+        "nope.wasm: cannot read plugin: No such file or directory (os error 2)"
+    );
+    let err = fails(
+        &[
+            "render",
+            CHECKPOINTER,
+            "--node",
+            NODE,
+            "--plugin",
+            NODE,
+            "--no-cache",
+        ],
+        None,
+        1,
+    );
+    assert!(
+        err.starts_with("examples/node.yaml: not a valid WebAssembly component"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -266,11 +494,20 @@ fn inspect_describes_a_plugin() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(text.contains("plugin:  node-env 0.1.0\n"), "{text}");
-    assert!(text.contains("wit:     podstamp:plugin@0.1.0 (matches this podstamp)\n"), "{text}");
-    assert!(text.contains("exports: podstamp:plugin/transformer@0.1.0\n"), "{text}");
+    assert!(
+        text.contains("wit:     podstamp:plugin@0.1.0 (matches this podstamp)\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("exports: podstamp:plugin/transformer@0.1.0\n"),
+        "{text}"
+    );
     assert!(text.contains("podstamp:plugin/host@0.1.0"), "{text}");
     let err = fails(&["plugin", "inspect", NODE], None, 1);
-    assert!(err.starts_with("examples/node.yaml: not a valid WebAssembly component"), "{err}");
+    assert!(
+        err.starts_with("examples/node.yaml: not a valid WebAssembly component"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -282,5 +519,8 @@ fn the_kubelet_accepts_every_golden_manifest() {
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
         .collect();
     assert!(files.len() >= 5, "{files:?}");
-    common::kubelet_accepts(&files.iter().map(|p| p.as_path()).collect::<Vec<_>>());
+    common::kubelet_accepts(
+        &files.iter().map(|p| p.as_path()).collect::<Vec<_>>(),
+        "worker-eu-1",
+    );
 }

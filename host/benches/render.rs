@@ -17,7 +17,10 @@ use podstamp::template::{Template, parse_document};
 use serde_json::Value;
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn read_value(path: &Path) -> Value {
@@ -90,10 +93,20 @@ fn main() {
     let images = serde_json::json!({"images": {"kube-apiserver": {
         "amd64": "registry.k8s.io/kube-apiserver-amd64:v1.36.3",
         "arm64": "registry.k8s.io/kube-apiserver-arm64:v1.36.3"}}});
-    let mut steps = vec![std::sync::Arc::new(Step::new("arch-image".into(), arch_image, &images))];
+    let mut steps = vec![std::sync::Arc::new(Step::new(
+        "arch-image".into(),
+        arch_image,
+        &images,
+    ))];
     steps.extend(
         catalog
-            .chain_for(&[("podstamp.io/plugins".to_string(), "node-env,substitute".to_string())].into())
+            .chain_for(
+                &[(
+                    "podstamp.io/plugins".to_string(),
+                    "node-env,substitute".to_string(),
+                )]
+                .into(),
+            )
             .unwrap()
             .steps()
             .iter()
@@ -145,7 +158,10 @@ fn main() {
         println!(
             "{label:<11} input {} bytes of JSON, manifest {} bytes",
             pod_json.len(),
-            render(&template, &node, &example, "kube-system").unwrap().bytes.len()
+            render(&template, &node, &example, "kube-system")
+                .unwrap()
+                .bytes
+                .len()
         );
     }
 }

@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -89,7 +90,24 @@ impl Chain {
     }
 
     /// Runs every step over `pod`. `subject` names the render in plugin logs.
-    pub fn apply(&self, pod: Value, node: &WitNode, subject: &str) -> Result<Value, ChainFailure> {
+    pub fn apply(
+        &self,
+        pod: Value,
+        node: &WitNode,
+        subject: &str,
+    ) -> Result<Value, Box<ChainFailure>> {
+        self.apply_observed(pod, node, subject, &mut |_, _, _| {})
+    }
+
+    /// [`Chain::apply`], telling `observe` about every plugin call: the step,
+    /// whether the call succeeded, and how long it took.
+    pub fn apply_observed(
+        &self,
+        pod: Value,
+        node: &WitNode,
+        subject: &str,
+        observe: &mut dyn FnMut(&Step, bool, Duration),
+    ) -> Result<Value, Box<ChainFailure>> {
         if self.steps.is_empty() {
             return Ok(pod);
         }
@@ -100,17 +118,21 @@ impl Chain {
         let mut text = pod.to_string();
         let mut current = pod;
         for (index, step) in self.steps.iter().enumerate() {
-            let fail = |failure| ChainFailure {
-                position: index + 1,
-                chain_length: self.steps.len(),
-                step: step.name.clone(),
-                plugin: step.plugin.info().clone(),
-                failure,
+            let fail = |failure| {
+                Box::new(ChainFailure {
+                    position: index + 1,
+                    chain_length: self.steps.len(),
+                    step: step.name.clone(),
+                    plugin: step.plugin.info().clone(),
+                    failure,
+                })
             };
-            text = step
+            let started = Instant::now();
+            let output = step
                 .plugin
-                .transform(&text, node, &step.settings_json, subject)
-                .map_err(|e| fail(StepFailure::Call(e)))?;
+                .transform(&text, node, &step.settings_json, subject);
+            observe(step, output.is_ok(), started.elapsed());
+            text = output.map_err(|e| fail(StepFailure::Call(e)))?;
             current = serde_json::from_str(&text)
                 .map_err(|e| fail(StepFailure::InvalidJson(e.to_string())))?;
             if !current.is_object() {

@@ -4,7 +4,7 @@
 //! rendered pod is wrong); 2 usage error (the command line, configuration,
 //! settings or node description is wrong). Every error is one line on stderr.
 
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -148,7 +148,8 @@ fn init_logging(format: LogFormat, filter: &str) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -190,7 +191,7 @@ fn run_render(args: RenderArgs) -> Result<(), Failure> {
         args.cache_dir
             .clone()
             .or_else(|| config.cache_dir.clone())
-            .or_else(default_cache_dir)
+            .or_else(podstamp::plugin::default_cache_dir)
     };
     let catalog = load_catalog(&args, &config, limits, cache_dir.as_deref())?;
     let chain = catalog
@@ -265,17 +266,6 @@ fn load_catalog(
     Ok(Catalog::from_steps(steps))
 }
 
-fn default_cache_dir() -> Option<PathBuf> {
-    let from_env = |name| {
-        std::env::var_os(name)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    from_env("PODSTAMP_CACHE_DIR")
-        .or_else(|| from_env("XDG_CACHE_HOME").map(|d| d.join("podstamp")))
-        .or_else(|| from_env("HOME").map(|d| d.join(".cache/podstamp")))
-}
-
 fn read_input(name: &str) -> Result<(Vec<u8>, String), String> {
     if name == "-" {
         let mut bytes = Vec::new();
@@ -298,17 +288,7 @@ fn key_value<'a>(flag: &str, text: &'a str) -> Result<(&'a str, &'a str), Failur
 fn node_context(args: &RenderArgs) -> Result<NodeContext, Failure> {
     let usage = Failure::Usage;
     let mut node = match (&args.node, &args.node_name) {
-        (Some(path), _) => {
-            let origin = path.display().to_string();
-            let bytes = std::fs::read(path).map_err(|e| usage(format!("{origin}: {e}")))?;
-            let value = parse_document(&bytes, &origin).map_err(|e| usage(e.to_string()))?;
-            if value.get("kind").and_then(|k| k.as_str()) != Some("Node") {
-                return Err(usage(format!("{origin}: kind: expected a Node object")));
-            }
-            let object: k8s_openapi::api::core::v1::Node = serde_path_to_error::deserialize(value)
-                .map_err(|e| usage(format!("{origin}: {}: {}", e.path(), e.inner())))?;
-            NodeContext::from_node(&object).map_err(|e| usage(format!("{origin}: {e}")))?
-        }
+        (Some(path), _) => podstamp::node::read_node_file(path).map_err(usage)?,
         (None, Some(name)) => NodeContext::named(name.clone()),
         (None, None) => {
             return Err(usage(

@@ -99,6 +99,19 @@ impl NodeContext {
     }
 }
 
+/// Reads a Node object (YAML or JSON) from a file; errors name the file and field.
+pub fn read_node_file(path: &std::path::Path) -> Result<NodeContext, String> {
+    let origin = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| format!("{origin}: {e}"))?;
+    let value = crate::template::parse_document(&bytes, &origin).map_err(|e| e.to_string())?;
+    if value.get("kind").and_then(|k| k.as_str()) != Some("Node") {
+        return Err(format!("{origin}: kind: expected a Node object"));
+    }
+    let node: Node = serde_path_to_error::deserialize(value)
+        .map_err(|e| format!("{origin}: {}: {}", e.path(), e.inner()))?;
+    NodeContext::from_node(&node).map_err(|e| format!("{origin}: {e}"))
+}
+
 /// This machine's architecture in Go's naming, which is what Kubernetes uses.
 pub fn host_architecture() -> &'static str {
     match std::env::consts::ARCH {

@@ -652,6 +652,19 @@ impl Ticker {
     }
 }
 
+/// Where compiled plugin code is cached unless configured otherwise:
+/// `$PODSTAMP_CACHE_DIR`, else `$XDG_CACHE_HOME/podstamp`, else `~/.cache/podstamp`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    let from_env = |name| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    from_env("PODSTAMP_CACHE_DIR")
+        .or_else(|| from_env("XDG_CACHE_HOME").map(|d| d.join("podstamp")))
+        .or_else(|| from_env("HOME").map(|d| d.join(".cache/podstamp")))
+}
+
 /// Compiled plugin code on disk, keyed by the plugin's sha256 and the
 /// engine's compatibility hash, so a restart does not recompile.
 struct CodeCache {

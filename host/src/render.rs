@@ -1,8 +1,9 @@
 //! One render: template → plugin chain → validation → manifest.
 
 use std::fmt;
+use std::time::Duration;
 
-use crate::chain::{Chain, ChainFailure};
+use crate::chain::{Chain, ChainFailure, Step};
 use crate::manifest::{self, Manifest};
 use crate::node::NodeContext;
 use crate::plugin::WitNode;
@@ -22,7 +23,7 @@ pub enum Stage {
     /// The template itself names a chain that does not exist.
     Chain(String),
     /// A plugin failed.
-    Plugin(ChainFailure),
+    Plugin(Box<ChainFailure>),
     /// The pod after the chain is not a valid v1 Pod.
     Result {
         after_plugins: bool,
@@ -60,6 +61,17 @@ pub fn render(
     chain: &Chain,
     namespace: &str,
 ) -> Result<Manifest, RenderError> {
+    render_observed(template, node, chain, namespace, &mut |_, _, _| {})
+}
+
+/// [`render`], telling `observe` about every plugin call (see [`Chain::apply_observed`]).
+pub fn render_observed(
+    template: &Template,
+    node: &NodeContext,
+    chain: &Chain,
+    namespace: &str,
+    observe: &mut dyn FnMut(&Step, bool, Duration),
+) -> Result<Manifest, RenderError> {
     let id = template.id();
     let fail = |stage| RenderError {
         template: id.clone(),
@@ -67,7 +79,12 @@ pub fn render(
     };
     let subject = format!("{id} on {}", node.name);
     let pod = chain
-        .apply(template.pod.clone(), &WitNode::from(node), &subject)
+        .apply_observed(
+            template.pod.clone(),
+            &WitNode::from(node),
+            &subject,
+            observe,
+        )
         .map_err(|e| fail(Stage::Plugin(e)))?;
     let mut pod = pod;
     // Forced before validation, so that what is validated is what is written.

@@ -5,7 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// A plugin component built by plugins/build.sh. Fails, saying how to build
@@ -60,7 +63,10 @@ pub fn golden(name: &str, actual: &str) {
         return;
     }
     let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!("{}: {e} (run with PODSTAMP_BLESS=1 to create it)", path.display())
+        panic!(
+            "{}: {e} (run with PODSTAMP_BLESS=1 to create it)",
+            path.display()
+        )
     });
     assert!(
         expected == actual,
@@ -83,16 +89,19 @@ pub fn harness_bin(name: &str) -> PathBuf {
     path
 }
 
-/// Runs the kubelet's own static pod file decoder on `paths`; panics with its
-/// verdicts unless it accepts every file.
-pub fn kubelet_accepts(paths: &[&Path]) {
+/// Runs the kubelet's own static pod file decoder on `paths`, as the kubelet
+/// of node `node` would; panics with its verdicts unless it accepts every file.
+pub fn kubelet_accepts(paths: &[&Path], node: &str) {
     let out = Command::new(harness_bin("podstamp-manifestcheck"))
+        .arg("--node-name")
+        .arg(node)
         .args(paths)
         .output()
         .expect("run podstamp-manifestcheck");
     assert!(
         out.status.success(),
-        "the kubelet's decoder rejects a manifest:\n{}{}",
+        "the kubelet's decoder rejects a manifest ({}):\n{}{}",
+        out.status,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );

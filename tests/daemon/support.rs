@@ -12,20 +12,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::common::repo;
-
-/// The harness binaries (tests/harness/README.md), or a failure saying how to build them.
-pub fn harness_bin(name: &str) -> PathBuf {
-    let dir = std::env::var_os("PODSTAMP_HARNESS_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join("target/harness"));
-    let path = dir.join(name);
-    assert!(
-        path.is_file(),
-        "{} is missing: run `bash tests/harness/build.sh` (or set PODSTAMP_HARNESS_BIN to where it put the binaries)",
-        path.display()
-    );
-    path
-}
+pub use crate::common::{harness_bin, kubelet_accepts};
 
 /// Polls `probe` every 50 ms until it gives a value, for at most `limit`.
 pub fn wait_for<T>(what: &str, limit: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
@@ -262,23 +249,6 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// Runs the kubelet's static pod file check on `paths`; panics with its output if any is rejected.
-pub fn kubelet_accepts(paths: &[&Path], node: &str) {
-    let output = Command::new(harness_bin("podstamp-manifestcheck"))
-        .arg("--node-name")
-        .arg(node)
-        .args(paths)
-        .output()
-        .expect("run podstamp-manifestcheck");
-    assert!(
-        output.status.success(),
-        "the kubelet rejects a manifest ({}):\n{}{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
 }
 
 /// (inode, mtime in ns) of a file.

@@ -26,7 +26,6 @@ use clap::Args;
 use crate::config::{self, Catalog, CatalogError, ConfigFile};
 use crate::node::NodeContext;
 use crate::plugin::Runtime;
-use crate::template::parse_document;
 
 use metrics::Metrics;
 use reconcile::{Input, Reconciler};
@@ -151,25 +150,9 @@ fn settings(args: &RunArgs, config: &ConfigFile) -> Result<Settings, String> {
 }
 
 fn read_node_file(path: &Path, node_name: &str) -> Result<NodeContext, String> {
-    let origin = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| format!("{origin}: {e}"))?;
-    let value = parse_document(&bytes, &origin).map_err(|e| e.to_string())?;
-    let node: k8s_openapi::api::core::v1::Node = serde_path_to_error::deserialize(value)
-        .map_err(|e| format!("{origin}: {}: {}", e.path(), e.inner()))?;
-    let mut context = NodeContext::from_node(&node).map_err(|e| format!("{origin}: {e}"))?;
+    let mut context = crate::node::read_node_file(path)?;
     context.name = node_name.to_string();
     Ok(context)
-}
-
-fn default_cache_dir() -> Option<PathBuf> {
-    let from_env = |name| {
-        std::env::var_os(name)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    from_env("PODSTAMP_CACHE_DIR")
-        .or_else(|| from_env("XDG_CACHE_HOME").map(|d| d.join("podstamp")))
-        .or_else(|| from_env("HOME").map(|d| d.join(".cache/podstamp")))
 }
 
 fn usage(message: impl std::fmt::Display) -> ExitCode {
@@ -203,7 +186,7 @@ pub fn main(args: RunArgs) -> ExitCode {
         args.cache_dir
             .clone()
             .or_else(|| config.cache_dir.clone())
-            .or_else(default_cache_dir)
+            .or_else(crate::plugin::default_cache_dir)
     };
     let catalog = match Runtime::new(limits, cache_dir.as_deref()) {
         Ok(runtime) => match Catalog::load(&config, &runtime) {

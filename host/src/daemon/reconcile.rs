@@ -31,8 +31,7 @@ use crate::chain::Chain;
 use crate::config::Catalog;
 use crate::manifest::{self, Manifest};
 use crate::node::NodeContext;
-use crate::plugin::WitNode;
-use crate::render::{RenderError, Stage, render};
+use crate::render::{RenderError, Stage, render_observed};
 use crate::template::Template;
 use crate::write::{self, Outcome};
 
@@ -525,7 +524,6 @@ fn write_manifest(dir: &Path, manifest: &Manifest) -> std::io::Result<Outcome> {
 }
 
 /// [`render`], with each plugin call timed for the metrics.
-#[allow(clippy::result_large_err)] // the same error as render()'s
 pub fn render_timed(
     template: &Template,
     node: &NodeContext,
@@ -533,31 +531,8 @@ pub fn render_timed(
     namespace: &str,
     metrics: &Metrics,
 ) -> Result<Manifest, RenderError> {
-    let wit_node = WitNode::from(node);
-    let subject = format!("{} on {}", template.id(), node.name);
-    let mut pod = template.pod.clone();
-    let length = chain.steps().len();
-    for (index, step) in chain.steps().iter().enumerate() {
-        let one = Chain::new(vec![step.clone()]);
-        let start = Instant::now();
-        let result = one.apply(pod, &wit_node, &subject);
-        metrics.plugin_call(&step.name, result.is_ok(), start.elapsed());
-        pod = result.map_err(|mut failure| {
-            failure.position = index + 1;
-            failure.chain_length = length;
-            RenderError {
-                template: template.id(),
-                stage: Stage::Plugin(failure),
-            }
-        })?;
-    }
-    let mut transformed = template.clone();
-    transformed.pod = pod;
-    render(&transformed, node, &Chain::default(), namespace).map_err(|mut e| {
-        if let Stage::Result { after_plugins, .. } = &mut e.stage {
-            *after_plugins = length > 0;
-        }
-        e
+    render_observed(template, node, chain, namespace, &mut |step, ok, took| {
+        metrics.plugin_call(&step.name, ok, took)
     })
 }
 
