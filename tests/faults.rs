@@ -154,6 +154,177 @@ const FAULTS: &[Fault] = &[
         says: "imports `wasi:cli/environment@0.2.0`, which podstamp does not provide",
         test: "plugins_importing_wasi_are_refused_at_load",
     },
+    Fault {
+        id: "template-name-dotdot",
+        area: "template",
+        fault: "name `../escape`",
+        kept: "nothing written, in the directory or outside it",
+        reported: "InvalidTemplate",
+        says: "metadata.name: \"../escape\" is not a valid DNS-1123 subdomain",
+        test: "bad_templates_are_refused_and_never_leave_the_directory",
+    },
+    Fault {
+        id: "template-name-slash",
+        area: "template",
+        fault: "name `etc/passwd`",
+        kept: "nothing written, in the directory or outside it",
+        reported: "InvalidTemplate",
+        says: "metadata.name: \"etc/passwd\" is not a valid DNS-1123 subdomain",
+        test: "bad_templates_are_refused_and_never_leave_the_directory",
+    },
+    Fault {
+        id: "template-name-dot",
+        area: "template",
+        fault: "name `.hidden` (a file the kubelet would ignore)",
+        kept: "nothing written",
+        reported: "InvalidTemplate",
+        says: "metadata.name: \".hidden\" is not a valid DNS-1123 subdomain",
+        test: "bad_templates_are_refused_and_never_leave_the_directory",
+    },
+    Fault {
+        id: "template-name-too-long",
+        area: "template",
+        fault: "name of 254 characters",
+        kept: "nothing written",
+        reported: "InvalidTemplate",
+        says: "metadata.name: is 254 characters long, over the limit of 253",
+        test: "bad_templates_are_refused_and_never_leave_the_directory",
+    },
+    Fault {
+        id: "template-name-long",
+        area: "template",
+        fault: "name of 250 characters (the longest whose file name fits in 255 bytes)",
+        kept: "written as `NAME.yaml`",
+        reported: "not a failure",
+        says: "wrote manifest",
+        test: "bad_templates_are_refused_and_never_leave_the_directory",
+    },
+    Fault {
+        id: "template-name-over-name-max",
+        area: "template",
+        fault: "name of 251 to 253 characters (valid, but `NAME.yaml` is over 255 bytes)",
+        kept: "nothing written",
+        reported: "WriteFailed",
+        says: "File name too long",
+        test: "bad_templates_are_refused_and_never_leave_the_directory",
+    },
+    Fault {
+        id: "template-no-containers",
+        area: "template",
+        fault: "`containers: []`",
+        kept: "nothing written",
+        reported: "RenderFailed",
+        says: "spec.containers: must list at least one container",
+        test: "bad_templates_are_refused_and_never_leave_the_directory",
+    },
+    Fault {
+        id: "template-invalid-yaml",
+        area: "template",
+        fault: "invalid YAML in the directory source",
+        kept: "nothing written; other files keep rendering",
+        reported: "InvalidTemplate",
+        says: "broken.yaml:4:1: did not find expected \u{27},\u{27} or \u{27}}\u{27}",
+        test: "bad_templates_are_refused_and_never_leave_the_directory",
+    },
+    Fault {
+        id: "template-10mib",
+        area: "template",
+        fault: "a 10 MiB template, no plugins",
+        kept: "last good manifest, unchanged",
+        reported: "RenderFailed",
+        says: "bytes, over the limit of 65536 (limits.maxManifestSize)",
+        test: "huge_duplicate_and_flapping_templates_keep_the_last_good_manifest",
+    },
+    Fault {
+        id: "template-10mib-through-plugins",
+        area: "template",
+        fault: "a 10 MiB template, through a plugin",
+        kept: "last good manifest, unchanged",
+        reported: "RenderFailed",
+        says: "over the limit of 65536",
+        test: "huge_duplicate_and_flapping_templates_keep_the_last_good_manifest",
+    },
+    Fault {
+        id: "template-duplicate-name",
+        area: "template",
+        fault: "two files with the same pod name",
+        kept: "the first template's manifest, unchanged; the later one is not written",
+        reported: "NameConflict",
+        says: "pod name \"dup\" is already produced by PodTemplate kube-system/dup",
+        test: "huge_duplicate_and_flapping_templates_keep_the_last_good_manifest",
+    },
+    Fault {
+        id: "template-flapping",
+        area: "template",
+        fault: "a template flipping between valid and invalid (5 times)",
+        kept: "each valid version is written; each invalid one keeps the last good manifest, unchanged",
+        reported: "InvalidTemplate",
+        says: "containerz",
+        test: "huge_duplicate_and_flapping_templates_keep_the_last_good_manifest",
+    },
+    Fault {
+        id: "disk-dir-missing",
+        area: "disk",
+        fault: "manifest directory missing at start",
+        kept: "created (with its parents), then filled",
+        reported: "not a failure",
+        says: "wrote manifest",
+        test: "a_missing_or_vanished_manifest_dir",
+    },
+    Fault {
+        id: "disk-dir-removed",
+        area: "disk",
+        fault: "manifest directory removed while running",
+        kept: "not recreated by podstamp; filled again at the next resync once it exists",
+        reported: "WriteFailed",
+        says: "No such file or directory",
+        test: "a_missing_or_vanished_manifest_dir",
+    },
+    Fault {
+        id: "disk-read-only",
+        area: "disk",
+        fault: "manifest directory read-only (tmpfs remounted `ro`)",
+        kept: "last good manifest, unchanged; the new version is written at the next resync after `rw`",
+        reported: "WriteFailed",
+        says: "Read-only file system",
+        test: "a_read_only_manifest_dir_keeps_the_last_good_manifest",
+    },
+    Fault {
+        id: "disk-full",
+        area: "disk",
+        fault: "disk full (a 64 KiB tmpfs, filled)",
+        kept: "last good manifest, unchanged; no temp file left; written at the next resync once there is room",
+        reported: "WriteFailed",
+        says: "No space left on device",
+        test: "a_full_disk_keeps_the_last_good_manifest_and_no_temp_file",
+    },
+    Fault {
+        id: "disk-symlink-planted",
+        area: "disk",
+        fault: "a symlink planted where a manifest goes",
+        kept: "the symlink and its target, untouched",
+        reported: "ForeignFile",
+        says: "exists and is not podstamp's; it is left alone",
+        test: "symlinks_where_manifests_go_are_never_followed",
+    },
+    Fault {
+        id: "disk-symlink-replacing-ours",
+        area: "disk",
+        fault: "our manifest replaced by a symlink while running",
+        kept: "the symlink and its target, untouched",
+        reported: "WriteFailed",
+        says: "is a symlink; refusing to replace it",
+        test: "symlinks_where_manifests_go_are_never_followed",
+    },
+    Fault {
+        id: "disk-kill-9",
+        area: "disk",
+        fault: "`kill -9` of the daemon during a burst of updates, then a restart",
+        kept: "every non-dot file is whole and accepted by the kubelet's decoder; only `.podstamp-*` temp files (ignored by the kubelet) can be left, and the restart removes them; the restarted daemon converges on the last versions",
+        reported: "not a failure (the process is killed)",
+        says: "first sync done",
+        test: "kill_9_during_a_burst_leaves_only_whole_manifests_and_a_restart_converges",
+    },
 ];
 
 fn row(id: &str) -> &'static Fault {
@@ -561,4 +732,430 @@ fn plugins_importing_wasi_are_refused_at_load() {
         assert_eq!(err.trim().lines().count(), 1, "{id}: one line: {err}");
         assert!(names_in(&e.manifests).is_empty(), "{id}: nothing written");
     }
+}
+
+// ---------------------------------------------------------------- templates
+
+/// A PodTemplate named `name` with this pod `spec` (YAML flow).
+fn template_spec(name: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: PodTemplate\nmetadata:\n  name: \"{name}\"\ntemplate:\n  spec: {spec}\n"
+    )
+}
+
+#[test]
+fn bad_templates_are_refused_and_never_leave_the_directory() {
+    let e = env();
+    e.put("control.yaml", &template("control", None, "control:1"));
+    let long_ok = format!("{0}.{0}.{0}.{1}", "a".repeat(62), "b".repeat(61));
+    assert_eq!(long_ok.len(), 250);
+    let too_long = "a".repeat(254);
+    let cases: Vec<(&str, String, String)> = vec![
+        (
+            "template-name-dotdot",
+            "dotdot.yaml".into(),
+            template_spec("../escape", "{containers: [{name: m, image: x}]}"),
+        ),
+        (
+            "template-name-slash",
+            "slash.yaml".into(),
+            template_spec("etc/passwd", "{containers: [{name: m, image: x}]}"),
+        ),
+        (
+            "template-name-dot",
+            "dot.yaml".into(),
+            template_spec(".hidden", "{containers: [{name: m, image: x}]}"),
+        ),
+        (
+            "template-name-too-long",
+            "long.yaml".into(),
+            template_spec(&too_long, "{containers: [{name: m, image: x}]}"),
+        ),
+        (
+            "template-no-containers",
+            "empty.yaml".into(),
+            template_spec("empty", "{containers: []}"),
+        ),
+        (
+            "template-invalid-yaml",
+            "broken.yaml".into(),
+            "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: broken\n".into(),
+        ),
+    ];
+    for (_, file, text) in &cases {
+        e.put(file, text);
+    }
+    e.put("longname.yaml", &template(&long_ok, None, "long:1"));
+    let daemon = e.start(&[], "templates.log");
+    daemon.wait_ready(CONVERGE);
+    wait_content(&daemon, &e.manifest("control"), "image: control:1");
+    for (id, file, _) in &cases {
+        let fault = row(id);
+        let path = e.templates.join(file).display().to_string();
+        let line = wait_logged(&daemon, &format!("{id} reported"), || {
+            daemon
+                .logs()
+                .lines()
+                .find(|l| {
+                    l.contains("WARN")
+                        && (l.contains(&path) || l.contains("template=kube-system/empty"))
+                        && l.contains(fault.says)
+                })
+                .map(str::to_string)
+        });
+        assert!(
+            line.contains(&format!("reason=\"{}\"", fault.reported)),
+            "{id}: {line}"
+        );
+    }
+    let long = row("template-name-long");
+    let line = wait_logged(&daemon, "the long name's outcome", || {
+        daemon
+            .logs()
+            .lines()
+            .find(|l| l.contains(&long_ok) && l.contains(long.says))
+            .map(str::to_string)
+    });
+    assert!(line.contains("INFO"), "{line}");
+    wait_content(&daemon, &e.manifest(&long_ok), "image: long:1");
+    // 251 to 253 characters are valid names, but NAME.yaml is over NAME_MAX.
+    let over = row("template-name-over-name-max");
+    let name_251 = format!("{}.b", long_ok);
+    e.put("longer.yaml", &template(&name_251, None, "long:1"));
+    expect_failure(&daemon, &name_251, over);
+    // Nothing but the good manifests, and nothing outside the directory.
+    assert_eq!(
+        names_in(&e.manifests),
+        [format!("{long_ok}.yaml"), "control.yaml".to_string()]
+    );
+    assert_eq!(
+        names_in(e.tmp.path()),
+        [
+            "manifests",
+            "node.yaml",
+            "plugins",
+            "podstamp.yaml",
+            "templates",
+            "templates.log"
+        ],
+    );
+    kubelet_accepts_dir(&e.manifests);
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn huge_duplicate_and_flapping_templates_keep_the_last_good_manifest() {
+    let e = env();
+    e.put("big.yaml", &template("big", Some(""), "big:1"));
+    e.put("big-chain.yaml", &template("big-chain", None, "big:1"));
+    e.put("dup-a.yaml", &template("dup", None, "dup:a"));
+    e.put("flap.yaml", &template("flap", None, "flap:0"));
+    let daemon = e.start(&[], "big.log");
+    daemon.wait_ready(CONVERGE);
+    for name in ["big", "big-chain"] {
+        wait_content(&daemon, &e.manifest(name), "image: big:1");
+    }
+    wait_content(&daemon, &e.manifest("dup"), "image: dup:a");
+    wait_content(&daemon, &e.manifest("flap"), "image: flap:0");
+
+    // 10 MiB: with no plugins, and through the (identity) chain.
+    let filler = "x".repeat(10 << 20);
+    let huge = |name: &str, plugins: Option<&str>| {
+        template(name, plugins, "big:2").replace(
+            "image: \"big:2\"}",
+            &format!("image: \"big:2\", args: [\"{filler}\"]}}"),
+        )
+    };
+    for (name, plugins, id) in [
+        ("big", Some(""), "template-10mib"),
+        ("big-chain", None, "template-10mib-through-plugins"),
+    ] {
+        let before = identity(&e.manifest(name));
+        let text = huge(name, plugins);
+        assert!(text.len() > 10 << 20);
+        e.put(&format!("{name}.yaml"), &text);
+        expect_failure(&daemon, name, row(id));
+        assert_eq!(identity(&e.manifest(name)), before, "{id}");
+    }
+
+    // Two files, one pod name: the first keeps it.
+    let dup = row("template-duplicate-name");
+    let before = identity(&e.manifest("dup"));
+    e.put("dup-b.yaml", &template("dup", None, "dup:b"));
+    let line = wait_logged(&daemon, "the name conflict", || {
+        daemon
+            .logs()
+            .lines()
+            .find(|l| l.contains("WARN") && l.contains(dup.says))
+            .map(str::to_string)
+    });
+    assert!(
+        line.contains(&format!("reason=\"{}\"", dup.reported)),
+        "{line}"
+    );
+    assert_eq!(identity(&e.manifest("dup")), before);
+
+    // Valid, invalid, valid...: each valid version is written, each invalid one keeps it.
+    let flap = row("template-flapping");
+    for i in 1..=5 {
+        let image = format!("flap:{i}");
+        e.put("flap.yaml", &template("flap", None, &image));
+        wait_content(&daemon, &e.manifest("flap"), &format!("image: {image}"));
+        let good = identity(&e.manifest("flap"));
+        let failed = daemon.metric("podstamp_render_failures_total{reason=\"InvalidTemplate\"}");
+        e.put(
+            "flap.yaml",
+            &template("flap", None, &image).replace("containers:", "containerz:"),
+        );
+        wait_logged(&daemon, "the invalid version to be counted", || {
+            (daemon.metric("podstamp_render_failures_total{reason=\"InvalidTemplate\"}") > failed)
+                .then_some(())
+        });
+        assert_eq!(identity(&e.manifest("flap")), good, "flap {i}");
+    }
+    assert!(daemon.logs().contains(flap.says), "{}", daemon.logs());
+    kubelet_accepts_dir(&e.manifests);
+    let mut expected = ["big.yaml", "big-chain.yaml", "dup.yaml", "flap.yaml"];
+    expected.sort();
+    assert_eq!(names_in(&e.manifests), expected);
+    assert!(daemon.stop().success());
+}
+
+// ---------------------------------------------------------------- disk
+
+/// A tmpfs mounted by the test, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Tmpfs {
+        fs::create_dir_all(at).unwrap();
+        mount(&[
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={size},mode=0755"),
+            "tmpfs",
+            at.to_str().unwrap(),
+        ]);
+        Tmpfs(at.to_path_buf())
+    }
+
+    fn remount(&self, options: &str) {
+        mount(&[
+            "-o",
+            &format!("remount,{options}"),
+            self.0.to_str().unwrap(),
+        ]);
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+fn mount(args: &[&str]) {
+    let out = std::process::Command::new("mount")
+        .args(args)
+        .output()
+        .expect(
+            "run mount(8): the disk fault tests need util-linux's mount (apt-get install mount)",
+        );
+    assert!(
+        out.status.success(),
+        "mount {args:?} failed: {}the disk fault tests mount small tmpfs file systems and need root or CAP_SYS_ADMIN (in a container: --privileged or --cap-add SYS_ADMIN)",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Waits for a `fault` warning about template `name` (any message position).
+fn expect_write_failure(daemon: &Daemon, name: &str, fault: &Fault) {
+    let template = format!("template=kube-system/{name}");
+    let reason = format!("reason=\"{}\"", fault.reported);
+    wait_logged(daemon, &format!("{} for {name}", fault.id), || {
+        daemon
+            .logs()
+            .lines()
+            .find(|l| l.contains(&template) && l.contains(&reason) && l.contains(fault.says))
+            .map(|_| ())
+    });
+}
+
+fn temp_files(dir: &Path) -> Vec<String> {
+    names_in(dir)
+        .into_iter()
+        .filter(|n| n.starts_with(".podstamp-"))
+        .collect()
+}
+
+#[test]
+fn a_missing_or_vanished_manifest_dir() {
+    let mut e = env();
+    e.manifests = e.tmp.path().join("missing/manifests");
+    e.put("boot.yaml", &template("boot", None, "boot:1"));
+    let daemon = e.start(&["--resync", "1s"], "missing.log");
+    wait_content(&daemon, &e.manifest("boot"), "image: boot:1");
+    assert!(row("disk-dir-missing").kept.starts_with("created"));
+
+    fs::remove_dir_all(&e.manifests).unwrap();
+    e.put("boot.yaml", &template("boot", None, "boot:2"));
+    expect_write_failure(&daemon, "boot", row("disk-dir-removed"));
+    assert!(
+        !e.manifests.exists(),
+        "podstamp does not recreate it behind the admin's back"
+    );
+    fs::create_dir(&e.manifests).unwrap();
+    wait_content(&daemon, &e.manifest("boot"), "image: boot:2");
+    kubelet_accepts_dir(&e.manifests);
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn a_read_only_manifest_dir_keeps_the_last_good_manifest() {
+    let e = env();
+    let fs_ = Tmpfs::mount(&e.manifests, "1m");
+    e.put("boot.yaml", &template("boot", None, "boot:1"));
+    let daemon = e.start(&["--resync", "1s"], "ro.log");
+    wait_content(&daemon, &e.manifest("boot"), "image: boot:1");
+    let good = identity(&e.manifest("boot"));
+    fs_.remount("ro");
+    e.put("boot.yaml", &template("boot", None, "boot:2"));
+    expect_write_failure(&daemon, "boot", row("disk-read-only"));
+    assert_eq!(identity(&e.manifest("boot")), good);
+    fs_.remount("rw");
+    wait_content(&daemon, &e.manifest("boot"), "image: boot:2");
+    assert!(temp_files(&e.manifests).is_empty());
+    kubelet_accepts_dir(&e.manifests);
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn a_full_disk_keeps_the_last_good_manifest_and_no_temp_file() {
+    let e = env();
+    let _fs = Tmpfs::mount(&e.manifests, "64k");
+    e.put("boot.yaml", &template("boot", None, "boot:1"));
+    let daemon = e.start(&["--resync", "1s"], "full.log");
+    wait_content(&daemon, &e.manifest("boot"), "image: boot:1");
+    let good = identity(&e.manifest("boot"));
+    // Fill the rest (a dot-file: the kubelet ignores it, podstamp leaves it alone).
+    let filler = e.manifests.join(".filler");
+    {
+        use std::io::Write;
+        let mut f = fs::File::create(&filler).unwrap();
+        let chunk = [0u8; 4096];
+        let mut full = false;
+        for _ in 0..64 {
+            if f.write_all(&chunk).and_then(|()| f.sync_all()).is_err() {
+                full = true;
+                break;
+            }
+        }
+        assert!(full, "a 64k tmpfs took 256k");
+    }
+    let big = template("boot", None, "boot:2").replace(
+        "image: \"boot:2\"}",
+        &format!("image: \"boot:2\", args: [\"{}\"]}}", "y".repeat(20 << 10)),
+    );
+    e.put("boot.yaml", &big);
+    expect_write_failure(&daemon, "boot", row("disk-full"));
+    assert_eq!(identity(&e.manifest("boot")), good);
+    assert!(read(&e.manifest("boot")).unwrap().contains("image: boot:1"));
+    assert!(
+        temp_files(&e.manifests).is_empty(),
+        "{:?}",
+        names_in(&e.manifests)
+    );
+    fs::remove_file(&filler).unwrap();
+    wait_content(&daemon, &e.manifest("boot"), "image: boot:2");
+    kubelet_accepts_dir(&e.manifests);
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn symlinks_where_manifests_go_are_never_followed() {
+    let e = env();
+    let outside = e.tmp.path().join("outside.txt");
+    fs::write(&outside, "precious\n").unwrap();
+    std::os::unix::fs::symlink(&outside, e.manifest("planted")).unwrap();
+    e.put("planted.yaml", &template("planted", None, "p:1"));
+    e.put("ours.yaml", &template("ours", None, "o:1"));
+    let daemon = e.start(&[], "symlink.log");
+    expect_write_failure(&daemon, "planted", row("disk-symlink-planted"));
+    wait_content(&daemon, &e.manifest("ours"), "image: o:1");
+    // Our own manifest replaced by a symlink while running.
+    fs::remove_file(e.manifest("ours")).unwrap();
+    std::os::unix::fs::symlink(&outside, e.manifest("ours")).unwrap();
+    e.put("ours.yaml", &template("ours", None, "o:2"));
+    expect_write_failure(&daemon, "ours", row("disk-symlink-replacing-ours"));
+    assert_eq!(fs::read_to_string(&outside).unwrap(), "precious\n");
+    for name in ["planted", "ours"] {
+        assert!(
+            fs::symlink_metadata(e.manifest(name))
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+    }
+    daemon.assert_running();
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn kill_9_during_a_burst_leaves_only_whole_manifests_and_a_restart_converges() {
+    let fault = row("disk-kill-9");
+    let e = env();
+    let names = ["a", "b", "c"];
+    let version = |name: &str, i: usize| {
+        // ~30 KiB each, so that writes take a while.
+        template(name, None, &format!("{name}:{i}")).replace(
+            "}\n",
+            &format!(", args: [\"{}\"]}}\n", "z".repeat(30 << 10)),
+        )
+    };
+    for name in names {
+        e.put(&format!("{name}.yaml"), &version(name, 0));
+    }
+    let daemon = e.start(&[], "burst-1.log");
+    daemon.wait_ready(CONVERGE);
+    for name in names {
+        wait_content(&daemon, &e.manifest(name), &format!("image: {name}:0"));
+    }
+    let last = 120;
+    for i in 1..=last {
+        for name in names {
+            e.put(&format!("{name}.yaml"), &version(name, i));
+        }
+    }
+    // Dropping the Daemon is SIGKILL, in the middle of the burst.
+    drop(daemon);
+    let left = names_in(&e.manifests);
+    for name in &left {
+        assert!(
+            !name.starts_with('.') || name.starts_with(".podstamp-"),
+            "unexpected file {name}"
+        );
+    }
+    kubelet_accepts_dir(&e.manifests);
+    for name in names {
+        let text = read(&e.manifest(name)).expect("a manifest never disappears");
+        assert!(text.ends_with("\n"), "whole file");
+    }
+
+    let daemon = e.start(&[], "burst-2.log");
+    daemon.wait_ready(CONVERGE);
+    for name in names {
+        wait_content(&daemon, &e.manifest(name), &format!("image: {name}:{last}"));
+    }
+    assert!(
+        temp_files(&e.manifests).is_empty(),
+        "{:?}",
+        names_in(&e.manifests)
+    );
+    assert!(daemon.logs().contains(fault.says));
+    kubelet_accepts_dir(&e.manifests);
+    assert!(daemon.stop().success());
 }

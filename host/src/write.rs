@@ -75,12 +75,21 @@ pub fn write_atomic(dir: &Path, file_name: &str, bytes: &[u8]) -> io::Result<Out
     result.map(|()| Outcome::Written)
 }
 
+/// Longest part of the target's name kept in a temp file's name, so that the
+/// temp name fits in NAME_MAX (255 bytes) whenever the target's name does.
+const TEMP_NAME_PART: usize = 200;
+
 fn temp_path(dir: &Path, file_name: &str) -> PathBuf {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut end = file_name.len().min(TEMP_NAME_PART);
+    while !file_name.is_char_boundary(end) {
+        end -= 1;
+    }
     dir.join(format!(
-        "{TEMP_PREFIX}{file_name}.{}.{n}.tmp",
+        "{TEMP_PREFIX}{}.{}.{n}.tmp",
+        &file_name[..end],
         std::process::id()
     ))
 }
@@ -159,6 +168,18 @@ mod tests {
         for bad in ["", ".hidden", "../a.yaml", "a/b"] {
             assert!(write_atomic(&manifests, bad, b"x").is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_name_of_255_bytes_is_written() {
+        // The temp file's name must fit too (it once held the whole name).
+        let dir = tempfile::tempdir().unwrap();
+        let name = format!("{}.yaml", "a".repeat(250));
+        assert_eq!(
+            write_atomic(dir.path(), &name, b"x").unwrap(),
+            Outcome::Written
+        );
+        assert_eq!(fs::read(dir.path().join(&name)).unwrap(), b"x");
     }
 
     #[test]

@@ -93,6 +93,8 @@ struct Settings {
     manifest_dir: PathBuf,
     listen: SocketAddr,
     resync: Duration,
+    /// `limits.maxManifestSize`.
+    max_manifest_bytes: usize,
 }
 
 fn settings(args: &RunArgs, config: &ConfigFile) -> Result<Settings, String> {
@@ -146,6 +148,7 @@ fn settings(args: &RunArgs, config: &ConfigFile) -> Result<Settings, String> {
             .unwrap_or_else(|| PathBuf::from(DEFAULT_MANIFEST_DIR)),
         listen,
         resync,
+        max_manifest_bytes: crate::plugin::Limits::default().max_output_bytes,
     })
 }
 
@@ -172,7 +175,7 @@ pub fn main(args: RunArgs) -> ExitCode {
         },
         None => ConfigFile::default(),
     };
-    let settings = match settings(&args, &config) {
+    let mut settings = match settings(&args, &config) {
         Ok(s) => s,
         Err(e) => return usage(e),
     };
@@ -180,6 +183,7 @@ pub fn main(args: RunArgs) -> ExitCode {
         Ok(l) => l,
         Err(e) => return usage(e),
     };
+    settings.max_manifest_bytes = limits.max_output_bytes;
     let cache_dir = if args.no_cache {
         None
     } else {
@@ -258,7 +262,10 @@ async fn run(settings: Settings, catalog: Catalog, dir_node: Option<NodeContext>
         metrics.clone(),
         events,
     ) {
-        Ok(r) => r,
+        Ok(mut r) => {
+            r.set_max_manifest_size(settings.max_manifest_bytes);
+            r
+        }
         Err(e) => return usage(format!("{}: {e}", settings.manifest_dir.display())),
     };
     tracing::info!(listen = %settings.listen, node = %settings.node_name, namespace = %settings.namespace,

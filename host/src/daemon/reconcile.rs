@@ -109,6 +109,8 @@ pub struct Reconciler {
     dirty: BTreeSet<String>,
     gc_due: bool,
     waiting_for_node_logged: bool,
+    /// `limits.maxManifestSize`: also bounds what a template alone produces.
+    max_manifest_bytes: usize,
 }
 
 impl Reconciler {
@@ -165,6 +167,7 @@ impl Reconciler {
             dirty: BTreeSet::new(),
             gc_due: false,
             waiting_for_node_logged: false,
+            max_manifest_bytes: crate::plugin::Limits::default().max_output_bytes,
         })
     }
 
@@ -377,6 +380,12 @@ impl Reconciler {
         }
     }
 
+    /// The largest manifest written (`limits.maxManifestSize`); the plugin
+    /// limit alone would let a template rendered without plugins through.
+    pub fn set_max_manifest_size(&mut self, bytes: usize) {
+        self.max_manifest_bytes = bytes;
+    }
+
     fn render_one(&mut self, key: &str) {
         let node = self.node.clone().expect("checked by reconcile");
         let result = self.try_render(key, &node);
@@ -464,6 +473,18 @@ impl Reconciler {
                     message: e.to_string(),
                 }
             })?;
+        if manifest.bytes.len() > self.max_manifest_bytes {
+            return Err(Failure {
+                reason: "RenderFailed",
+                plugin: None,
+                message: format!(
+                    "PodTemplate {}: the manifest is {} bytes, over the limit of {} (limits.maxManifestSize)",
+                    template.id(),
+                    manifest.bytes.len(),
+                    self.max_manifest_bytes
+                ),
+            });
+        }
         let file = manifest.file_name();
         let conflict = |message: String| Failure {
             reason: "NameConflict",
