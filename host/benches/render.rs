@@ -29,12 +29,12 @@ fn read_value(path: &Path) -> Value {
 }
 
 /// The 5 KiB kube-apiserver template, and a ~50 KiB one made from it by
-/// adding nine more copies of its container.
+/// adding fifteen more copies of its container.
 fn templates() -> Vec<(&'static str, Template)> {
     let small = read_value(&repo().join("examples/kube-apiserver.yaml"));
     let mut large = small.clone();
     let first = large["template"]["spec"]["containers"][0].clone();
-    for i in 1..10 {
+    for i in 1..16 {
         let mut copy = first.clone();
         copy["name"] = Value::String(format!("kube-apiserver-{i}"));
         large["template"]["spec"]["containers"]
@@ -88,31 +88,24 @@ fn main() {
     let identity = catalog
         .chain_for(&[("podstamp.io/plugins".to_string(), "identity".to_string())].into())
         .unwrap();
-    // The example chain, with arch-image pointed at the benchmark pod's container.
-    let arch_image = runtime.load(&plugins.join("arch-image.wasm")).unwrap();
-    let images = serde_json::json!({"images": {"kube-apiserver": {
-        "amd64": "registry.k8s.io/kube-apiserver-amd64:v1.36.3",
-        "arm64": "registry.k8s.io/kube-apiserver-arm64:v1.36.3"}}});
-    let mut steps = vec![std::sync::Arc::new(Step::new(
-        "arch-image".into(),
-        arch_image,
-        &images,
-    ))];
-    steps.extend(
-        catalog
-            .chain_for(
-                &[(
-                    "podstamp.io/plugins".to_string(),
-                    "node-env,substitute".to_string(),
-                )]
-                .into(),
-            )
-            .unwrap()
-            .steps()
-            .iter()
-            .cloned(),
-    );
-    let example = Chain::new(steps);
+    // The example chain, with settings for the benchmark pod's containers.
+    let step = |name: &str, settings: serde_json::Value| {
+        let plugin = runtime.load(&plugins.join(format!("{name}.wasm"))).unwrap();
+        std::sync::Arc::new(Step::new(name.to_string(), plugin, &settings))
+    };
+    let example = Chain::new(vec![
+        step(
+            "arch-image",
+            serde_json::json!({"images": {"kube-apiserver": {
+                "amd64": "registry.k8s.io/kube-apiserver-amd64:v1.36.3",
+                "arm64": "registry.k8s.io/kube-apiserver-arm64:v1.36.3"}}}),
+        ),
+        step(
+            "node-env",
+            serde_json::json!({"labels": {"NODE_ZONE": "topology.kubernetes.io/zone"}}),
+        ),
+        step("substitute", serde_json::json!({})),
+    ]);
 
     println!("podstamp render benchmark (median of 25 batches; lower is better)");
     println!(
