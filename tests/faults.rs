@@ -325,6 +325,24 @@ const FAULTS: &[Fault] = &[
         says: "first sync done",
         test: "kill_9_during_a_burst_leaves_only_whole_manifests_and_a_restart_converges",
     },
+    Fault {
+        id: "api-401",
+        area: "API server",
+        fault: "a bearer token the API server does not know (401)",
+        kept: "every manifest, ours and foreign, untouched; not ready; retried with backoff",
+        reported: "unauthorized",
+        says: "check the bearer token or client certificate of the kubeconfig (--kubeconfig) or the ServiceAccount token",
+        test: "rejected_credentials_or_missing_permissions_are_named_and_touch_nothing",
+    },
+    Fault {
+        id: "api-403",
+        area: "API server",
+        fault: "an authenticated user without any RBAC binding (403)",
+        kept: "every manifest, ours and foreign, untouched; not ready; retried with backoff",
+        reported: "permission denied",
+        says: "User \"nobody\" cannot list resource \"podtemplates\" in API group \"\" in the namespace \"NS\"",
+        test: "rejected_credentials_or_missing_permissions_are_named_and_touch_nothing",
+    },
 ];
 
 fn row(id: &str) -> &'static Fault {
@@ -1158,4 +1176,108 @@ fn kill_9_during_a_burst_leaves_only_whole_manifests_and_a_restart_converges() {
     assert!(daemon.logs().contains(fault.says));
     kubelet_accepts_dir(&e.manifests);
     assert!(daemon.stop().success());
+}
+
+// ---------------------------------------------------------------- API server
+
+/// A kubeconfig like `user`'s whose bearer token the API server does not know.
+fn bad_token_kubeconfig(server: &ApiServer, dir: &Path) -> PathBuf {
+    let text = fs::read_to_string(server.kubeconfig("podstamp")).unwrap();
+    let replaced: Vec<String> = text
+        .lines()
+        .map(|l| match l.split_once("token:") {
+            Some((indent, _)) => format!("{indent}token: not-a-token-the-server-knows"),
+            None => l.to_string(),
+        })
+        .collect();
+    assert_ne!(
+        replaced.join("\n"),
+        text.trim_end(),
+        "the kubeconfig has a token"
+    );
+    let path = dir.join("bad-token.kubeconfig");
+    fs::write(&path, replaced.join("\n") + "\n").unwrap();
+    path
+}
+
+#[test]
+fn rejected_credentials_or_missing_permissions_are_named_and_touch_nothing() {
+    let server = shared_server();
+    for id in ["api-401", "api-403"] {
+        let fault = row(id);
+        let e = env();
+        let ns = unique("auth");
+        let kubeconfig = match id {
+            "api-401" => bad_token_kubeconfig(server, e.tmp.path()),
+            _ => server.kubeconfig("nobody"),
+        };
+        // A manifest of ours from an earlier run, and a foreign one.
+        let seed = e.tmp.path().join("seed.yaml");
+        fs::write(
+            &seed,
+            template("seed", Some(""), "seed:1").replace(
+                "  name: seed\n",
+                &format!("  name: seed\n  namespace: {ns}\n"),
+            ),
+        )
+        .unwrap();
+        let ours = e.manifest("seed");
+        let out = common::podstamp(&[
+            "render",
+            seed.to_str().unwrap(),
+            "--node-name",
+            "n1",
+            "--namespace",
+            &ns,
+            "-o",
+            ours.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        assert!(
+            read(&ours)
+                .unwrap()
+                .contains(&format!("podstamp.io/source: {ns}/seed"))
+        );
+        let foreign = e.manifest("kube-apiserver");
+        fs::write(
+            &foreign,
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: kube-apiserver}\n",
+        )
+        .unwrap();
+        let before = (identity(&ours), identity(&foreign));
+
+        let daemon = Daemon::start(
+            &[
+                "--config",
+                e.config.to_str().unwrap(),
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "--namespace",
+                &ns,
+                "--node-name",
+                "n1",
+                "--manifest-dir",
+                e.manifests.to_str().unwrap(),
+            ],
+            e.tmp.path().join(format!("{id}.log")),
+        );
+        let says = fault.says.replace("NS", &ns);
+        wait_logged(&daemon, &format!("{id} in the log"), || {
+            daemon.logs().contains(&says).then_some(())
+        });
+        assert!(
+            daemon.logs().contains(fault.reported),
+            "{id}: {}",
+            daemon.logs()
+        );
+        // It keeps retrying (with backoff) and never touches the directory.
+        wait_logged(&daemon, &format!("{id}: a second attempt"), || {
+            (daemon.metric("podstamp_watch_restarts_total{watch=\"podtemplates\"}") >= 2.0)
+                .then_some(())
+        });
+        assert_eq!((identity(&ours), identity(&foreign)), before, "{id}");
+        assert_eq!(names_in(&e.manifests), ["kube-apiserver.yaml", "seed.yaml"]);
+        assert_eq!(daemon.get("/readyz").map(|r| r.0), Some(503), "{id}");
+        assert!(daemon.stop().success());
+    }
 }

@@ -74,6 +74,11 @@ fn log_watch_error(watch: &str, error: &watcher::Error) {
         _ => None,
     };
     match source {
+        Some(kube::Error::Api(status)) if status.code == 401 => tracing::error!(
+            watch,
+            "unauthorized: the API server does not accept podstamp's credentials ({}); check the bearer token or client certificate of the kubeconfig (--kubeconfig) or the ServiceAccount token",
+            status.message
+        ),
         Some(kube::Error::Api(status)) if status.is_forbidden() => tracing::error!(
             watch,
             "permission denied: {}; grant it to podstamp's ServiceAccount (see deploy/rbac.yaml)",
