@@ -343,6 +343,42 @@ const FAULTS: &[Fault] = &[
         says: "User \"nobody\" cannot list resource \"podtemplates\" in API group \"\" in the namespace \"NS\"",
         test: "rejected_credentials_or_missing_permissions_are_named_and_touch_nothing",
     },
+    Fault {
+        id: "api-killed-mid-watch",
+        area: "API server",
+        fault: "killed (SIGKILL) under a running daemon, a template deleted while it is down, started with the API down, then restarted",
+        kept: "every manifest untouched while it is down (not ready when started without it); after the restart a relist removes the deleted template's manifest and updates flow again",
+        reported: "`podstamp_watch_restarts_total{watch=\"podtemplates\"}`; a warning",
+        says: "unreachable",
+        test: "tests/daemon.rs: an_api_outage_changes_nothing_on_disk_and_a_relist_catches_up",
+    },
+    Fault {
+        id: "api-403-one-verb",
+        area: "API server",
+        fault: "the deploy/ RBAC without `list` on podtemplates",
+        kept: "nothing written; not ready",
+        reported: "permission denied",
+        says: "cannot list resource",
+        test: "tests/daemon.rs: the_deploy_rbac_is_enough_and_a_missing_permission_is_named",
+    },
+    Fault {
+        id: "fuzz-templates",
+        area: "fuzzing",
+        fault: "random PodTemplates (names with `/`, `..`, dots, upper case, any Unicode; tricky YAML strings in labels, annotations, images, args, env)",
+        kept: "refused with a message, or a file name `NAME.yaml` with no `/`, no leading dot, and YAML that serde_norway reads back as exactly the validated pod (and that writes back byte for byte)",
+        reported: "a failing input is saved under tests/proptest-regressions/ and kept as a test",
+        says: "PROPTEST_CASES (default 256)",
+        test: "tests/fuzz.rs: templates_are_refused_or_written_safely",
+    },
+    Fault {
+        id: "fuzz-yaml",
+        area: "fuzzing",
+        fault: "random JSON values through the YAML writer",
+        kept: "serde_norway reads back the same value",
+        reported: "as above",
+        says: "PROPTEST_CASES (default 256)",
+        test: "tests/fuzz.rs: the_yaml_writer_round_trips_through_serde_norway",
+    },
 ];
 
 fn row(id: &str) -> &'static Fault {
@@ -357,7 +393,8 @@ fn render_table() -> String {
         "# Reliability: faults tried and their outcomes\n\n\
          Generated from the fault suite (`tests/faults.rs`, table `FAULTS`); a test\n\
          checks that this file matches it, and each row's test checks the outcome\n\
-         the row states. Regenerate: `PODSTAMP_BLESS=1 cargo test --test faults docs_`.\n\n\
+         the row states (a test named with its file checks it with its own\n\
+         assertions). Regenerate: `PODSTAMP_BLESS=1 cargo test --test faults docs_`.\n\n\
          *Reported* is the `reason` label of `podstamp_render_failures_total` and of\n\
          the warning in the log (and of the Event, with the API source), unless it\n\
          says otherwise; *Message* is text the log line contains.\n\n\
@@ -382,6 +419,21 @@ fn render_table() -> String {
 fn docs_reliability_md_is_the_fault_table() {
     let source = include_str!("faults.rs");
     for f in FAULTS {
+        // A test elsewhere checks the outcome with its own assertions.
+        if let Some((file, test)) = f.test.split_once(": ") {
+            let other = match file {
+                "tests/daemon.rs" => include_str!("daemon.rs"),
+                "tests/fuzz.rs" => include_str!("fuzz.rs"),
+                other => panic!("fault {}: unknown file {other}", f.id),
+            };
+            assert!(
+                other.contains(&format!("fn {test}(")) && other.contains(f.says),
+                "fault {}: {file} has no fn {test} or does not mention {:?}",
+                f.id,
+                f.says
+            );
+            continue;
+        }
         assert!(
             source.contains(&format!("fn {}()", f.test)),
             "fault {}: no test fn {}",

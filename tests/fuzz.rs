@@ -1,0 +1,323 @@
+//! Property tests (proptest) over template → validate → file name → YAML:
+//! whatever a PodTemplate holds, either it is refused with a message, or the
+//! manifest's file name is safe for the kubelet's directory and its YAML
+//! reads back (with serde_norway, a YAML parser podstamp does not use for
+//! writing) as exactly the pod that was validated.
+//!
+//! Bounded: PROPTEST_CASES (default 256) cases per property (CI can raise
+//! it; 100000 take about 40 s in a debug build), each well under a millisecond. A failing input is saved by proptest
+//! under tests/proptest-regressions/ (commit it) and kept as a test below.
+
+use podstamp::chain::Chain;
+use podstamp::manifest;
+use podstamp::node::NodeContext;
+use podstamp::render;
+use podstamp::template::Template;
+use podstamp::yaml::to_yaml;
+use proptest::prelude::*;
+use serde_json::{Map, Value, json};
+
+fn config() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(256);
+    ProptestConfig {
+        cases,
+        ..ProptestConfig::default()
+    }
+}
+
+/// Strings YAML likes to read as something else, and pieces of paths.
+const TRICKY: &[&str] = &[
+    "",
+    "yes",
+    "no",
+    "on",
+    "off",
+    "y",
+    "n",
+    "true",
+    "False",
+    "null",
+    "Null",
+    "~",
+    "0",
+    "-0",
+    "007",
+    "0x1F",
+    "0o17",
+    "1e3",
+    "1_000",
+    ".5",
+    ".inf",
+    "-.inf",
+    ".nan",
+    "+1",
+    "12:30",
+    "-",
+    "- a",
+    "? x",
+    ": x",
+    "a: b",
+    "a #b",
+    "#",
+    "&a",
+    "*a",
+    "!tag",
+    "%YAML",
+    "@x",
+    "`x",
+    "{}",
+    "[]",
+    "{a: 1}",
+    "---",
+    "...",
+    "'",
+    "\"",
+    "\\",
+    "\n",
+    "\r\n",
+    "\t",
+    " lead",
+    "trail ",
+    "é",
+    "日本",
+    "\u{feff}",
+    "\u{2028}",
+    "\u{0}",
+    "\u{7f}",
+    "\u{85}",
+    "../",
+    "/",
+    ".",
+    "..",
+    "a/b",
+    ".hidden",
+    "=",
+    "<<",
+    "${node.name}",
+];
+
+fn tricky_string() -> impl Strategy<Value = String> {
+    prop_oneof![
+        proptest::sample::select(TRICKY).prop_map(str::to_string),
+        any::<String>(),
+        "[ -~]{0,40}",
+        proptest::collection::vec(proptest::sample::select(TRICKY), 0..4).prop_map(|v| v.concat()),
+    ]
+}
+
+/// Names: mostly valid, sometimes anything.
+fn name() -> impl Strategy<Value = String> {
+    prop_oneof![
+        6 => "[a-z0-9]([a-z0-9.-]{0,30}[a-z0-9])?",
+        1 => "[a-z0-9./_A-Z-]{0,20}",
+        1 => "[a-z]{1,62}(\\.[a-z]{1,62}){0,4}",
+        1 => tricky_string(),
+    ]
+}
+
+fn key() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => "[a-z]{1,10}(\\.[a-z]{1,5})?/[a-z]{1,10}",
+        4 => "[a-zA-Z0-9]([a-zA-Z0-9._-]{0,18}[a-zA-Z0-9])?",
+        1 => tricky_string(),
+    ]
+}
+
+fn to_map(m: std::collections::BTreeMap<String, String>) -> Map<String, Value> {
+    m.into_iter().map(|(k, v)| (k, Value::String(v))).collect()
+}
+
+/// Labels: values mostly valid label values.
+fn labels() -> impl Strategy<Value = Map<String, Value>> {
+    let value = prop_oneof![
+        4 => "([a-zA-Z0-9]([a-zA-Z0-9._-]{0,10}[a-zA-Z0-9])?)?",
+        1 => tricky_string(),
+    ];
+    proptest::collection::btree_map(key(), value, 0..4).prop_map(to_map)
+}
+
+/// Annotations: any value at all, which is where YAML quoting matters.
+fn annotations() -> impl Strategy<Value = Map<String, Value>> {
+    proptest::collection::btree_map(key(), tricky_string(), 0..4).prop_map(to_map)
+}
+
+fn image() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => "[a-z0-9.-]{1,12}(/[a-z0-9]{1,8})?(:[a-zA-Z0-9._-]{1,8})?",
+        1 => tricky_string(),
+    ]
+}
+
+fn template() -> impl Strategy<Value = Value> {
+    (
+        name(),
+        labels(),
+        annotations(),
+        image(),
+        proptest::collection::vec(tricky_string(), 0..4),
+        proptest::collection::vec(("[A-Z_]{1,8}", tricky_string()), 0..3),
+        proptest::bool::weighted(0.9),
+    )
+        .prop_map(
+            |(name, labels, annotations, image, args, env, containers)| {
+                let env: Vec<Value> = env
+                    .into_iter()
+                    .map(|(n, v)| json!({"name": n, "value": v}))
+                    .collect();
+                let containers = if containers {
+                    json!([{"name": "main", "image": image, "args": args, "env": env}])
+                } else {
+                    json!([])
+                };
+                json!({
+                    "apiVersion": "v1", "kind": "PodTemplate",
+                    "metadata": {"name": name, "namespace": "kube-system"},
+                    "template": {
+                        "metadata": {"labels": labels, "annotations": annotations},
+                        "spec": {"containers": containers}
+                    }
+                })
+            },
+        )
+}
+
+/// What a rendered template must satisfy; returns why not.
+fn check_template(object: &Value) -> Result<(), String> {
+    let template = match Template::from_value(object) {
+        Ok(t) => t,
+        Err(e) => {
+            let message = e.to_string();
+            return if message.is_empty() {
+                Err("refused without a message".into())
+            } else {
+                Ok(())
+            };
+        }
+    };
+    let node = NodeContext::named("n1");
+    let manifest = match render::render(&template, &node, &Chain::new(vec![]), "kube-system") {
+        Ok(m) => m,
+        Err(e) if !e.to_string().is_empty() => return Ok(()),
+        Err(_) => return Err("render failed without a message".into()),
+    };
+    let file = manifest.file_name();
+    if file.contains('/')
+        || file.contains('\0')
+        || file.starts_with('.')
+        || file != format!("{}.yaml", template.name)
+    {
+        return Err(format!("unsafe file name {file:?}"));
+    }
+    if !template
+        .name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    {
+        return Err(format!(
+            "a name the kubelet's file would not hold as is: {:?}",
+            template.name
+        ));
+    }
+    // Reads back, with another parser, as exactly the pod that was validated.
+    let text = std::str::from_utf8(&manifest.bytes).map_err(|e| format!("not UTF-8: {e}"))?;
+    let parsed: Value =
+        serde_norway::from_str(text).map_err(|e| format!("serde_norway: {e}\n{text}"))?;
+    let own = manifest::ownership(&manifest.bytes).ok_or("no ownership")?;
+    if !own.intact || own.source != template.id() {
+        return Err(format!("ownership {own:?}"));
+    }
+    let (_, body) = text.split_once('\n').ok_or("no header line")?;
+    if to_yaml(&parsed) != body {
+        return Err(format!("not a fixed point of parse and write:\n{text}"));
+    }
+    let pod = &template.pod;
+    for pointer in ["/spec/containers", "/metadata/labels", "/metadata/name"] {
+        if parsed.pointer(pointer) != pod.pointer(pointer) {
+            return Err(format!(
+                "{pointer} changed: {:?} → {:?}\n{text}",
+                pod.pointer(pointer),
+                parsed.pointer(pointer)
+            ));
+        }
+    }
+    if let Some(Value::Object(annotations)) = pod.pointer("/metadata/annotations") {
+        for (k, v) in annotations {
+            if parsed["metadata"]["annotations"].get(k) != Some(v) {
+                return Err(format!("annotation {k:?} changed\n{text}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        tricky_string().prop_map(Value::String),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            proptest::collection::btree_map(tricky_string(), inner, 0..6)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn templates_are_refused_or_written_safely(object in template()) {
+        if let Err(why) = check_template(&object) {
+            prop_assert!(false, "{}\ninput: {}", why, object);
+        }
+    }
+
+    #[test]
+    fn the_yaml_writer_round_trips_through_serde_norway(value in json_value()) {
+        let text = to_yaml(&value);
+        let parsed: Result<Value, _> = serde_norway::from_str(&text);
+        prop_assert!(parsed.is_ok(), "{:?}\n{}", parsed, text);
+        prop_assert_eq!(parsed.unwrap(), value, "{}", text);
+    }
+}
+
+/// The tricky strings, each in every place, as fixed cases (and where
+/// inputs that once failed go, with the file proptest saved them in).
+#[test]
+fn every_tricky_string_in_every_place() {
+    for s in TRICKY {
+        let object = json!({
+            "apiVersion": "v1", "kind": "PodTemplate",
+            "metadata": {"name": "web", "namespace": "kube-system"},
+            "template": {
+                "metadata": {"labels": {"app": "web"}, "annotations": {"example.com/a": s}},
+                "spec": {"containers": [{"name": "main", "image": "nginx", "args": [s],
+                                         "env": [{"name": "V", "value": s}]}]}
+            }
+        });
+        if let Err(why) = check_template(&object) {
+            panic!("{s:?}: {why}");
+        }
+        // Accepted, so the checks above ran on a manifest.
+        let template = Template::from_value(&object).unwrap_or_else(|e| panic!("{s:?}: {e}"));
+        render::render(
+            &template,
+            &NodeContext::named("n1"),
+            &Chain::new(vec![]),
+            "kube-system",
+        )
+        .unwrap_or_else(|e| panic!("{s:?}: {e}"));
+        let value = json!({ *s: [s, {"k": s}], "n": null });
+        let text = to_yaml(&value);
+        let parsed: Value =
+            serde_norway::from_str(&text).unwrap_or_else(|e| panic!("{s:?}: {e}\n{text}"));
+        assert_eq!(parsed, value, "{text}");
+    }
+}
