@@ -344,6 +344,15 @@ const FAULTS: &[Fault] = &[
         test: "rejected_credentials_or_missing_permissions_are_named_and_touch_nothing",
     },
     Fault {
+        id: "api-410-gone",
+        area: "API server",
+        fault: "watch history compacted (`--etcd-compaction-interval=1s --watch-cache=false`, watches renewed every 2 s by `--watch-timeout 2s`): resourceVersion expired, 410 Gone",
+        kept: "the manifest untouched by the relist (same inode and mtime); still ready; later updates flow",
+        reported: "a warning; `podstamp_watch_restarts_total`",
+        says: "watch history expired (410 Gone",
+        test: "an_expired_watch_history_is_a_relist_that_changes_nothing",
+    },
+    Fault {
         id: "api-killed-mid-watch",
         area: "API server",
         fault: "killed (SIGKILL) under a running daemon, a template deleted while it is down, started with the API down, then restarted",
@@ -1332,4 +1341,99 @@ fn rejected_credentials_or_missing_permissions_are_named_and_touch_nothing() {
         assert_eq!(daemon.get("/readyz").map(|r| r.0), Some(503), "{id}");
         assert!(daemon.stop().success());
     }
+}
+
+#[test]
+fn an_expired_watch_history_is_a_relist_that_changes_nothing() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, PodTemplate};
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    let fault = row("api-410-gone");
+    let state = tempfile::tempdir().unwrap();
+    // History compacted every second, and no watch cache to serve old versions from.
+    let server = ApiServer::start_with(
+        &state.path().join("apiserver"),
+        &["--etcd-compaction-interval=1s", "--watch-cache=false"],
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt.block_on(server.admin());
+    let ns = "expired";
+    let pp = PostParams::default();
+    fn from<K: serde::de::DeserializeOwned>(v: serde_json::Value) -> K {
+        serde_json::from_value(v).unwrap()
+    }
+    let templates: Api<PodTemplate> = Api::namespaced(client.clone(), ns);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let template_object = |image: &str| {
+        serde_json::json!({"apiVersion": "v1", "kind": "PodTemplate",
+            "metadata": {"name": "etcd", "namespace": ns, "labels": {"podstamp.io/enabled": "true"}},
+            "template": {"spec": {"containers": [{"name": "main", "image": image}]}}})
+    };
+    rt.block_on(async {
+        Api::<Namespace>::all(client.clone())
+            .create(&pp, &from(serde_json::json!({"metadata": {"name": ns}})))
+            .await
+            .unwrap();
+        Api::<Node>::all(client.clone())
+            .create(&pp, &from(serde_json::json!({"metadata": {"name": "n1"}})))
+            .await
+            .unwrap();
+        templates
+            .create(&pp, &from(template_object("etcd:1")))
+            .await
+            .unwrap();
+    });
+    let e = env();
+    let daemon = Daemon::start(
+        &[
+            "--config",
+            e.config.to_str().unwrap(),
+            "--kubeconfig",
+            server.kubeconfig("admin").to_str().unwrap(),
+            "--namespace",
+            ns,
+            "--node-name",
+            "n1",
+            "--manifest-dir",
+            e.manifests.to_str().unwrap(),
+            "--watch-timeout",
+            "2s",
+        ],
+        e.tmp.path().join("gone.log"),
+    );
+    let etcd = e.manifest("etcd");
+    wait_content(&daemon, &etcd, "image: etcd:1");
+    daemon.wait_ready(CONVERGE);
+    let before = identity(&etcd);
+
+    // Other writes move the revision on; each 2 s watch is renewed from a
+    // resourceVersion that compaction has meanwhile removed.
+    let mut n = 0;
+    wait_logged(&daemon, "a 410 Gone and a relist", || {
+        n += 1;
+        rt.block_on(config_maps.create(
+            &pp,
+            &from(serde_json::json!({"metadata": {"name": format!("cm-{n}")}, "data": {"n": n.to_string()}})),
+        ))
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        daemon.logs().contains(fault.says).then_some(())
+    });
+    wait_logged(&daemon, "the relist to restart the watch", || {
+        (daemon.metric("podstamp_watch_restarts_total{watch=\"podtemplates\"}") >= 1.0)
+            .then_some(())
+    });
+    assert_eq!(identity(&etcd), before, "a relist rewrites nothing");
+    assert_eq!(daemon.get("/readyz").map(|r| r.0), Some(200));
+    rt.block_on(templates.patch(
+        "etcd",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"template": {"spec": {"containers": [{"name": "main", "image": "etcd:2"}]}}})),
+    ))
+    .unwrap();
+    wait_content(&daemon, &etcd, "image: etcd:2");
+    kubelet_accepts_dir(&e.manifests);
+    assert!(daemon.stop().success());
 }

@@ -49,6 +49,11 @@ pub struct ApiServer {
 impl ApiServer {
     /// Starts (or restarts, on the same directory) a server and waits until it is ready.
     pub fn start(dir: &Path) -> ApiServer {
+        ApiServer::start_with(dir, &[])
+    }
+
+    /// [`ApiServer::start`] with extra podstamp-apiserver flags.
+    pub fn start_with(dir: &Path, flags: &[&str]) -> ApiServer {
         fs::create_dir_all(dir).unwrap();
         let log = fs::OpenOptions::new()
             .create(true)
@@ -59,6 +64,7 @@ impl ApiServer {
         command
             .arg("--dir")
             .arg(dir)
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);

@@ -68,6 +68,10 @@ pub struct RunArgs {
     /// How often every template is rendered again, e.g. 5m [default: 5m].
     #[arg(long, value_name = "DURATION")]
     pub resync: Option<String>,
+    /// How long one watch call lasts before it is renewed from the last
+    /// resourceVersion, in whole seconds, e.g. 5m [default: 290s].
+    #[arg(long, value_name = "DURATION")]
+    pub watch_timeout: Option<String>,
     /// Where compiled plugin code is cached [default: the config's cacheDir, $PODSTAMP_CACHE_DIR, $XDG_CACHE_HOME/podstamp or ~/.cache/podstamp].
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
@@ -95,6 +99,8 @@ struct Settings {
     resync: Duration,
     /// `limits.maxManifestSize`.
     max_manifest_bytes: usize,
+    /// Seconds; None: kube-rs's default.
+    watch_timeout: Option<u32>,
 }
 
 fn settings(args: &RunArgs, config: &ConfigFile) -> Result<Settings, String> {
@@ -131,6 +137,20 @@ fn settings(args: &RunArgs, config: &ConfigFile) -> Result<Settings, String> {
         Some(text) => config::parse_duration(text).map_err(|e| format!("resync: {e}"))?,
         None => DEFAULT_RESYNC,
     };
+    let watch_timeout = match &args.watch_timeout {
+        Some(text) => {
+            let d = config::parse_duration(text).map_err(|e| format!("--watch-timeout: {e}"))?;
+            match u32::try_from(d.as_secs()) {
+                Ok(secs) if secs > 0 && u128::from(secs) * 1000 == d.as_millis() => Some(secs),
+                _ => {
+                    return Err(format!(
+                        "--watch-timeout {text:?}: must be a whole number of seconds, at least 1s"
+                    ));
+                }
+            }
+        }
+        None => None,
+    };
     Ok(Settings {
         source,
         namespace,
@@ -149,6 +169,7 @@ fn settings(args: &RunArgs, config: &ConfigFile) -> Result<Settings, String> {
         listen,
         resync,
         max_manifest_bytes: crate::plugin::Limits::default().max_output_bytes,
+        watch_timeout,
     })
 }
 
@@ -295,6 +316,7 @@ async fn run(settings: Settings, catalog: Catalog, dir_node: Option<NodeContext>
             tokio::spawn(source::watch_node(
                 client.clone(),
                 settings.node_name.clone(),
+                settings.watch_timeout,
                 inputs.clone(),
                 metrics.clone(),
             ));
@@ -302,6 +324,7 @@ async fn run(settings: Settings, catalog: Catalog, dir_node: Option<NodeContext>
                 client,
                 settings.namespace.clone(),
                 settings.selector.clone(),
+                settings.watch_timeout,
                 inputs.clone(),
                 metrics.clone(),
             ));

@@ -73,6 +73,16 @@ fn log_watch_error(watch: &str, error: &watcher::Error) {
         | watcher::Error::WatchFailed(e) => Some(e),
         _ => None,
     };
+    if let watcher::Error::WatchError(status) = error
+        && status.code == 410
+    {
+        tracing::warn!(
+            watch,
+            "watch history expired (410 Gone: {}); listing again (manifests on disk are kept)",
+            status.message
+        );
+        return;
+    }
     match source {
         Some(kube::Error::Api(status)) if status.code == 401 => tracing::error!(
             watch,
@@ -97,11 +107,15 @@ pub async fn watch_templates(
     client: Client,
     namespace: String,
     selector: String,
+    watch_timeout: Option<u32>,
     inputs: Sender<Input>,
     metrics: Arc<Metrics>,
 ) {
     let api: Api<PodTemplate> = Api::namespaced(client, &namespace);
-    let config = watcher::Config::default().labels(&selector);
+    let mut config = watcher::Config::default().labels(&selector);
+    if let Some(secs) = watch_timeout {
+        config = config.timeout(secs);
+    }
     let mut backoff = Backoff::new();
     loop {
         let mut stream = std::pin::pin!(watcher::watcher(api.clone(), config.clone()));
@@ -136,11 +150,15 @@ pub async fn watch_templates(
 pub async fn watch_node(
     client: Client,
     node_name: String,
+    watch_timeout: Option<u32>,
     inputs: Sender<Input>,
     metrics: Arc<Metrics>,
 ) {
     let api: Api<Node> = Api::all(client);
-    let config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+    let mut config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+    if let Some(secs) = watch_timeout {
+        config = config.timeout(secs);
+    }
     let mut backoff = Backoff::new();
     loop {
         let mut stream = std::pin::pin!(watcher::watcher(api.clone(), config.clone()));
