@@ -353,6 +353,15 @@ const FAULTS: &[Fault] = &[
         test: "an_expired_watch_history_is_a_relist_that_changes_nothing",
     },
     Fault {
+        id: "api-slow",
+        area: "API server",
+        fault: "slow responses (every chunk delayed 300 ms by a proxy), then stalled for 3 s, then slow again",
+        kept: "converges through the slow path; while stalled nothing on disk changes and /healthz stays 200; the held update is applied once it arrives",
+        reported: "not a failure",
+        says: "wrote manifest",
+        test: "slow_and_stalled_api_responses_converge_and_change_nothing_meanwhile",
+    },
+    Fault {
         id: "api-killed-mid-watch",
         area: "API server",
         fault: "killed (SIGKILL) under a running daemon, a template deleted while it is down, started with the API down, then restarted",
@@ -1435,5 +1444,174 @@ fn an_expired_watch_history_is_a_relist_that_changes_nothing() {
     .unwrap();
     wait_content(&daemon, &etcd, "image: etcd:2");
     kubelet_accepts_dir(&e.manifests);
+    assert!(daemon.stop().success());
+}
+
+/// A TCP proxy on 127.0.0.1 that delays every chunk it forwards, or holds
+/// them all while stalled. TLS passes through it untouched.
+struct SlowProxy {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SlowProxy {
+    fn start(target: std::net::SocketAddr, delay: Duration) -> SlowProxy {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stalled = Arc::new(AtomicBool::new(false));
+        let (stop2, stalled2) = (stop.clone(), stalled.clone());
+        std::thread::spawn(move || {
+            while !stop2.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        client.set_nonblocking(false).unwrap();
+                        let Ok(upstream) = std::net::TcpStream::connect(target) else {
+                            continue;
+                        };
+                        for (from, to) in [
+                            (client.try_clone().unwrap(), upstream.try_clone().unwrap()),
+                            (upstream, client),
+                        ] {
+                            let (stop, stalled) = (stop2.clone(), stalled2.clone());
+                            std::thread::spawn(move || pipe(from, to, delay, &stop, &stalled));
+                        }
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        });
+        SlowProxy {
+            port,
+            stop,
+            stalled,
+        }
+    }
+
+    fn stall(&self, on: bool) {
+        self.stalled.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for SlowProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Copies `from` to `to`, each chunk after `delay`, holding it while
+/// `stalled`; ends at EOF, on an error, or when `stop` is set.
+fn pipe(
+    mut from: std::net::TcpStream,
+    mut to: std::net::TcpStream,
+    delay: Duration,
+    stop: &std::sync::atomic::AtomicBool,
+    stalled: &std::sync::atomic::AtomicBool,
+) {
+    use std::io::{ErrorKind, Read, Write};
+    use std::sync::atomic::Ordering;
+    from.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut buf = [0u8; 16 << 10];
+    while !stop.load(Ordering::Relaxed) {
+        let n = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
+            Err(_) => break,
+        };
+        std::thread::sleep(delay);
+        while stalled.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+#[test]
+fn slow_and_stalled_api_responses_converge_and_change_nothing_meanwhile() {
+    use k8s_openapi::api::core::v1::{Namespace, Node, PodTemplate};
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    fn from<K: serde::de::DeserializeOwned>(v: serde_json::Value) -> K {
+        serde_json::from_value(v).unwrap()
+    }
+    let fault = row("api-slow");
+    let server = shared_server();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt.block_on(server.admin());
+    let ns = unique("slow");
+    let node = unique("node");
+    let pp = PostParams::default();
+    let templates: Api<PodTemplate> = Api::namespaced(client.clone(), &ns);
+    let image = |i: &str| serde_json::json!({"template": {"spec": {"containers": [{"name": "main", "image": i}]}}});
+    rt.block_on(async {
+        Api::<Namespace>::all(client.clone())
+            .create(&pp, &from(serde_json::json!({"metadata": {"name": ns}})))
+            .await
+            .unwrap();
+        Api::<Node>::all(client.clone())
+            .create(&pp, &from(serde_json::json!({"metadata": {"name": node}})))
+            .await
+            .unwrap();
+        let mut t = image("etcd:1");
+        t["metadata"] =
+            serde_json::json!({"name": "etcd", "labels": {"podstamp.io/enabled": "true"}});
+        templates.create(&pp, &from(t)).await.unwrap();
+    });
+    let target: std::net::SocketAddr = server.url.trim_start_matches("https://").parse().unwrap();
+    let proxy = SlowProxy::start(target, Duration::from_millis(300));
+    let e = env();
+    let kubeconfig = e.tmp.path().join("slow.kubeconfig");
+    let text = fs::read_to_string(server.kubeconfig("admin")).unwrap();
+    let slow = text.replace(&server.url, &format!("https://127.0.0.1:{}", proxy.port));
+    assert_ne!(slow, text, "the kubeconfig names {}", server.url);
+    fs::write(&kubeconfig, slow).unwrap();
+    let daemon = Daemon::start(
+        &[
+            "--config",
+            e.config.to_str().unwrap(),
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--namespace",
+            &ns,
+            "--node-name",
+            &node,
+            "--manifest-dir",
+            e.manifests.to_str().unwrap(),
+        ],
+        e.tmp.path().join("slow.log"),
+    );
+    let etcd = e.manifest("etcd");
+    wait_content(&daemon, &etcd, "image: etcd:1");
+    daemon.wait_ready(CONVERGE);
+    let patch = |i: &str| {
+        rt.block_on(templates.patch("etcd", &PatchParams::default(), &Patch::Merge(image(i))))
+            .unwrap();
+    };
+    patch("etcd:2");
+    wait_content(&daemon, &etcd, "image: etcd:2");
+
+    // Stalled: the update is held; nothing on disk changes; the daemon is up.
+    proxy.stall(true);
+    let before = identity(&etcd);
+    patch("etcd:3");
+    std::thread::sleep(Duration::from_secs(3));
+    daemon.assert_running();
+    assert_eq!(daemon.get("/healthz").map(|r| r.0), Some(200));
+    assert_eq!(identity(&etcd), before, "{}", fault.id);
+    proxy.stall(false);
+    wait_content(&daemon, &etcd, "image: etcd:3");
+    kubelet_accepts_dir(&e.manifests);
+    assert!(daemon.logs().contains(fault.says));
     assert!(daemon.stop().success());
 }
