@@ -17,5 +17,8 @@ bash tests/harness/build.sh
 step "host tests (cargo test --workspace)"
 cargo test --workspace --locked
 
+step "fuzzing, bounded: more proptest cases (tests/fuzz.rs; about 20 s)"
+PROPTEST_CASES="${PROPTEST_CASES:-50000}" cargo test -p podstamp --locked --test fuzz
+
 step "plugin unit tests, native (cargo test --manifest-path plugins/Cargo.toml)"
 cargo test --manifest-path plugins/Cargo.toml --locked
