@@ -245,6 +245,15 @@ const FAULTS: &[Fault] = &[
         test: "huge_duplicate_and_flapping_templates_keep_the_last_good_manifest",
     },
     Fault {
+        id: "template-17mib-file",
+        area: "template",
+        fault: "a 17 MiB template file in the directory source",
+        kept: "last good manifest, unchanged; the file is read no further than 16 MiB",
+        reported: "InvalidTemplate",
+        says: "over 16 MiB; a template file is at most that large",
+        test: "huge_duplicate_and_flapping_templates_keep_the_last_good_manifest",
+    },
+    Fault {
         id: "template-duplicate-name",
         area: "template",
         fault: "two files with the same pod name",
@@ -965,6 +974,26 @@ fn huge_duplicate_and_flapping_templates_keep_the_last_good_manifest() {
         expect_failure(&daemon, name, row(id));
         assert_eq!(identity(&e.manifest(name)), before, "{id}");
     }
+
+    // A template file over 16 MiB is not even read whole.
+    let before = identity(&e.manifest("big"));
+    e.put(
+        "big.yaml",
+        &template("big", Some(""), "big:3").replace(
+            "image: \"big:3\"}",
+            &format!("image: \"big:3\", args: [\"{}\"]}}", "x".repeat(17 << 20)),
+        ),
+    );
+    let fault = row("template-17mib-file");
+    let path = e.templates.join("big.yaml").display().to_string();
+    wait_logged(&daemon, "the 17 MiB file refused", || {
+        daemon
+            .logs()
+            .lines()
+            .find(|l| l.contains(&path) && l.contains(fault.says))
+            .map(|l| assert!(l.contains("reason=\"InvalidTemplate\""), "{l}"))
+    });
+    assert_eq!(identity(&e.manifest("big")), before);
 
     // Two files, one pod name: the first keeps it.
     let dup = row("template-duplicate-name");

@@ -208,6 +208,29 @@ fn is_template_file(name: &OsStr) -> bool {
             .any(|ext| name.ends_with(ext))
 }
 
+/// The largest template file the directory source reads (the API server
+/// refuses objects of more than a few MiB; this bounds memory, not content).
+pub const MAX_TEMPLATE_FILE: u64 = 16 << 20;
+
+/// A file's content, refusing one over `limit` bytes without reading it all.
+fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(limit + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "over {} MiB; a template file is at most that large",
+                limit >> 20
+            ),
+        ));
+    }
+    Ok(bytes)
+}
+
 /// Reads one template file of the directory source. A template without a
 /// namespace is in the daemon's.
 pub fn incoming_from_file(path: &Path, namespace: &str) -> Incoming {
@@ -216,7 +239,7 @@ pub fn incoming_from_file(path: &Path, namespace: &str) -> Incoming {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let origin = path.display().to_string();
-    let parsed = std::fs::read(path)
+    let parsed = read_bounded(path, MAX_TEMPLATE_FILE)
         .map_err(|e| format!("{origin}: {e}"))
         .and_then(|bytes| parse_document(&bytes, &origin).map_err(|e| e.to_string()));
     let mut id = None;
