@@ -101,6 +101,15 @@ const FAULTS: &[Fault] = &[
         test: "bad_plugins_keep_the_last_good_manifest",
     },
     Fault {
+        id: "plugin-deep-json",
+        area: "plugin",
+        fault: "output of 1500 nested JSON arrays",
+        kept: PLUGIN_KEPT,
+        reported: "RenderFailed",
+        says: "returned invalid JSON: recursion limit exceeded",
+        test: "bad_plugins_keep_the_last_good_manifest",
+    },
+    Fault {
         id: "plugin-rename",
         area: "plugin",
         fault: "output that renames the pod (to `kube-apiserver`)",
@@ -224,6 +233,33 @@ const FAULTS: &[Fault] = &[
         kept: "nothing written; other files keep rendering",
         reported: "InvalidTemplate",
         says: "broken.yaml:4:1: did not find expected \u{27},\u{27} or \u{27}}\u{27}",
+        test: "bad_templates_are_refused_and_never_leave_the_directory",
+    },
+    Fault {
+        id: "template-deep-yaml",
+        area: "template",
+        fault: "10000 nested YAML sequences",
+        kept: "nothing written; the daemon stays up (no stack overflow)",
+        reported: "InvalidTemplate",
+        says: "recursion limit exceeded",
+        test: "bad_templates_are_refused_and_never_leave_the_directory",
+    },
+    Fault {
+        id: "template-deep-json",
+        area: "template",
+        fault: "10000 nested JSON arrays (a `.json` file)",
+        kept: "nothing written; the daemon stays up (no stack overflow)",
+        reported: "InvalidTemplate",
+        says: "recursion limit exceeded",
+        test: "bad_templates_are_refused_and_never_leave_the_directory",
+    },
+    Fault {
+        id: "template-yaml-bomb",
+        area: "template",
+        fault: "a YAML alias bomb (\"billion laughs\", 9^10 strings)",
+        kept: "nothing written; memory stays bounded",
+        reported: "InvalidTemplate",
+        says: "repetition limit exceeded",
         test: "bad_templates_are_refused_and_never_leave_the_directory",
     },
     Fault {
@@ -517,6 +553,7 @@ fn env() -> Env {
         "huge",
         "utf8",
         "notjson",
+        "deepjson",
         "rename",
         "namespace",
         "panic",
@@ -685,6 +722,7 @@ const BAD_PLUGINS: &[(&str, &str)] = &[
     ("plugin-oversized-output", "huge"),
     ("plugin-invalid-utf8", "utf8"),
     ("plugin-invalid-json", "notjson"),
+    ("plugin-deep-json", "deepjson"),
     ("plugin-rename", "rename"),
     ("plugin-panic", "panic"),
 ];
@@ -840,6 +878,18 @@ fn template_spec(name: &str, spec: &str) -> String {
     )
 }
 
+/// Nine aliases of nine aliases of ... "lol": 9^10 strings if expanded.
+fn yaml_bomb() -> String {
+    let mut text = String::from(
+        "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: bomb}\na0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n",
+    );
+    for i in 1..10 {
+        let refs = vec![format!("*a{}", i - 1); 9].join(", ");
+        text.push_str(&format!("a{i}: &a{i} [{refs}]\n"));
+    }
+    text + "template: {spec: {containers: [{name: m, image: x, args: *a9}]}}\n"
+}
+
 #[test]
 fn bad_templates_are_refused_and_never_leave_the_directory() {
     let e = env();
@@ -878,6 +928,25 @@ fn bad_templates_are_refused_and_never_leave_the_directory() {
             "broken.yaml".into(),
             "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: broken\n".into(),
         ),
+        (
+            "template-deep-yaml",
+            "deep.yaml".into(),
+            format!(
+                "apiVersion: v1\nkind: PodTemplate\nmetadata: {{name: deep}}\ntemplate: {}{}\n",
+                "[".repeat(10_000),
+                "]".repeat(10_000)
+            ),
+        ),
+        (
+            "template-deep-json",
+            "deep.json".into(),
+            format!(
+                "{{\"apiVersion\": \"v1\", \"template\": {}{}}}\n",
+                "[".repeat(10_000),
+                "]".repeat(10_000)
+            ),
+        ),
+        ("template-yaml-bomb", "bomb.yaml".into(), yaml_bomb()),
     ];
     for (_, file, text) in &cases {
         e.put(file, text);

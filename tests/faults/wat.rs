@@ -107,6 +107,12 @@ pub fn hostile(name: &str) -> Vec<u8> {
             let (b, e) = returning(b"{\"a\":\"\xff\xfe\"}");
             ("", b, e)
         }
+        // 1500 nested arrays (fits below the allocator at 4096): serde_json's recursion limit, not the host's stack.
+        "deepjson" => {
+            let deep = format!("{}{}", "[".repeat(1500), "]".repeat(1500));
+            let (b, e) = returning(deep.as_bytes());
+            ("", b, e)
+        }
         "notjson" => {
             let (b, e) = returning(b"not json {");
             ("", b, e)
