@@ -290,6 +290,15 @@ const FAULTS: &[Fault] = &[
         test: "huge_duplicate_and_flapping_templates_keep_the_last_good_manifest",
     },
     Fault {
+        id: "render-over-max-manifest-size",
+        area: "template",
+        fault: "`podstamp render` of a 2 MiB template without plugins (default `maxManifestSize`, 1 MiB)",
+        kept: "no output file (nor temp file)",
+        reported: "exit code 1 and one line on stderr",
+        says: "over the limit of 1048576 (limits.maxManifestSize)",
+        test: "podstamp_render_refuses_a_manifest_over_the_size_limit",
+    },
+    Fault {
         id: "template-duplicate-name",
         area: "template",
         fault: "two files with the same pod name",
@@ -1736,4 +1745,33 @@ fn slow_and_stalled_api_responses_converge_and_change_nothing_meanwhile() {
     kubelet_accepts_dir(&e.manifests);
     assert!(daemon.logs().contains(fault.says));
     assert!(daemon.stop().success());
+}
+
+#[test]
+fn podstamp_render_refuses_a_manifest_over_the_size_limit() {
+    let fault = row("render-over-max-manifest-size");
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("big.yaml");
+    fs::write(
+        &input,
+        template("big", None, "big:1").replace(
+            "image: \"big:1\"}",
+            &format!("image: \"big:1\", args: [\"{}\"]}}", "x".repeat(2 << 20)),
+        ),
+    )
+    .unwrap();
+    let output = tmp.path().join("big.out.yaml");
+    let out = common::podstamp(&[
+        "render",
+        input.to_str().unwrap(),
+        "--node-name",
+        "n1",
+        "-o",
+        output.to_str().unwrap(),
+    ]);
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(fault.says), "{err}");
+    assert!(!output.exists());
+    assert_eq!(names_in(tmp.path()), ["big.yaml"], "no temp file either");
 }

@@ -193,12 +193,21 @@ fn run_render(args: RenderArgs) -> Result<(), Failure> {
             .or_else(|| config.cache_dir.clone())
             .or_else(podstamp::plugin::default_cache_dir)
     };
+    let max_manifest = limits.max_output_bytes;
     let catalog = load_catalog(&args, &config, limits, cache_dir.as_deref())?;
     let chain = catalog
         .chain_for(&template.annotations)
         .map_err(|e| Failure::Render(format!("PodTemplate {}: {e}", template.id())))?;
     let manifest =
         render(&template, &node, &chain, &namespace).map_err(|e| Failure::Render(e.to_string()))?;
+    // The plugins' output limit alone would let a template without plugins through.
+    if manifest.bytes.len() > max_manifest {
+        return Err(Failure::Render(format!(
+            "PodTemplate {}: the manifest is {} bytes, over the limit of {max_manifest} (limits.maxManifestSize)",
+            template.id(),
+            manifest.bytes.len()
+        )));
+    }
 
     match &args.output {
         Some(path) => {
