@@ -438,7 +438,7 @@ const FAULTS: &[Fault] = &[
         area: "fuzzing",
         fault: "random PodTemplates (names with `/`, `..`, dots, upper case, any Unicode; tricky YAML strings in labels, annotations, images, args, env)",
         kept: "refused with a message, or a file name `NAME.yaml` with no `/`, no leading dot, and YAML that serde_norway reads back as exactly the validated pod (and that writes back byte for byte)",
-        reported: "a failing input is saved under tests/proptest-regressions/ and kept as a test",
+        reported: "a failing input is saved in tests/fuzz.proptest-regressions (replayed first on every run; commit it)",
         says: "PROPTEST_CASES (default 256)",
         test: "tests/fuzz.rs: templates_are_refused_or_written_safely",
     },

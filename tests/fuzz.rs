@@ -5,8 +5,10 @@
 //! writing) as exactly the pod that was validated.
 //!
 //! Bounded: PROPTEST_CASES (default 256) cases per property (CI can raise
-//! it; 100000 take about 40 s in a debug build), each well under a millisecond. A failing input is saved by proptest
-//! under tests/proptest-regressions/ (commit it) and kept as a test below.
+//! it; 100000 take about 40 s in a debug build), each well under a millisecond.
+//! proptest saves a failing input in tests/fuzz.proptest-regressions and
+//! replays it first on every later run: commit that file, and add the input
+//! to `every_tricky_string_in_every_place` or a test of its own.
 
 use podstamp::chain::Chain;
 use podstamp::manifest;
