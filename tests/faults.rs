@@ -469,19 +469,22 @@ fn render_table() -> String {
          assertions). Regenerate: `PODSTAMP_BLESS=1 cargo test --test faults docs_`.\n\n\
          *Reported* is the `reason` label of `podstamp_render_failures_total` and of\n\
          the warning in the log (and of the Event, with the API source), unless it\n\
-         says otherwise; *Message* is text the log line contains.\n\n\
+         says otherwise; *Message* is text the log line contains (`NS`: the\n\
+         test's namespace).\n\n\
          | Area | Fault | Kept | Reported | Message | Test |\n\
          | --- | --- | --- | --- | --- | --- |\n",
     );
     for f in FAULTS {
+        let says = f.says.replace('|', "\\|");
+        // A code span that holds backticks needs double ones around it.
+        let says = if says.contains('`') {
+            format!("`` {says} ``")
+        } else {
+            format!("`{says}`")
+        };
         out.push_str(&format!(
-            "| {} | {} | {} | {} | `{}` | `{}` |\n",
-            f.area,
-            f.fault,
-            f.kept,
-            f.reported,
-            f.says.replace('|', "\\|"),
-            f.test
+            "| {} | {} | {} | {} | {says} | `{}` |\n",
+            f.area, f.fault, f.kept, f.reported, f.test
         ));
     }
     out
