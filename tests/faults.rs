@@ -211,11 +211,20 @@ const FAULTS: &[Fault] = &[
     Fault {
         id: "template-name-over-name-max",
         area: "template",
-        fault: "name of 251 to 253 characters (valid, but `NAME.yaml` is over 255 bytes)",
+        fault: "name of 252 characters (valid, but `NAME.yaml` is over 255 bytes, and the kubelet's `NAME-n1` over 253)",
         kept: "nothing written",
-        reported: "WriteFailed",
-        says: "File name too long",
+        reported: "RenderFailed",
+        says: "the kubelet names the pod \"<name>-n1\", 255 characters, over the limit of 253",
         test: "bad_templates_are_refused_and_never_leave_the_directory",
+    },
+    Fault {
+        id: "template-name-with-node-over-253",
+        area: "template",
+        fault: "a valid name that, with `-<node name>` appended as the kubelet does, is over 253 characters",
+        kept: "nothing written (the kubelet's decoder would reject the file)",
+        reported: "RenderFailed (exit 1 for `podstamp render`)",
+        says: "the kubelet names the pod \"<name>-node-with-a-long-name-1234\", 277 characters, over the limit of 253",
+        test: "a_name_too_long_for_the_kubelet_with_this_node_is_refused",
     },
     Fault {
         id: "template-no-containers",
@@ -991,9 +1000,9 @@ fn bad_templates_are_refused_and_never_leave_the_directory() {
     wait_content(&daemon, &e.manifest(&long_ok), "image: long:1");
     // 251 to 253 characters are valid names, but NAME.yaml is over NAME_MAX.
     let over = row("template-name-over-name-max");
-    let name_251 = format!("{}.b", long_ok);
-    e.put("longer.yaml", &template(&name_251, None, "long:1"));
-    expect_failure(&daemon, &name_251, over);
+    let name_252 = format!("{}.b", long_ok);
+    e.put("longer.yaml", &template(&name_252, None, "long:1"));
+    expect_failure(&daemon, &name_252, over);
     // Nothing but the good manifests, and nothing outside the directory.
     assert_eq!(
         names_in(&e.manifests),
@@ -1777,4 +1786,38 @@ fn podstamp_render_refuses_a_manifest_over_the_size_limit() {
     assert!(err.contains(fault.says), "{err}");
     assert!(!output.exists());
     assert_eq!(names_in(tmp.path()), ["big.yaml"], "no temp file either");
+}
+
+#[test]
+fn a_name_too_long_for_the_kubelet_with_this_node_is_refused() {
+    let fault = row("template-name-with-node-over-253");
+    let tmp = tempfile::tempdir().unwrap();
+    let name = format!("{0}.{0}.{0}.{1}", "a".repeat(62), "b".repeat(61));
+    let input = tmp.path().join("long.yaml");
+    fs::write(&input, template(&name, None, "x:1")).unwrap();
+    let render = |node: &str, output: &Path| {
+        common::podstamp(&[
+            "render",
+            input.to_str().unwrap(),
+            "--node-name",
+            node,
+            "-o",
+            output.to_str().unwrap(),
+        ])
+    };
+    // 250 + "-n1" is 253: the kubelet takes it.
+    let ok_dir = tmp.path().join("ok");
+    fs::create_dir(&ok_dir).unwrap();
+    let out = render("n1", &ok_dir.join("long.yaml"));
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    kubelet_accepts(&[&ok_dir], "n1");
+    // With a 26-character node name it would be 277: refused, nothing written.
+    let node = "node-with-a-long-name-1234";
+    let bad_dir = tmp.path().join("bad");
+    fs::create_dir(&bad_dir).unwrap();
+    let out = render(node, &bad_dir.join("long.yaml"));
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(fault.says), "{err}");
+    assert!(names_in(&bad_dir).is_empty());
 }

@@ -95,5 +95,22 @@ pub fn render_observed(
             invalid,
         })
     })?;
+    // The kubelet names a static pod `<name>-<node name>` and rejects the
+    // file when that is over 253 characters.
+    let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+    let kubelet_name_len = name.len() + 1 + node.name.len();
+    if kubelet_name_len > 253 {
+        return Err(fail(Stage::Result {
+            after_plugins: !chain.is_empty(),
+            invalid: Invalid(vec![validate::FieldError {
+                field: "metadata.name".into(),
+                message: format!(
+                    "is {} characters long; the kubelet names the pod \"<name>-{}\", {kubelet_name_len} characters, over the limit of 253",
+                    name.len(),
+                    node.name
+                ),
+            }]),
+        }));
+    }
     Ok(manifest::finish(pod, namespace, &id))
 }
