@@ -460,6 +460,15 @@ const FAULTS: &[Fault] = &[
         says: "PROPTEST_CASES (default 256)",
         test: "tests/fuzz.rs: the_yaml_writer_round_trips_through_serde_norway",
     },
+    Fault {
+        id: "fuzz-kubelet",
+        area: "fuzzing",
+        fault: "the manifests written for random PodTemplates, read by the kubelet's own static pod decoder",
+        kept: "every one accepted",
+        reported: "the decoder's verdict per file",
+        says: "podstamp-manifestcheck",
+        test: "tests/fuzz.rs: the_kubelet_accepts_every_manifest_written_for_random_templates",
+    },
 ];
 
 fn row(id: &str) -> &'static Fault {

@@ -4,11 +4,13 @@
 //! reads back (with serde_norway, a YAML parser podstamp does not use for
 //! writing) as exactly the pod that was validated.
 //!
-//! Bounded: PROPTEST_CASES (default 256) cases per property (CI can raise
-//! it; 100000 take about 40 s in a debug build), each well under a millisecond.
+//! Bounded: PROPTEST_CASES (default 256) cases per property (tests/run.sh raises
+//! it to 50000, about 20 s in all in a debug build), each well under a millisecond.
 //! proptest saves a failing input in tests/fuzz.proptest-regressions and
 //! replays it first on every later run: commit that file, and add the input
 //! to `every_tricky_string_in_every_place` or a test of its own.
+
+mod common;
 
 use podstamp::chain::Chain;
 use podstamp::manifest;
@@ -322,4 +324,41 @@ fn every_tricky_string_in_every_place() {
             serde_norway::from_str(&text).unwrap_or_else(|e| panic!("{s:?}: {e}\n{text}"));
         assert_eq!(parsed, value, "{text}");
     }
+}
+
+/// Differential: every manifest podstamp writes for a random template is
+/// accepted by the kubelet's own static pod decoder (the harness's
+/// podstamp-manifestcheck), run once over a directory of them.
+#[test]
+fn the_kubelet_accepts_every_manifest_written_for_random_templates() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, TestRunner};
+    // One decoder run over them all; at most 10000 templates (about 8 s).
+    let cases = config().cases.clamp(256, 10_000);
+    let mut runner = TestRunner::new(Config::default());
+    let strategy = template();
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeContext::named("n1");
+    let mut written = 0;
+    for _ in 0..cases {
+        let object = strategy.new_tree(&mut runner).unwrap().current();
+        let Ok(template) = Template::from_value(&object) else {
+            continue;
+        };
+        let Ok(manifest) = render::render(&template, &node, &Chain::new(vec![]), "kube-system")
+        else {
+            continue;
+        };
+        let path = dir.path().join(manifest.file_name());
+        if !path.exists() {
+            podstamp::write::write_atomic(dir.path(), &manifest.file_name(), &manifest.bytes)
+                .unwrap();
+            written += 1;
+        }
+    }
+    assert!(
+        written >= cases as usize / 10,
+        "only {written} of {cases} rendered"
+    );
+    common::kubelet_accepts(&[dir.path()], "n1");
 }
