@@ -271,21 +271,18 @@ fn plugin_errors_name_the_template_the_plugin_and_the_field() {
     );
 }
 
-#[test]
-fn invalid_plugin_settings_are_reported_by_the_plugin() {
+/// Renders the checkpointer with arch-image and these settings (written to
+/// `file_name`), expecting a failed render; returns the error line.
+fn arch_image_fails_with(file_name: &str, settings: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
-    let settings = dir.path().join("s.json");
-    std::fs::write(
-        &settings,
-        r#"{"images": {"pod-checkpointer": {"arm64": 5}}}"#,
-    )
-    .unwrap();
+    let path = dir.path().join(file_name);
+    std::fs::write(&path, settings).unwrap();
     let arch = format!(
         "{},settings={}",
         plugin("arch-image").display(),
-        settings.display()
+        path.display()
     );
-    let err = fails(
+    fails(
         &[
             "render",
             CHECKPOINTER,
@@ -297,6 +294,14 @@ fn invalid_plugin_settings_are_reported_by_the_plugin() {
         ],
         None,
         1,
+    )
+}
+
+#[test]
+fn invalid_plugin_settings_are_reported_by_the_plugin() {
+    let err = arch_image_fails_with(
+        "s.json",
+        r#"{"images": {"pod-checkpointer": {"arm64": 5}}}"#,
     );
     assert!(err.contains("invalid settings"), "{err}");
     assert!(err.contains("images.pod-checkpointer.arm64"), "{err}");
@@ -304,30 +309,9 @@ fn invalid_plugin_settings_are_reported_by_the_plugin() {
 
 #[test]
 fn the_result_of_the_chain_is_validated() {
-    let dir = tempfile::tempdir().unwrap();
-    let settings = dir.path().join("s.yaml");
-    std::fs::write(
-        &settings,
+    let err = arch_image_fails_with(
+        "s.yaml",
         "images: {pod-checkpointer: {arm64: \"bad image\"}}\n",
-    )
-    .unwrap();
-    let arch = format!(
-        "{},settings={}",
-        plugin("arch-image").display(),
-        settings.display()
-    );
-    let err = fails(
-        &[
-            "render",
-            CHECKPOINTER,
-            "--node",
-            NODE,
-            "--plugin",
-            &arch,
-            "--no-cache",
-        ],
-        None,
-        1,
     );
     assert_eq!(
         err,

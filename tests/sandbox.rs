@@ -13,71 +13,15 @@ use podstamp::node::NodeContext;
 use podstamp::plugin::{CallFailure, Limits, LoadError, Plugin, Runtime, WitNode};
 use serde_json::json;
 
-const WIT: &str = include_str!("../wit/podstamp.wit");
-const TRANSFORM: &str = "podstamp:plugin/transformer@0.1.0#transform";
+// The fault suite's WAT plugins (the module allows dead code: this suite
+// uses only their building blocks).
+#[path = "faults/wat.rs"]
+mod wat_plugins;
 
-/// A core module implementing the plugin ABI; `body` is the transform
-/// function's body, which gets the argument area in local 0 and must leave a
-/// pointer to the result area on the stack. Memory layout: static data below
-/// 1024, the bump allocator above.
+use wat_plugins::{IDENTITY, WIT, componentize};
+
 fn core_module(body: &str, extra: &str) -> String {
-    format!(
-        r#"(module
-  (memory (export "memory") 1)
-  (global $bump (mut i32) (i32.const 4096))
-  (func $alloc (export "cabi_realloc") (param i32 i32 i32 i32) (result i32)
-    (local $p i32)
-    ;; align up, bump, grow memory when needed
-    (local.set $p (i32.and (i32.add (global.get $bump) (i32.sub (local.get 2) (i32.const 1)))
-                           (i32.sub (i32.const 0) (local.get 2))))
-    (global.set $bump (i32.add (local.get $p) (local.get 3)))
-    (block $ok
-      (br_if $ok (i32.le_u (global.get $bump) (i32.mul (memory.size) (i32.const 65536))))
-      (drop (memory.grow (i32.add (i32.div_u (i32.sub (global.get $bump) (i32.mul (memory.size) (i32.const 65536)))
-                                              (i32.const 65536)) (i32.const 1)))))
-    (local.get $p))
-  ;; info: record {{ name: "wat", version: "0.0.1" }} at 0
-  (data (i32.const 0) "\10\00\00\00\03\00\00\00\20\00\00\00\05\00\00\00")
-  (data (i32.const 16) "wat")
-  (data (i32.const 32) "0.0.1")
-  (func (export "podstamp:plugin/transformer@0.1.0#info") (result i32) (i32.const 0))
-  ;; a result area at 64: discriminant, then payload
-  (func $ok (param $ptr i32) (param $len i32) (result i32)
-    (i32.store8 (i32.const 64) (i32.const 0))
-    (i32.store (i32.const 68) (local.get $ptr))
-    (i32.store (i32.const 72) (local.get $len))
-    (i32.const 64))
-  {extra}
-  (func (export "{TRANSFORM}") (param i32) (result i32)
-    {body}))"#
-    )
-}
-
-fn componentize(core_wat: &str, wit_packages: &[&str]) -> Vec<u8> {
-    let mut module = wat::parse_str(core_wat).expect("test WAT parses");
-    let mut resolve = wit_parser::Resolve::default();
-    let mut main = None;
-    for (i, wit) in wit_packages.iter().enumerate() {
-        main = Some(
-            resolve
-                .push_str(format!("wit{i}.wit"), wit)
-                .expect("test WIT parses"),
-        );
-    }
-    let world = resolve
-        .select_world(&[main.unwrap()], Some("plugin"))
-        .expect("world plugin");
-    wit_component::embed_component_metadata(
-        &mut module,
-        &resolve,
-        world,
-        wit_component::StringEncoding::UTF8,
-        false,
-    )
-    .expect("embed WIT");
-    let mut encoder = wit_component::ComponentEncoder::default();
-    encoder.module(&module).expect("module").validate(true);
-    encoder.encode().expect("componentize")
+    wat_plugins::core_module("", body, extra)
 }
 
 fn plugin_bytes(body: &str) -> Vec<u8> {
@@ -87,9 +31,6 @@ fn plugin_bytes(body: &str) -> Vec<u8> {
 fn plugin_bytes_with(body: &str, extra: &str) -> Vec<u8> {
     componentize(&core_module(body, extra), &[WIT])
 }
-
-/// Returns its input pod unchanged.
-const IDENTITY: &str = "(call $ok (i32.load (local.get 0)) (i32.load offset=4 (local.get 0)))";
 
 fn limits() -> Limits {
     Limits {
@@ -331,8 +272,7 @@ fn a_component_importing_wasi_filesystem_is_refused_at_load() {
     let body = format!("(call $dirs (i32.const 256)) {IDENTITY}");
     let extra =
         r#"(import "wasi:filesystem/preopens@0.2.0" "get-directories" (func $dirs (param i32)))"#;
-    // Imports must come first in a module; move it to the top.
-    let wat = core_module(&body, "").replacen("(module", &format!("(module {extra}"), 1);
+    let wat = wat_plugins::core_module(extra, &body, "");
     let bytes = componentize(&wat, &[wasi, &wit]);
     let err = runtime().load_bytes(&bytes, "wasi.wasm").unwrap_err();
     assert!(matches!(err, LoadError::ForbiddenImport { .. }), "{err:?}");

@@ -185,14 +185,11 @@ fn run_render(args: RenderArgs) -> Result<(), Failure> {
             Template::from_value(&value).map_err(|e| Failure::Render(format!("{origin}: {e}")))
         })?;
 
-    let cache_dir = if args.no_cache {
-        None
-    } else {
-        args.cache_dir
-            .clone()
-            .or_else(|| config.cache_dir.clone())
-            .or_else(podstamp::plugin::default_cache_dir)
-    };
+    let cache_dir = podstamp::plugin::choose_cache_dir(
+        args.no_cache,
+        args.cache_dir.as_deref(),
+        config.cache_dir.as_deref(),
+    );
     let max_manifest = limits.max_output_bytes;
     let catalog = load_catalog(&args, &config, limits, cache_dir.as_deref())?;
     let chain = catalog

@@ -665,6 +665,21 @@ pub fn default_cache_dir() -> Option<PathBuf> {
         .or_else(|| from_env("HOME").map(|d| d.join(".cache/podstamp")))
 }
 
+/// The cache directory to use: none with `no_cache`, else the flag's, else
+/// the configuration's, else [`default_cache_dir`].
+pub fn choose_cache_dir(
+    no_cache: bool,
+    flag: Option<&Path>,
+    configured: Option<&Path>,
+) -> Option<PathBuf> {
+    if no_cache {
+        return None;
+    }
+    flag.or(configured)
+        .map(Path::to_path_buf)
+        .or_else(default_cache_dir)
+}
+
 /// Compiled plugin code on disk, keyed by the plugin's sha256 and the
 /// engine's compatibility hash, so a restart does not recompile.
 struct CodeCache {

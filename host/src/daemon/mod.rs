@@ -205,14 +205,11 @@ pub fn main(args: RunArgs) -> ExitCode {
         Err(e) => return usage(e),
     };
     settings.max_manifest_bytes = limits.max_output_bytes;
-    let cache_dir = if args.no_cache {
-        None
-    } else {
-        args.cache_dir
-            .clone()
-            .or_else(|| config.cache_dir.clone())
-            .or_else(crate::plugin::default_cache_dir)
-    };
+    let cache_dir = crate::plugin::choose_cache_dir(
+        args.no_cache,
+        args.cache_dir.as_deref(),
+        config.cache_dir.as_deref(),
+    );
     let catalog = match Runtime::new(limits, cache_dir.as_deref()) {
         Ok(runtime) => match Catalog::load(&config, &runtime) {
             Ok(c) => c,
