@@ -47,6 +47,15 @@ fn fails(args: &[&str], stdin: Option<&str>, code: i32) -> String {
         .to_string()
 }
 
+/// Renders the checkpointer for the node described by `node_args` through
+/// one plugin, expecting a failed render; returns the error line.
+fn render_fails(node_args: &[&str], plugin_spec: &str) -> String {
+    let mut args = vec!["render", CHECKPOINTER];
+    args.extend_from_slice(node_args);
+    args.extend(["--plugin", plugin_spec, "--no-cache"]);
+    fails(&args, None, 1)
+}
+
 #[test]
 fn passthrough_is_golden_and_byte_stable() {
     let first = render_ok(&[]);
@@ -208,20 +217,14 @@ fn a_template_picks_its_chain_from_the_catalog_only() {
 #[test]
 fn plugin_errors_name_the_template_the_plugin_and_the_field() {
     let node_env = with_plugin("node-env", Some("tests/fixtures/node-env.yaml"));
-    let err = fails(
+    let err = render_fails(
         &[
-            "render",
-            CHECKPOINTER,
             "--node-name",
             "bare",
             "--node-address",
             "InternalIP=10.0.0.9",
-            "--plugin",
-            &node_env,
-            "--no-cache",
         ],
-        None,
-        1,
+        &node_env,
     );
     assert!(
         err.starts_with(
@@ -232,19 +235,7 @@ fn plugin_errors_name_the_template_the_plugin_and_the_field() {
     assert!(err.contains("topology.kubernetes.io/zone"), "{err}");
 
     let substitute = with_plugin("substitute", None);
-    let err = fails(
-        &[
-            "render",
-            CHECKPOINTER,
-            "--node-name",
-            "bare",
-            "--plugin",
-            &substitute,
-            "--no-cache",
-        ],
-        None,
-        1,
-    );
+    let err = render_fails(&["--node-name", "bare"], &substitute);
     assert!(err.contains("spec.containers[0].command[5]"), "{err}");
     assert!(err.contains("${node.address.InternalIP}"), "{err}");
 
@@ -252,19 +243,7 @@ fn plugin_errors_name_the_template_the_plugin_and_the_field() {
         "arch-image",
         Some("tests/fixtures/arch-image-amd64-only.json"),
     );
-    let err = fails(
-        &[
-            "render",
-            CHECKPOINTER,
-            "--node",
-            NODE,
-            "--plugin",
-            &arch,
-            "--no-cache",
-        ],
-        None,
-        1,
-    );
+    let err = render_fails(&["--node", NODE], &arch);
     assert_eq!(
         err,
         "PodTemplate kube-system/pod-checkpointer: plugin 1 of 1 `arch-image` (arch-image 0.1.0): spec.containers[0].image: no image for architecture arm64 (have amd64)"
@@ -282,19 +261,7 @@ fn arch_image_fails_with(file_name: &str, settings: &str) -> String {
         plugin("arch-image").display(),
         path.display()
     );
-    fails(
-        &[
-            "render",
-            CHECKPOINTER,
-            "--node",
-            NODE,
-            "--plugin",
-            &arch,
-            "--no-cache",
-        ],
-        None,
-        1,
-    )
+    render_fails(&["--node", NODE], &arch)
 }
 
 #[test]
@@ -435,36 +402,12 @@ fn usage_errors_exit_2() {
 
 #[test]
 fn a_missing_or_foreign_plugin_fails_the_render() {
-    let err = fails(
-        &[
-            "render",
-            CHECKPOINTER,
-            "--node",
-            NODE,
-            "--plugin",
-            "nope.wasm",
-            "--no-cache",
-        ],
-        None,
-        1,
-    );
+    let err = render_fails(&["--node", NODE], "nope.wasm");
     assert_eq!(
         err,
         "nope.wasm: cannot read plugin: No such file or directory (os error 2)"
     );
-    let err = fails(
-        &[
-            "render",
-            CHECKPOINTER,
-            "--node",
-            NODE,
-            "--plugin",
-            NODE,
-            "--no-cache",
-        ],
-        None,
-        1,
-    );
+    let err = render_fails(&["--node", NODE], NODE);
     assert!(
         err.starts_with("examples/node.yaml: not a valid WebAssembly component"),
         "{err}"
