@@ -167,14 +167,20 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `podstamp run` with these arguments (plus --listen), logging at info.
     pub fn start(args: &[&str], log: PathBuf) -> Daemon {
+        // PODSTAMP_TEST_LOG overrides the daemon's log filter, e.g. `debug`.
+        let filter = std::env::var("PODSTAMP_TEST_LOG").unwrap_or_else(|_| "info,kube=warn".into());
+        Daemon::start_logging(args, log, &filter)
+    }
+
+    /// [`Daemon::start`] with this log filter: the benchmarks run at the
+    /// daemon's default, `warn`, since logging every write costs time.
+    pub fn start_logging(args: &[&str], log: PathBuf, filter: &str) -> Daemon {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
         let out = fs::File::create(&log).unwrap();
-        // PODSTAMP_TEST_LOG overrides the daemon's log filter, e.g. `debug`.
-        let filter = std::env::var("PODSTAMP_TEST_LOG").unwrap_or_else(|_| "info,kube=warn".into());
         let mut command = Command::new(env!("CARGO_BIN_EXE_podstamp"));
         command
-            .args(["--log-level", &filter, "run", "--listen", &listen])
+            .args(["--log-level", filter, "run", "--listen", &listen])
             .args(args)
             .env_remove("RUST_LOG")
             .env_remove("NODE_NAME")
@@ -190,6 +196,11 @@ impl Daemon {
         die_with_parent(&mut command);
         let child = command.spawn().expect("run podstamp");
         Daemon { child, log, port }
+    }
+
+    /// The process id, to read its figures in /proc.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn logs(&self) -> String {
