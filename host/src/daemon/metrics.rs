@@ -29,7 +29,9 @@ struct Inner {
     failures: BTreeMap<&'static str, u64>,
     plugin_calls: BTreeMap<(String, &'static str), Histogram>,
     managed: usize,
+    templates: usize,
     last_sync: Option<f64>,
+    initial_sync: Option<Duration>,
     watch_restarts: BTreeMap<&'static str, u64>,
     removed: u64,
 }
@@ -89,6 +91,18 @@ impl Metrics {
 
     pub fn set_managed(&self, n: usize) {
         self.lock().managed = n;
+    }
+
+    /// How many templates the sources delivered (valid or not): with
+    /// server-side selection, only the selected ones.
+    pub fn set_templates(&self, n: usize) {
+        self.lock().templates = n;
+    }
+
+    /// Records how long the first sync took, from the complete list of
+    /// templates arriving to every manifest rendered and written.
+    pub fn set_initial_sync(&self, took: Duration) {
+        self.lock().initial_sync = Some(took);
     }
 
     pub fn removed(&self) {
@@ -162,6 +176,20 @@ impl Metrics {
              # TYPE podstamp_managed_manifests gauge\npodstamp_managed_manifests {}",
             inner.managed
         );
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_templates PodTemplates the daemon knows of (those the source selected).\n\
+             # TYPE podstamp_templates gauge\npodstamp_templates {}",
+            inner.templates
+        );
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_initial_sync_seconds Time from the first complete list of templates to every manifest rendered and written.\n\
+             # TYPE podstamp_initial_sync_seconds gauge"
+        );
+        if let Some(took) = inner.initial_sync {
+            let _ = writeln!(out, "podstamp_initial_sync_seconds {}", took.as_secs_f64());
+        }
         let _ = writeln!(
             out,
             "# HELP podstamp_manifests_removed_total Manifests removed because their template went away.\n\
@@ -292,6 +320,7 @@ mod tests {
             "podstamp_plugin_call_duration_seconds_count{plugin=\"node-env\",result=\"ok\"} 1",
             "podstamp_watch_restarts_total{watch=\"node\"} 1",
             "podstamp_managed_manifests 0",
+            "podstamp_templates 0",
             "podstamp_ready 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");

@@ -109,6 +109,8 @@ pub struct Reconciler {
     dirty: BTreeSet<String>,
     gc_due: bool,
     waiting_for_node_logged: bool,
+    /// When the first complete list arrived, until the first sync is done.
+    first_list_at: Option<Instant>,
     /// `limits.maxManifestSize`: also bounds what a template alone produces.
     max_manifest_bytes: usize,
 }
@@ -167,6 +169,7 @@ impl Reconciler {
             dirty: BTreeSet::new(),
             gc_due: false,
             waiting_for_node_logged: false,
+            first_list_at: None,
             max_manifest_bytes: crate::plugin::Limits::default().max_output_bytes,
         })
     }
@@ -221,6 +224,7 @@ impl Reconciler {
                 }
                 if !self.synced {
                     tracing::info!(templates = self.entries.len(), "first complete list");
+                    self.first_list_at = Some(Instant::now());
                 }
                 self.synced = true;
                 self.gc_due = true;
@@ -291,6 +295,7 @@ impl Reconciler {
     }
 
     pub fn reconcile(&mut self) {
+        self.metrics.set_templates(self.entries.len());
         if self.gc_due && self.synced {
             self.collect_garbage();
             self.gc_due = false;
@@ -321,7 +326,16 @@ impl Reconciler {
         if self.synced {
             self.metrics.synced_now();
             if !self.metrics.is_ready() {
-                tracing::info!(managed = self.owned.len(), "first sync done; ready");
+                let took = self.first_list_at.take().map(|t| t.elapsed());
+                if let Some(took) = took {
+                    self.metrics.set_initial_sync(took);
+                }
+                tracing::info!(
+                    managed = self.owned.len(),
+                    templates = self.entries.len(),
+                    since_list_ms = took.map_or(0, |t| t.as_millis() as u64),
+                    "first sync done; ready"
+                );
                 self.metrics.set_ready();
             }
         }
