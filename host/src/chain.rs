@@ -1,13 +1,15 @@
 //! The plugin chain: each plugin's output is the next one's input.
 //!
 //! Between plugins the pod travels as the JSON text the previous plugin
-//! returned; the host parses it once per step, to blame the right plugin for
-//! invalid JSON or a renamed pod, and never re-serializes it in between.
+//! returned. After each step the host scans that text, to blame the right
+//! plugin for invalid JSON or a renamed pod, but builds nothing from it but
+//! the metadata; only the last step's output is parsed into a value.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use crate::plugin::{CallFailure, Plugin, PluginInfo, WitNode};
@@ -116,7 +118,7 @@ impl Chain {
             .cloned()
             .unwrap_or(Value::Null);
         let mut text = pod.to_string();
-        let mut current = pod;
+        drop(pod);
         for (index, step) in self.steps.iter().enumerate() {
             let fail = |failure| {
                 Box::new(ChainFailure {
@@ -133,13 +135,8 @@ impl Chain {
                 .transform(&text, node, &step.settings_json, subject);
             observe(step, output.is_ok(), started.elapsed());
             text = output.map_err(|e| fail(StepFailure::Call(e)))?;
-            current = serde_json::from_str(&text)
-                .map_err(|e| fail(StepFailure::InvalidJson(e.to_string())))?;
-            if !current.is_object() {
-                return Err(fail(StepFailure::NotAnObject));
-            }
-            let new_name = current.pointer("/metadata/name").unwrap_or(&Value::Null);
-            if *new_name != name {
+            let new_name = name_in(&text).map_err(fail)?;
+            if new_name != name {
                 return Err(fail(StepFailure::Renamed {
                     from: name.as_str().unwrap_or_default().to_string(),
                     to: new_name
@@ -148,6 +145,158 @@ impl Chain {
                 }));
             }
         }
-        Ok(current)
+        // `name_in` accepted this text, so it is a JSON object within the
+        // same nesting limit; the error is kept for safety all the same.
+        serde_json::from_str(&text).map_err(|e| {
+            Box::new(ChainFailure {
+                position: self.steps.len(),
+                chain_length: self.steps.len(),
+                step: self.steps[self.steps.len() - 1].name.clone(),
+                plugin: self.steps[self.steps.len() - 1].plugin.info().clone(),
+                failure: StepFailure::InvalidJson(e.to_string()),
+            })
+        })
+    }
+}
+
+/// What the chain reads of a step's output: its metadata. Every other value
+/// is checked as JSON and dropped without being built.
+struct OutputProbe {
+    metadata: Value,
+}
+
+impl<'de> Deserialize<'de> for OutputProbe {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> Visitor<'de> for Fields {
+            type Value = OutputProbe;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<OutputProbe, A::Error> {
+                // A repeated key counts as its last value, as in a `Value`.
+                let mut metadata = Value::Null;
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "metadata" {
+                        metadata = map.next_value()?;
+                    } else {
+                        map.next_value::<Skip>()?;
+                    }
+                }
+                Ok(OutputProbe { metadata })
+            }
+        }
+        deserializer.deserialize_map(Fields)
+    }
+}
+
+/// Any JSON value, walked and dropped. Unlike `serde::de::IgnoredAny`, which
+/// serde_json skips without a depth limit, it descends through the
+/// deserializer, so JSON nested deeper than serde_json's limit is refused
+/// here, at the step that returned it.
+struct Skip;
+
+impl<'de> Deserialize<'de> for Skip {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(Skip)
+    }
+}
+
+impl<'de> Visitor<'de> for Skip {
+    type Value = Skip;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_unit<E>(self) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Skip, A::Error> {
+        while seq.next_element::<Skip>()?.is_some() {}
+        Ok(Skip)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Skip, A::Error> {
+        while map.next_entry::<Skip, Skip>()?.is_some() {}
+        Ok(Skip)
+    }
+}
+
+/// The `metadata.name` of a step's output (`null` when there is none), or why
+/// the output is not a pod at all.
+fn name_in(text: &str) -> Result<Value, StepFailure> {
+    // A struct would also deserialize from a JSON array, by position.
+    if !text.trim_start().starts_with('{') {
+        return match serde_json::from_str::<serde::de::IgnoredAny>(text) {
+            Ok(_) => Err(StepFailure::NotAnObject),
+            Err(e) => Err(StepFailure::InvalidJson(e.to_string())),
+        };
+    }
+    let probe: OutputProbe =
+        serde_json::from_str(text).map_err(|e| StepFailure::InvalidJson(e.to_string()))?;
+    Ok(match probe.metadata {
+        Value::Object(mut metadata) => metadata.remove("name").unwrap_or(Value::Null),
+        _ => Value::Null,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_output_is_checked_without_building_it() {
+        let name = |text: &str| name_in(text);
+        assert_eq!(
+            name(r#" {"spec": {"x": [1, 2]}, "metadata": {"name": "web"}}"#),
+            Ok(Value::from("web"))
+        );
+        assert_eq!(name(r#"{"metadata": {"labels": {}}}"#), Ok(Value::Null));
+        assert_eq!(name(r#"{"metadata": 5}"#), Ok(Value::Null));
+        assert_eq!(name(r#"{"metadata": {"name": 5}}"#), Ok(Value::from(5)));
+        assert_eq!(
+            name(r#"{"metadata": {"name": "a"}, "metadata": {"name": "b"}}"#),
+            Ok(Value::from("b"))
+        );
+        assert_eq!(
+            name(r#"[{"metadata": {"name": "web"}}]"#),
+            Err(StepFailure::NotAnObject)
+        );
+        assert_eq!(name("5"), Err(StepFailure::NotAnObject));
+        for bad in [
+            r#"{"metadata": {"name": "web"}"#,
+            r#"{"spec": {"x": [1, 2}}"#,
+            r#"{"metadata": {}} trailing"#,
+            r#"{"spec": {"a": tru}}"#,
+            r#"{"spec": "\x"}"#,
+            "",
+        ] {
+            assert!(
+                matches!(name(bad), Err(StepFailure::InvalidJson(_))),
+                "{bad}: {:?}",
+                name(bad)
+            );
+        }
+        for (open, close) in [("[", "]"), ("{\"a\":", "}")] {
+            let deep = format!("{{\"spec\": {}1{}}}", open.repeat(1500), close.repeat(1500));
+            assert!(
+                matches!(name(&deep), Err(StepFailure::InvalidJson(ref e)) if e.contains("recursion")),
+                "{:?}",
+                name(&deep)
+            );
+        }
     }
 }
