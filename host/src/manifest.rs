@@ -62,13 +62,34 @@ pub fn finish(mut pod: Value, namespace: &str, source: &str) -> Manifest {
     }
     let annotations = annotations.as_object_mut().expect("just made an object");
     annotations.insert(SOURCE_ANNOTATION.into(), Value::String(source.to_string()));
-    annotations.remove(HASH_ANNOTATION);
+    annotations.insert(
+        HASH_ANNOTATION.into(),
+        Value::String(HASH_PLACEHOLDER.into()),
+    );
 
-    let content_hash = hash_of(&pod);
-    pod["metadata"]["annotations"][HASH_ANNOTATION] = Value::String(content_hash.clone());
     let mut text =
         format!("# Written by podstamp from PodTemplate {source}. Edits are overwritten.\n");
-    text.push_str(&to_yaml(&pod));
+    let body = text.len();
+    crate::yaml::write_yaml(&mut text, &pod);
+    // The hash is of the YAML without the hash annotation's line, and the
+    // writer gives every scalar entry one line of its own: so the YAML is
+    // written once, with a placeholder as long as the hash, and that line is
+    // left out of what is hashed. Keys are written sorted, so the first such
+    // line is the one under metadata.annotations (only apiVersion and kind
+    // come before metadata, and annotations first within it).
+    let line = format!("\n    {HASH_ANNOTATION}: {HASH_PLACEHOLDER}\n");
+    let at = body
+        + text[body..]
+            .find(&line)
+            .expect("the hash annotation is written on a line of its own")
+        + 1;
+    let end = at + line.len() - 1;
+    let digest = Sha256::new()
+        .chain_update(&text.as_bytes()[body..at])
+        .chain_update(&text.as_bytes()[end..])
+        .finalize();
+    let content_hash = format!("sha256:{}", hex::encode(digest));
+    text.replace_range(end - 1 - content_hash.len()..end - 1, &content_hash);
     Manifest {
         pod_name,
         source: source.to_string(),
@@ -76,6 +97,10 @@ pub fn finish(mut pod: Value, namespace: &str, source: &str) -> Manifest {
         bytes: text.into_bytes(),
     }
 }
+
+/// Stands for the hash while the manifest is written: `sha256:` and 64 hex digits.
+const HASH_PLACEHOLDER: &str =
+    "sha256:0000000000000000000000000000000000000000000000000000000000000000";
 
 fn hash_of(pod_without_hash: &Value) -> String {
     let digest = Sha256::digest(to_yaml(pod_without_hash).as_bytes());
@@ -143,6 +168,25 @@ mod tests {
             None
         );
         assert_eq!(ownership(b"\x00garbage"), None);
+    }
+
+    #[test]
+    fn the_hash_is_of_the_yaml_without_the_hash_annotation() {
+        // The definition ownership() checks, and manifests on disk carry.
+        let mut p = pod();
+        p["metadata"]["annotations"] =
+            json!({"a": "1", "zz": "x\n    podstamp.io/content-hash: sha256:0"});
+        p["spec"]["nodeSelector"] = json!({HASH_ANNOTATION: HASH_PLACEHOLDER});
+        let m = finish(p.clone(), "kube-system", "default/web");
+        let mut expected = p;
+        expected["metadata"]["namespace"] = json!("kube-system");
+        expected["metadata"]["annotations"][SOURCE_ANNOTATION] = json!("default/web");
+        assert_eq!(m.content_hash, hash_of(&expected));
+        expected["metadata"]["annotations"][HASH_ANNOTATION] = json!(m.content_hash);
+        let text = String::from_utf8(m.bytes).unwrap();
+        let (comment, yaml) = text.split_once('\n').unwrap();
+        assert!(comment.starts_with("# Written by podstamp"));
+        assert_eq!(yaml, to_yaml(&expected));
     }
 
     #[test]

@@ -12,15 +12,20 @@ use serde_json::Value;
 /// Writes `value` as a YAML document, ending in a newline.
 pub fn to_yaml(value: &Value) -> String {
     let mut out = String::new();
+    write_yaml(&mut out, value);
+    out
+}
+
+/// [`to_yaml`], appending to `out`.
+pub fn write_yaml(out: &mut String, value: &Value) {
     match value {
-        Value::Object(map) if !map.is_empty() => write_map(&mut out, map, 0),
-        Value::Array(items) if !items.is_empty() => write_seq(&mut out, items, 0),
+        Value::Object(map) if !map.is_empty() => write_map(out, map, 0),
+        Value::Array(items) if !items.is_empty() => write_seq(out, items, 0),
         scalar => {
-            write_scalar(&mut out, scalar);
+            write_scalar(out, scalar);
             out.push('\n');
         }
     }
-    out
 }
 
 fn indent(out: &mut String, level: usize) {
