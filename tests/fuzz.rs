@@ -237,7 +237,7 @@ fn check_template(object: &Value) -> Result<(), String> {
     if to_yaml(&parsed) != body {
         return Err(format!("not a fixed point of parse and write:\n{text}"));
     }
-    let pod = &template.pod;
+    let pod = template.pod();
     for pointer in ["/spec/containers", "/metadata/labels", "/metadata/name"] {
         if parsed.pointer(pointer) != pod.pointer(pointer) {
             return Err(format!(

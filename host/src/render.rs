@@ -80,7 +80,7 @@ pub fn render_observed(
     let subject = format!("{id} on {}", node.name);
     let pod = chain
         .apply_observed(
-            template.pod.clone(),
+            template.pod().clone(),
             &WitNode::from(node),
             &subject,
             observe,
@@ -89,7 +89,15 @@ pub fn render_observed(
     let mut pod = pod;
     // Forced before validation, so that what is validated is what is written.
     pod["metadata"]["namespace"] = serde_json::Value::String(namespace.to_string());
-    validate::validate_pod(&pod).map_err(|invalid| {
+    // A template's pod passed the schema check when the template was read,
+    // and forcing the namespace keeps it so: without plugins, only the rules
+    // on names and containers are left to check.
+    let checked = if chain.is_empty() {
+        validate::check_rules(&pod)
+    } else {
+        validate::validate_pod(&pod)
+    };
+    checked.map_err(|invalid| {
         fail(Stage::Result {
             after_plugins: !chain.is_empty(),
             invalid,

@@ -72,10 +72,17 @@ pub struct Template {
     pub annotations: BTreeMap<String, String>,
     /// The pod to render: apiVersion, kind, metadata (name, labels,
     /// annotations) and spec, as the first plugin of the chain receives it.
-    pub pod: Value,
+    /// Private, so that every template's pod has passed
+    /// [`validate::check_schema`]: a passthrough render relies on it.
+    pod: Value,
 }
 
 impl Template {
+    /// The pod to render; it has the shape of a v1 Pod (types, no unknown fields).
+    pub fn pod(&self) -> &Value {
+        &self.pod
+    }
+
     /// `namespace/name`, how templates are named in logs and errors.
     pub fn id(&self) -> String {
         format!("{}/{}", self.namespace, self.name)

@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use k8s_openapi::api::core::v1::Pod;
+use serde::Deserialize;
 use serde_json::Value;
 
 /// One problem, at one place in the document.
@@ -74,6 +75,12 @@ pub fn join_index(parent: &str, index: usize) -> String {
 /// Checks `pod` as a complete v1 Pod: its schema, names, labels and containers.
 pub fn validate_pod(pod: &Value) -> Result<(), Invalid> {
     check_schema(pod)?;
+    check_rules(pod)
+}
+
+/// Checks the rules on names, labels and containers of a pod that has
+/// already passed [`check_schema`].
+pub fn check_rules(pod: &Value) -> Result<(), Invalid> {
     let mut errors = Vec::new();
     check_metadata(pod, &mut errors);
     check_containers(pod, &mut errors);
@@ -102,12 +109,17 @@ pub fn check_schema(pod: &Value) -> Result<(), Invalid> {
             None => errors.push(err(field, format!("is missing (must be {expected:?})"))),
         }
     }
-    match serde_path_to_error::deserialize::<_, Pod>(pod) {
+    // Tracking the path costs time on every field, so it is done only when
+    // there is an error to place.
+    match Pod::deserialize(pod) {
         Ok(typed) => {
             let known = serde_json::to_value(&typed).expect("a typed Pod always serializes");
             find_unknown_fields(pod, &known, "", &mut errors);
         }
-        Err(e) => errors.push(err(&path_of(e.path()), e.inner().to_string())),
+        Err(plain) => match serde_path_to_error::deserialize::<_, Pod>(pod) {
+            Err(e) => errors.push(err(&path_of(e.path()), e.inner().to_string())),
+            Ok(_) => errors.push(err("", plain.to_string())),
+        },
     }
     if errors.is_empty() {
         Ok(())
