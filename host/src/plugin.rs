@@ -18,7 +18,10 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, HasSelf, Linker};
-use wasmtime::{Config, Engine, EngineWeak, ResourceLimiter, Store, Trap};
+use wasmtime::{
+    Config, Engine, EngineWeak, InstanceAllocationStrategy, PoolingAllocationConfig,
+    ResourceLimiter, Store, Trap,
+};
 
 use crate::node::NodeContext;
 
@@ -181,6 +184,7 @@ impl Runtime {
         let mut config = Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool_config()));
         let engine = Engine::new(&config).map_err(|e| setup("engine", e.to_string()))?;
         let mut linker = Linker::new(&engine);
         bindings::Plugin::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
@@ -195,7 +199,7 @@ impl Runtime {
         // Ten ticks per deadline keep the cut-off within 10% of the timeout.
         let epoch_tick =
             (limits.timeout / 10).clamp(Duration::from_millis(1), Duration::from_millis(10));
-        let ticker = Arc::new(Ticker::default());
+        let ticker = Arc::new(Ticker::new(CONCURRENT_CALLS));
         let ticker_thread = {
             let ticker = ticker.clone();
             let engine = engine.weak();
@@ -273,6 +277,44 @@ impl Runtime {
         })?;
         Ok(plugin)
     }
+}
+
+/// Calls that may run at once on one runtime. Every call instantiates its
+/// plugin afresh, from a pool of this many instance slots: a reused slot
+/// keeps its memory mapped and its pages resident, so an instantiation costs
+/// a reset instead of a fresh mapping and page faults. Further calls wait for
+/// a slot.
+const CONCURRENT_CALLS: u32 = 16;
+
+/// Per call, the core instances, memories and tables a plugin component may
+/// have: far more than a component made from one Rust, C or Go module needs
+/// (one main module, a few adapter shims).
+const CORE_INSTANCES_PER_CALL: u32 = 16;
+const MEMORIES_PER_CALL: u32 = 4;
+const TABLES_PER_CALL: u32 = 8;
+
+/// Linear memory kept resident in a slot between calls (reset with memset
+/// rather than given back to the kernel): a plugin's stack and the pages it
+/// usually touches.
+const KEEP_RESIDENT: usize = 2 << 20;
+
+fn pool_config() -> PoolingAllocationConfig {
+    let mut pool = PoolingAllocationConfig::new();
+    pool.total_component_instances(CONCURRENT_CALLS)
+        .total_core_instances(CONCURRENT_CALLS * CORE_INSTANCES_PER_CALL)
+        .max_core_instances_per_component(CORE_INSTANCES_PER_CALL)
+        .total_memories(CONCURRENT_CALLS * MEMORIES_PER_CALL)
+        .max_memories_per_component(MEMORIES_PER_CALL)
+        .total_tables(CONCURRENT_CALLS * TABLES_PER_CALL)
+        .max_tables_per_component(TABLES_PER_CALL)
+        .table_elements(MAX_TABLE_ELEMENTS)
+        .linear_memory_keep_resident(KEEP_RESIDENT)
+        .table_keep_resident(64 << 10);
+    // The largest memory a slot holds stays the engine's default (4 GiB):
+    // a component whose memory starts larger than `Limits::memory_bytes` is
+    // refused by the memory limiter when it is instantiated, with the
+    // message every other memory failure has.
+    pool
 }
 
 /// What a component imports and exports, whether or not it is a plugin.
@@ -450,6 +492,9 @@ impl Plugin {
         f: impl FnOnce(&bindings::Plugin, &mut Store<CallState>) -> wasmtime::Result<R>,
     ) -> Result<R, CallFailure> {
         let shared = &self.runtime.shared;
+        // Taken before the store is made and so given back after it is
+        // dropped: the store holds the pool slot until then.
+        let _running = shared.ticker.start_call();
         let mut store = Store::new(
             &shared.engine,
             CallState {
@@ -468,7 +513,6 @@ impl Plugin {
         store.set_epoch_deadline(ticks.max(1) as u64);
         store.epoch_deadline_trap();
 
-        let _running = shared.ticker.start_call();
         let result = self
             .pre
             .instantiate(&mut store)
@@ -594,11 +638,13 @@ impl ResourceLimiter for MemoryLimiter {
 }
 
 /// Advances the engine's epoch while at least one call is running, and sleeps
-/// otherwise, so an idle daemon spends no CPU on it.
-#[derive(Default)]
+/// otherwise, so an idle daemon spends no CPU on it. It also admits at most
+/// `max_calls` calls at once (one per pool slot).
 struct Ticker {
     state: Mutex<TickerState>,
     wake: Condvar,
+    slot_free: Condvar,
+    max_calls: usize,
 }
 
 #[derive(Default)]
@@ -612,17 +658,36 @@ struct RunningCall<'a>(&'a Ticker);
 impl Drop for RunningCall<'_> {
     fn drop(&mut self) {
         self.0.lock().running_calls -= 1;
+        self.0.slot_free.notify_one();
     }
 }
 
 impl Ticker {
+    fn new(max_calls: u32) -> Ticker {
+        Ticker {
+            state: Mutex::default(),
+            wake: Condvar::new(),
+            slot_free: Condvar::new(),
+            max_calls: max_calls as usize,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, TickerState> {
         // The state stays consistent even if a holder panicked.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Waits for a free slot, then counts the call as running.
     fn start_call(&self) -> RunningCall<'_> {
-        self.lock().running_calls += 1;
+        let mut state = self.lock();
+        while state.running_calls >= self.max_calls {
+            state = self
+                .slot_free
+                .wait(state)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        state.running_calls += 1;
+        drop(state);
         self.wake.notify_one();
         RunningCall(self)
     }
