@@ -23,8 +23,21 @@ pub enum Outcome {
 
 /// Writes `bytes` to `dir/file_name` atomically, with mode 0600, unless the
 /// file already holds exactly these bytes. Refuses to replace a symlink or
-/// anything else that is not a regular file.
+/// anything else that is not a regular file. The directory is synced before
+/// this returns.
 pub fn write_atomic(dir: &Path, file_name: &str, bytes: &[u8]) -> io::Result<Outcome> {
+    let outcome = replace(dir, file_name, bytes)?;
+    if outcome == Outcome::Written {
+        sync_dir(dir)?;
+    }
+    Ok(outcome)
+}
+
+/// [`write_atomic`] but for the sync of the directory: the file is whole on
+/// disk before it is renamed into place, but the rename itself is durable
+/// only after [`sync_dir`]. For many files at once, one directory sync then
+/// serves them all.
+pub fn replace(dir: &Path, file_name: &str, bytes: &[u8]) -> io::Result<Outcome> {
     if file_name.is_empty() || file_name.starts_with('.') || file_name.contains('/') {
         return Err(io::Error::new(
             ErrorKind::InvalidInput,
@@ -48,7 +61,7 @@ pub fn write_atomic(dir: &Path, file_name: &str, bytes: &[u8]) -> io::Result<Out
                 ),
             ));
         }
-        Ok(meta) if meta.len() == bytes.len() as u64 && read_nofollow(&target)? == bytes => {
+        Ok(meta) if meta.len() == bytes.len() as u64 && holds(&target, bytes)? => {
             return Ok(Outcome::Unchanged);
         }
         Ok(_) => {}
@@ -66,13 +79,17 @@ pub fn write_atomic(dir: &Path, file_name: &str, bytes: &[u8]) -> io::Result<Out
             .open(&temp)?;
         file.write_all(bytes)?;
         file.sync_all()?;
-        fs::rename(&temp, &target)?;
-        File::open(dir)?.sync_all()
+        fs::rename(&temp, &target)
     })();
     if result.is_err() {
         let _ = fs::remove_file(&temp);
     }
     result.map(|()| Outcome::Written)
+}
+
+/// Makes the renames and removals done in `dir` durable.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
 }
 
 /// Longest part of the target's name kept in a temp file's name, so that the
@@ -94,14 +111,28 @@ fn temp_path(dir: &Path, file_name: &str) -> PathBuf {
     ))
 }
 
-fn read_nofollow(path: &Path) -> io::Result<Vec<u8>> {
+/// Whether the file at `path` (not followed if a symlink) holds exactly
+/// `bytes`; read in pieces, since it is usually compared and left alone.
+fn holds(path: &Path, mut bytes: &[u8]) -> io::Result<bool> {
     let mut file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)?;
-    let mut content = Vec::new();
-    file.read_to_end(&mut content)?;
-    Ok(content)
+    let mut buffer = [0u8; 8192];
+    loop {
+        let n = match file.read(&mut buffer) {
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if n == 0 {
+            return Ok(bytes.is_empty());
+        }
+        match bytes.strip_prefix(&buffer[..n]) {
+            Some(rest) => bytes = rest,
+            None => return Ok(false),
+        }
+    }
 }
 
 /// Removes temporary files a crashed podstamp left in `dir`; returns how many.
@@ -180,6 +211,22 @@ mod tests {
             Outcome::Written
         );
         assert_eq!(fs::read(dir.path().join(&name)).unwrap(), b"x");
+    }
+
+    #[test]
+    fn content_is_compared_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a");
+        let big: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+        fs::write(&path, &big).unwrap();
+        assert!(holds(&path, &big).unwrap());
+        let mut other = big.clone();
+        other[19_999] ^= 1;
+        assert!(!holds(&path, &other).unwrap());
+        assert!(!holds(&path, &big[..10_000]).unwrap());
+        assert!(!holds(&path, &[big.as_slice(), b"x"].concat()).unwrap());
+        fs::write(&path, b"").unwrap();
+        assert!(holds(&path, b"").unwrap());
     }
 
     #[test]

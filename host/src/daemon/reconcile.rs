@@ -111,6 +111,9 @@ pub struct Reconciler {
     waiting_for_node_logged: bool,
     /// When the first complete list arrived, until the first sync is done.
     first_list_at: Option<Instant>,
+    /// Files were renamed or removed in the directory since it was last
+    /// synced; synced once at the end of a pass, for all of them.
+    dir_unsynced: bool,
     /// `limits.maxManifestSize`: also bounds what a template alone produces.
     max_manifest_bytes: usize,
 }
@@ -170,6 +173,7 @@ impl Reconciler {
             gc_due: false,
             waiting_for_node_logged: false,
             first_list_at: None,
+            dir_unsynced: false,
             max_manifest_bytes: crate::plugin::Limits::default().max_output_bytes,
         })
     }
@@ -322,6 +326,7 @@ impl Reconciler {
         if rendered && self.synced {
             self.collect_garbage();
         }
+        self.sync_dir();
         self.metrics.set_managed(self.owned.len());
         if self.synced {
             self.metrics.synced_now();
@@ -338,6 +343,19 @@ impl Reconciler {
                 );
                 self.metrics.set_ready();
             }
+        }
+    }
+
+    /// Makes this pass's renames and removals durable; tried again on the
+    /// next pass if it fails.
+    fn sync_dir(&mut self) {
+        if !self.dir_unsynced {
+            return;
+        }
+        match write::sync_dir(&self.dir) {
+            Ok(()) => self.dir_unsynced = false,
+            Err(e) => tracing::error!(dir = %self.dir.display(),
+                "cannot sync the manifest directory: {e}; the manifests are in place, but a crash now could undo their latest changes"),
         }
     }
 
@@ -374,8 +392,9 @@ impl Reconciler {
                 .and_then(|bytes| manifest::ownership(&bytes))
                 .is_some_and(|o| o.source == source);
             if still_ours {
-                match fs::remove_file(&path).and_then(|()| fs::File::open(&self.dir)?.sync_all()) {
+                match fs::remove_file(&path) {
                     Ok(()) => {
+                        self.dir_unsynced = true;
                         tracing::info!(file = %file, template = %source, "removed manifest: its template is gone, or wrote its manifest under another name");
                         self.metrics.removed();
                     }
@@ -544,18 +563,17 @@ impl Reconciler {
                 }
             }
         }
-        let outcome = write_manifest(&self.dir, &manifest).map_err(|e| Failure {
+        let outcome = write::replace(&self.dir, &file, &manifest.bytes).map_err(|e| Failure {
             reason: "WriteFailed",
             plugin: None,
             message: format!("PodTemplate {}: {}: {e}", template.id(), file),
         })?;
+        if outcome == Outcome::Written {
+            self.dir_unsynced = true;
+        }
         self.owned.insert(file.clone(), manifest.source.clone());
         Ok((file, outcome))
     }
-}
-
-fn write_manifest(dir: &Path, manifest: &Manifest) -> std::io::Result<Outcome> {
-    write::write_atomic(dir, &manifest.file_name(), &manifest.bytes)
 }
 
 /// [`render`], with each plugin call timed for the metrics.
