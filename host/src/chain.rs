@@ -240,7 +240,7 @@ impl<'de> Visitor<'de> for Skip {
 fn name_in(text: &str) -> Result<Value, StepFailure> {
     // A struct would also deserialize from a JSON array, by position.
     if !text.trim_start().starts_with('{') {
-        return match serde_json::from_str::<serde::de::IgnoredAny>(text) {
+        return match serde_json::from_str::<Skip>(text) {
             Ok(_) => Err(StepFailure::NotAnObject),
             Err(e) => Err(StepFailure::InvalidJson(e.to_string())),
         };
@@ -276,6 +276,12 @@ mod tests {
             Err(StepFailure::NotAnObject)
         );
         assert_eq!(name("5"), Err(StepFailure::NotAnObject));
+        let deep_array = format!("{}{}", "[".repeat(1500), "]".repeat(1500));
+        assert!(
+            matches!(name(&deep_array), Err(StepFailure::InvalidJson(ref e)) if e.contains("recursion")),
+            "{:?}",
+            name(&deep_array)
+        );
         for bad in [
             r#"{"metadata": {"name": "web"}"#,
             r#"{"spec": {"x": [1, 2}}"#,
