@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use podstamp::chain::{Chain, Step};
 use podstamp::config::{Catalog, ConfigFile};
 use podstamp::node::NodeContext;
-use podstamp::plugin::{Limits, Runtime, WitNode};
+use podstamp::plugin::{Allocation, Limits, Runtime, WitNode};
 use podstamp::render::render;
 use podstamp::template::{Template, parse_document};
 use podstamp::{manifest, validate};
@@ -88,6 +88,13 @@ fn main() {
     .unwrap();
     let wit_node = WitNode::from(&node);
 
+    // The identity plugin once more, in a runtime that maps a fresh instance
+    // for every call: what the instance pool saves.
+    let on_demand_identity =
+        Runtime::with_allocation(Limits::default(), None, Allocation::OnDemand)
+            .unwrap()
+            .load(&plugins.join("identity.wasm"))
+            .unwrap();
     let identity = catalog
         .chain_for(&[("podstamp.io/plugins".to_string(), "identity".to_string())].into())
         .unwrap();
@@ -127,6 +134,13 @@ fn main() {
             black_box(
                 identity_step
                     .plugin
+                    .transform(&pod_json, &wit_node, &identity_step.settings_json, "bench")
+                    .unwrap(),
+            );
+        });
+        let on_demand_call = measure(|| {
+            black_box(
+                on_demand_identity
                     .transform(&pod_json, &wit_node, &identity_step.settings_json, "bench")
                     .unwrap(),
             );
@@ -174,6 +188,7 @@ fn main() {
             String::new()
         };
         row("identity plugin call alone", call, false, &call_target);
+        row("  the same, instance not pooled", on_demand_call, false, "");
         row("render with identity plugin", one, true, "");
         row(
             "render with 3-plugin example",

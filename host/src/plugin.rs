@@ -19,7 +19,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{
-    Config, Engine, EngineWeak, InstanceAllocationStrategy, PoolingAllocationConfig,
+    Config, Enabled, Engine, EngineWeak, InstanceAllocationStrategy, PoolingAllocationConfig,
     ResourceLimiter, Store, Trap,
 };
 
@@ -147,6 +147,15 @@ impl fmt::Display for PluginInfo {
     }
 }
 
+/// Where a call's plugin instance (its memories, tables) comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocation {
+    /// Reused slots of a pool reserved when the runtime starts.
+    Pooled,
+    /// Mapped for each call and unmapped after it.
+    OnDemand,
+}
+
 /// Loads plugins and owns what they share: the engine and the epoch ticker.
 #[derive(Clone)]
 pub struct Runtime {
@@ -175,7 +184,25 @@ impl Drop for Shared {
 impl Runtime {
     /// A runtime whose calls obey `limits`, caching compiled code in
     /// `cache_dir` when one is given.
+    ///
+    /// Plugin instances come from a pool of reused slots; where the pool's
+    /// address space cannot be reserved (a `ulimit -v`, strict overcommit),
+    /// each call maps its own memory instead, with a warning.
     pub fn new(limits: Limits, cache_dir: Option<&Path>) -> Result<Self, LoadError> {
+        Runtime::with_allocation(limits, cache_dir, Allocation::Pooled).or_else(|e| {
+            tracing::warn!(
+                "cannot reserve the plugin instance pool ({e}); allocating each plugin instance on its own"
+            );
+            Runtime::with_allocation(limits, cache_dir, Allocation::OnDemand)
+        })
+    }
+
+    /// [`Runtime::new`] with the instance allocation chosen, and no fallback.
+    pub fn with_allocation(
+        limits: Limits,
+        cache_dir: Option<&Path>,
+        allocation: Allocation,
+    ) -> Result<Self, LoadError> {
         let setup = |what, detail: String| LoadError::Setup {
             origin: "plugin runtime".into(),
             what,
@@ -184,7 +211,9 @@ impl Runtime {
         let mut config = Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);
-        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool_config()));
+        if allocation == Allocation::Pooled {
+            config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool_config()));
+        }
         let engine = Engine::new(&config).map_err(|e| setup("engine", e.to_string()))?;
         let mut linker = Linker::new(&engine);
         bindings::Plugin::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
@@ -293,12 +322,19 @@ const CORE_INSTANCES_PER_CALL: u32 = 16;
 const MEMORIES_PER_CALL: u32 = 4;
 const TABLES_PER_CALL: u32 = 8;
 
-/// Linear memory kept resident in a slot between calls (reset with memset
-/// rather than given back to the kernel): a plugin's stack and the pages it
-/// usually touches.
-const KEEP_RESIDENT: usize = 2 << 20;
+/// Linear memory kept resident in a slot between calls, where the kernel
+/// can tell which pages a call dirtied (Linux 6.7's PAGEMAP_SCAN): only
+/// those are reset, and the next call takes no page faults on them. Without
+/// it, wasmtime would memset this much on every call, more than the faults
+/// it saves, so the memory is handed back to the kernel instead.
+const KEEP_RESIDENT: usize = 4 << 20;
 
 fn pool_config() -> PoolingAllocationConfig {
+    let keep_resident = if PoolingAllocationConfig::is_pagemap_scan_available() {
+        KEEP_RESIDENT
+    } else {
+        0
+    };
     let mut pool = PoolingAllocationConfig::new();
     pool.total_component_instances(CONCURRENT_CALLS)
         .total_core_instances(CONCURRENT_CALLS * CORE_INSTANCES_PER_CALL)
@@ -308,8 +344,8 @@ fn pool_config() -> PoolingAllocationConfig {
         .total_tables(CONCURRENT_CALLS * TABLES_PER_CALL)
         .max_tables_per_component(TABLES_PER_CALL)
         .table_elements(MAX_TABLE_ELEMENTS)
-        .linear_memory_keep_resident(KEEP_RESIDENT)
-        .table_keep_resident(64 << 10);
+        .pagemap_scan(Enabled::Auto)
+        .linear_memory_keep_resident(keep_resident);
     // The largest memory a slot holds stays the engine's default (4 GiB):
     // a component whose memory starts larger than `Limits::memory_bytes` is
     // refused by the memory limiter when it is instantiated, with the
