@@ -96,6 +96,19 @@ fn main() {
     );
     let mut bench = Bench::new(updates, daemons);
     println!(
+        "podstamp: a copy of {} (built {}) in {}",
+        env!("CARGO_BIN_EXE_podstamp"),
+        fs::metadata(env!("CARGO_BIN_EXE_podstamp"))
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or("?".into(), |d| {
+                let s = d.as_secs() % 86_400;
+                format!("{:02}:{:02}:{:02} UTC", s / 3600, s / 60 % 60, s % 60)
+            }),
+        bench.binary.display()
+    );
+    println!(
         "API server: podstamp-apiserver (kube-apiserver {}) at {}, state in {}",
         bench.server_version(),
         bench.server.url,
@@ -140,6 +153,8 @@ struct Bench {
     config: PathBuf,
     /// The compiled-code cache the daemons share (warm after the first start).
     cache: PathBuf,
+    /// The copy of the podstamp binary that every daemon of this run runs.
+    binary: PathBuf,
     has_poller: bool,
     updates: usize,
     daemons: usize,
@@ -156,6 +171,8 @@ impl Bench {
         let cache = root.join("cache");
         private_dir(&cache);
         let config = write_bench_config(&root);
+        let binary = root.join("podstamp");
+        fs::copy(env!("CARGO_BIN_EXE_podstamp"), &binary).unwrap();
         let server = ApiServer::start(&root.join("apiserver"));
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -181,6 +198,7 @@ impl Bench {
             root,
             config,
             cache,
+            binary,
             has_poller,
             updates,
             daemons,
@@ -266,7 +284,8 @@ impl Bench {
     /// default log level, the compiled code cached in `cache`.
     fn daemon(&self, ns: &str, node: &str, dir: &Path, cache: &Path) -> Daemon {
         let kubeconfig = self.server.kubeconfig("admin");
-        Daemon::start_logging(
+        Daemon::start_binary(
+            &self.binary,
             &[
                 "--config",
                 self.config.to_str().unwrap(),

@@ -169,16 +169,23 @@ impl Daemon {
     pub fn start(args: &[&str], log: PathBuf) -> Daemon {
         // PODSTAMP_TEST_LOG overrides the daemon's log filter, e.g. `debug`.
         let filter = std::env::var("PODSTAMP_TEST_LOG").unwrap_or_else(|_| "info,kube=warn".into());
-        Daemon::start_logging(args, log, &filter)
+        Daemon::start_binary(
+            Path::new(env!("CARGO_BIN_EXE_podstamp")),
+            args,
+            log,
+            &filter,
+        )
     }
 
-    /// [`Daemon::start`] with this log filter: the benchmarks run at the
-    /// daemon's default, `warn`, since logging every write costs time.
-    pub fn start_logging(args: &[&str], log: PathBuf, filter: &str) -> Daemon {
+    /// [`Daemon::start`] with this podstamp binary and log filter. The
+    /// benchmarks run a copy of the binary, which a build going on meanwhile
+    /// cannot replace, at the daemon's default level, `warn`, since logging
+    /// every write costs time.
+    pub fn start_binary(binary: &Path, args: &[&str], log: PathBuf, filter: &str) -> Daemon {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
         let out = fs::File::create(&log).unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_podstamp"));
+        let mut command = Command::new(binary);
         command
             .args(["--log-level", filter, "run", "--listen", &listen])
             .args(args)
