@@ -16,7 +16,7 @@
 //!
 //! Run: `bash tests/harness/build.sh && bash plugins/build.sh && cargo bench --bench daemon [-- latency|sync|footprint|fanout]`.
 //! Sizes: PODSTAMP_BENCH_UPDATES (default 200; the poller's share takes
-//! about 1.5 s per update, some 5 minutes), PODSTAMP_BENCH_DAEMONS (default 50).
+//! about 1.1 s per update, some 4 minutes), PODSTAMP_BENCH_DAEMONS (default 50).
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
