@@ -10,7 +10,6 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use k8s_openapi::api::core::v1::Pod;
-use serde::Deserialize;
 use serde_json::Value;
 
 /// One problem, at one place in the document.
@@ -109,12 +108,22 @@ pub fn check_schema(pod: &Value) -> Result<(), Invalid> {
             None => errors.push(err(field, format!("is missing (must be {expected:?})"))),
         }
     }
-    // Tracking the path costs time on every field, so it is done only when
-    // there is an error to place.
-    match Pod::deserialize(pod) {
-        Ok(typed) => {
-            let known = serde_json::to_value(&typed).expect("a typed Pod always serializes");
-            find_unknown_fields(pod, &known, "", &mut errors);
+    // One typed pass, which also reports every field the typed model does
+    // not know (it skips them as IgnoredAny). Tracking the path of every
+    // field for an error costs time, so that is done only when there is one.
+    let mut ignored = Vec::new();
+    match serde_ignored::deserialize::<_, _, Pod>(pod, |path| ignored.push(segments(&path))) {
+        Ok(_) => {
+            for segments in ignored {
+                // A null is no value, whatever its key (as in the API server).
+                if lookup(pod, &segments).is_some_and(Value::is_null) {
+                    continue;
+                }
+                errors.push(err(
+                    &field_path(&segments),
+                    "unknown field (not part of a v1 Pod; check the spelling)",
+                ));
+            }
         }
         Err(plain) => match serde_path_to_error::deserialize::<_, Pod>(pod) {
             Err(e) => errors.push(err(&path_of(e.path()), e.inner().to_string())),
@@ -160,31 +169,46 @@ fn path_of(path: &serde_path_to_error::Path) -> String {
     out
 }
 
-/// Reports keys present in `given` but dropped by the typed round trip in
-/// `known`. Values are not compared: the typed model may change how a value
-/// is spelled (`cpu: 1` becomes `"1"`), never which fields exist.
-fn find_unknown_fields(given: &Value, known: &Value, path: &str, errors: &mut Vec<FieldError>) {
-    match (given, known) {
-        (Value::Object(given), Value::Object(known)) => {
-            for (key, value) in given {
-                let child = join_key(path, key);
-                match known.get(key) {
-                    Some(known_value) => find_unknown_fields(value, known_value, &child, errors),
-                    None if value.is_null() => {}
-                    None => errors.push(err(
-                        &child,
-                        "unknown field (not part of a v1 Pod; check the spelling)",
-                    )),
-                }
-            }
-        }
-        (Value::Array(given), Value::Array(known)) => {
-            for (i, (g, k)) in given.iter().zip(known).enumerate() {
-                find_unknown_fields(g, k, &join_index(path, i), errors);
-            }
-        }
+/// One step into a JSON document.
+enum Segment {
+    Key(String),
+    Index(usize),
+}
+
+fn segments(path: &serde_ignored::Path) -> Vec<Segment> {
+    use serde_ignored::Path;
+    let mut out = match path {
+        Path::Root => return Vec::new(),
+        Path::Seq { parent, .. }
+        | Path::Map { parent, .. }
+        | Path::Some { parent }
+        | Path::NewtypeStruct { parent }
+        | Path::NewtypeVariant { parent } => segments(parent),
+    };
+    match path {
+        Path::Seq { index, .. } => out.push(Segment::Index(*index)),
+        Path::Map { key, .. } => out.push(Segment::Key(key.clone())),
         _ => {}
     }
+    out
+}
+
+fn lookup<'a>(value: &'a Value, segments: &[Segment]) -> Option<&'a Value> {
+    segments
+        .iter()
+        .try_fold(value, |value, segment| match segment {
+            Segment::Key(key) => value.get(key),
+            Segment::Index(index) => value.get(index),
+        })
+}
+
+fn field_path(segments: &[Segment]) -> String {
+    segments
+        .iter()
+        .fold(String::new(), |path, segment| match segment {
+            Segment::Key(key) => join_key(&path, key),
+            Segment::Index(index) => join_index(&path, *index),
+        })
 }
 
 fn check_metadata(pod: &Value, errors: &mut Vec<FieldError>) {
