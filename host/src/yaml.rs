@@ -7,6 +7,8 @@
 //! parent's indent (as kubectl prints them), and every string that could read
 //! as anything but itself written double-quoted.
 
+use std::fmt::Write as _;
+
 use serde_json::Value;
 
 /// Writes `value` as a YAML document, ending in a newline.
@@ -34,21 +36,30 @@ fn indent(out: &mut String, level: usize) {
     }
 }
 
-fn sorted(map: &serde_json::Map<String, Value>) -> Vec<(&String, &Value)> {
-    // serde_json's map is ordered only when no crate in the build enables
-    // `preserve_order`; sorting here keeps the output independent of that.
-    let mut entries: Vec<_> = map.iter().collect();
-    entries.sort_by(|a, b| a.0.cmp(b.0));
-    entries
+/// Calls `f` on the entries of `map` in byte order of their keys. serde_json's
+/// map keeps that order by itself unless a crate in the build turns on its
+/// `preserve_order` feature, so the order is checked (without allocating)
+/// rather than assumed, and sorted only when needed.
+fn for_each_sorted<'a>(
+    map: &'a serde_json::Map<String, Value>,
+    mut f: impl FnMut(&'a String, &'a Value),
+) {
+    if map.keys().is_sorted() {
+        map.iter().for_each(|(k, v)| f(k, v));
+    } else {
+        let mut entries: Vec<_> = map.iter().collect();
+        entries.sort_by(|a, b| a.0.cmp(b.0));
+        entries.into_iter().for_each(|(k, v)| f(k, v));
+    }
 }
 
 fn write_map(out: &mut String, map: &serde_json::Map<String, Value>, level: usize) {
-    for (key, value) in sorted(map) {
+    for_each_sorted(map, |key, value| {
         indent(out, level);
         write_string(out, key);
         out.push(':');
         write_child(out, value, level, false);
-    }
+    });
 }
 
 fn write_seq(out: &mut String, items: &[Value], level: usize) {
@@ -68,7 +79,7 @@ fn write_child(out: &mut String, value: &Value, level: usize, in_seq: bool) {
                 // "- key: value" with the following keys aligned under the first.
                 out.push(' ');
                 let mut first = true;
-                for (key, child) in sorted(map) {
+                for_each_sorted(map, |key, child| {
                     if !first {
                         indent(out, level + 1);
                     }
@@ -76,7 +87,7 @@ fn write_child(out: &mut String, value: &Value, level: usize, in_seq: bool) {
                     write_string(out, key);
                     out.push(':');
                     write_child(out, child, level + 1, false);
-                }
+                });
             } else {
                 out.push('\n');
                 write_map(out, map, level + 1);
@@ -100,7 +111,9 @@ fn write_scalar(out: &mut String, value: &Value) {
     match value {
         Value::Null => out.push_str("null"),
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => out.push_str(&n.to_string()),
+        Value::Number(n) => {
+            let _ = write!(out, "{n}");
+        }
         Value::String(s) => write_string(out, s),
         Value::Array(_) => out.push_str("[]"),
         Value::Object(_) => out.push_str("{}"),
@@ -121,6 +134,27 @@ const SPECIAL_WORDS: &[&str] = &[
     "y", "yes", "n", "no", "true", "false", "on", "off", "null", "~", "=", "<<",
 ];
 
+/// The longest of [`SPECIAL_WORDS`].
+const LONGEST_SPECIAL_WORD: usize = 5;
+
+/// The bytes a plain scalar may hold: letters, digits and a few punctuation
+/// marks that no YAML reader takes for syntax inside a word.
+const PLAIN_BYTES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut c = 0;
+    while c < 256 {
+        table[c] = (c as u8).is_ascii_alphanumeric();
+        c += 1;
+    }
+    let punctuation = b"-_./=:+,@%~^()$ ";
+    let mut i = 0;
+    while i < punctuation.len() {
+        table[punctuation[i] as usize] = true;
+        i += 1;
+    }
+    table
+};
+
 /// Whether `s` reads back as the same string when written without quotes.
 /// Deliberately conservative: a string that is quoted without need is still
 /// correct, one that is not quoted when it should be is a different value.
@@ -132,16 +166,22 @@ fn is_plain_safe(s: &str) -> bool {
     if first == b' ' || last == b' ' || last == b':' {
         return false;
     }
-    if SPECIAL_WORDS.iter().any(|w| s.eq_ignore_ascii_case(w)) {
+    if bytes.len() <= LONGEST_SPECIAL_WORD
+        && SPECIAL_WORDS.iter().any(|w| s.eq_ignore_ascii_case(w))
+    {
         return false;
     }
-    let safe_char = |c: u8| c.is_ascii_alphanumeric() || b"-_./=:+,@%~^()$ ".contains(&c);
-    if !bytes.iter().all(|&c| safe_char(c)) {
-        return false;
+    // One pass: only plain bytes, and no ": " (it starts a mapping value
+    // inside a plain scalar) or "  ".
+    let mut previous = 0u8;
+    for &c in bytes {
+        if !PLAIN_BYTES[c as usize] || (c == b' ' && (previous == b':' || previous == b' ')) {
+            return false;
+        }
+        previous = c;
     }
-    // ": " starts a mapping value inside a plain scalar; "---" at the start
-    // of a line is a document marker.
-    if s.contains(": ") || s.contains("  ") || s.starts_with("---") {
+    // "---" at the start of a line is a document marker.
+    if s.starts_with("---") {
         return false;
     }
     match first {
@@ -197,6 +237,11 @@ mod tests {
         let back: Value = serde_norway::from_str(&text)
             .unwrap_or_else(|e| panic!("emitted YAML does not parse: {e}\n{text}"));
         assert_eq!(&back, value, "round trip changed the value:\n{text}");
+    }
+
+    #[test]
+    fn special_words_fit_the_length_checked_first() {
+        assert!(SPECIAL_WORDS.iter().all(|w| w.len() <= LONGEST_SPECIAL_WORD));
     }
 
     #[test]
