@@ -343,7 +343,6 @@ fn pool_config() -> PoolingAllocationConfig {
         .max_memories_per_component(MEMORIES_PER_CALL)
         .total_tables(CONCURRENT_CALLS * TABLES_PER_CALL)
         .max_tables_per_component(TABLES_PER_CALL)
-        .table_elements(MAX_TABLE_ELEMENTS)
         .pagemap_scan(Enabled::Auto)
         .linear_memory_keep_resident(keep_resident);
     // The largest memory a slot holds stays the engine's default (4 GiB):
