@@ -235,7 +235,7 @@ fn the_chain_blames_the_plugin_that_returned_invalid_json_or_renamed_the_pod() {
     );
     let chain = chain_of(&runtime, &[(IDENTITY, ""), not_json]);
     let failure = chain
-        .apply(serde_json::from_str(&pod()).unwrap(), &node, "t")
+        .apply(&serde_json::from_str(&pod()).unwrap(), &node, "t")
         .unwrap_err();
     assert_eq!((failure.position, failure.step.as_str()), (2, "step1"));
     assert!(matches!(failure.failure, StepFailure::InvalidJson(_)));
@@ -251,7 +251,7 @@ fn the_chain_blames_the_plugin_that_returned_invalid_json_or_renamed_the_pod() {
     let rename = format!("(call $ok (i32.const 512) (i32.const {}))", renamed.len());
     let chain = chain_of(&runtime, &[(&rename, &data)]);
     let failure = chain
-        .apply(serde_json::from_str(&pod()).unwrap(), &node, "t")
+        .apply(&serde_json::from_str(&pod()).unwrap(), &node, "t")
         .unwrap_err();
     assert_eq!(
         failure.failure,

@@ -94,7 +94,7 @@ impl Chain {
     /// Runs every step over `pod`. `subject` names the render in plugin logs.
     pub fn apply(
         &self,
-        pod: Value,
+        pod: &Value,
         node: &WitNode,
         subject: &str,
     ) -> Result<Value, Box<ChainFailure>> {
@@ -105,20 +105,21 @@ impl Chain {
     /// whether the call succeeded, and how long it took.
     pub fn apply_observed(
         &self,
-        pod: Value,
+        pod: &Value,
         node: &WitNode,
         subject: &str,
         observe: &mut dyn FnMut(&Step, bool, Duration),
     ) -> Result<Value, Box<ChainFailure>> {
         if self.steps.is_empty() {
-            return Ok(pod);
+            return Ok(pod.clone());
         }
         let name = pod
             .pointer("/metadata/name")
             .cloned()
             .unwrap_or(Value::Null);
+        // The first plugin gets the pod as text: written from the borrowed
+        // value, with no copy of it made.
         let mut text = pod.to_string();
-        drop(pod);
         for (index, step) in self.steps.iter().enumerate() {
             let fail = |failure| {
                 Box::new(ChainFailure {

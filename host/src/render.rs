@@ -79,12 +79,7 @@ pub fn render_observed(
     };
     let subject = format!("{id} on {}", node.name);
     let pod = chain
-        .apply_observed(
-            template.pod().clone(),
-            &WitNode::from(node),
-            &subject,
-            observe,
-        )
+        .apply_observed(template.pod(), &WitNode::from(node), &subject, observe)
         .map_err(|e| fail(Stage::Plugin(e)))?;
     let mut pod = pod;
     // Forced before validation, so that what is validated is what is written.
