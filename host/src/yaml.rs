@@ -241,7 +241,11 @@ mod tests {
 
     #[test]
     fn special_words_fit_the_length_checked_first() {
-        assert!(SPECIAL_WORDS.iter().all(|w| w.len() <= LONGEST_SPECIAL_WORD));
+        assert!(
+            SPECIAL_WORDS
+                .iter()
+                .all(|w| w.len() <= LONGEST_SPECIAL_WORD)
+        );
     }
 
     #[test]
