@@ -325,6 +325,34 @@ impl Bench {
 
     // ---------------------------------------------------------------- latency
 
+    /// Sets a new marker on the template `agent`, `updates` times, one at a
+    /// time, and times each until `file` holding it is renamed into place;
+    /// `pause`, when given, waits a random part of it before each update.
+    fn time_updates(
+        &mut self,
+        ns: &str,
+        file: &str,
+        renames: &mut Renames,
+        prefix: char,
+        pause: Option<Duration>,
+    ) -> Samples {
+        let mut samples = Samples::default();
+        for i in 1..=self.updates {
+            if let Some(period) = pause {
+                let pause = self.random_pause(period);
+                std::thread::sleep(pause);
+            }
+            let marker = format!("{prefix}{i:06}");
+            let t0 = Instant::now();
+            if let Err(e) = self.set_marker(ns, "agent", &marker) {
+                samples.errors.push(e);
+                continue;
+            }
+            samples.push(renames.wait_marker(file, &marker, t0, t0 + CHANGE_LIMIT)[0]);
+        }
+        samples
+    }
+
     fn latency(&mut self) {
         println!(
             "\n== change -> manifest latency ({} updates each) ==",
@@ -346,18 +374,7 @@ impl Bench {
             None
         } else {
             let mut renames = Renames::watch(std::slice::from_ref(&dir));
-            let mut samples = Samples::default();
-            for i in 1..=self.updates {
-                let marker = format!("P{i:06}");
-                let t0 = Instant::now();
-                if let Err(e) = self.set_marker(&ns, "agent", &marker) {
-                    samples.errors.push(e);
-                    continue;
-                }
-                let took = renames.wait_marker(file, &marker, t0, t0 + CHANGE_LIMIT)[0];
-                samples.push(took);
-            }
-            Some(samples)
+            Some(self.time_updates(&ns, file, &mut renames, 'P', None))
         };
         drop(daemon);
 
@@ -377,22 +394,11 @@ impl Bench {
                     self.root.join("logs/poller-latency.log").display()
                 );
             }
-            let mut samples = Samples::default();
-            for i in 1..=self.updates {
-                // The poller's latency depends on where in its 1 s period a
-                // change lands: a random pause spreads the changes over it
-                // instead of always landing just after a sweep.
-                let pause = self.random_pause(Duration::from_secs(1));
-                std::thread::sleep(pause);
-                let marker = format!("K{i:06}");
-                let t0 = Instant::now();
-                if let Err(e) = self.set_marker(&ns, "agent", &marker) {
-                    samples.errors.push(e);
-                    continue;
-                }
-                let took = renames.wait_marker(file, &marker, t0, t0 + CHANGE_LIMIT)[0];
-                samples.push(took);
-            }
+            // The poller's latency depends on where in its 1 s period a
+            // change lands: a random pause spreads the changes over it
+            // instead of always landing just after a sweep.
+            let samples =
+                self.time_updates(&ns, file, &mut renames, 'K', Some(Duration::from_secs(1)));
             drop(poller);
             Some(samples)
         } else {
