@@ -66,6 +66,47 @@ fn load(runtime: &Runtime, body: &str) -> Plugin {
 }
 
 #[test]
+fn more_concurrent_calls_than_instance_slots_all_succeed() {
+    // Calls hold one of the runtime's 16 pooled instance slots while they
+    // spin; the ones beyond wait for a slot instead of failing. The deadline
+    // is generous so that a loaded machine cannot fail this test.
+    let runtime = Runtime::new(
+        Limits {
+            timeout: Duration::from_secs(5),
+            ..limits()
+        },
+        None,
+    )
+    .unwrap();
+    let spin = "(func $spin (param $n i32) (loop $more (local.set $n (i32.sub (local.get $n) (i32.const 1))) (br_if $more (local.get $n))))";
+    let body = format!("(call $spin (i32.const 2000000)) {IDENTITY}");
+    let plugin = runtime
+        .load_bytes(&plugin_bytes_with(&body, spin), "spin.wasm")
+        .unwrap();
+    let failures: Vec<CallFailure> = std::thread::scope(|scope| {
+        let callers: Vec<_> = (0..48)
+            .map(|_| {
+                scope.spawn(|| {
+                    (0..3)
+                        .filter_map(|_| call(&plugin).err())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        callers
+            .into_iter()
+            .flat_map(|caller| caller.join().unwrap())
+            .collect()
+    });
+    assert!(
+        failures.is_empty(),
+        "{} calls failed: {:?}",
+        failures.len(),
+        failures.first()
+    );
+}
+
+#[test]
 fn a_well_behaved_component_round_trips_the_pod() {
     let plugin = load(&runtime(), IDENTITY);
     assert_eq!(plugin.info().to_string(), "wat 0.0.1");

@@ -189,12 +189,21 @@ impl Runtime {
     /// address space cannot be reserved (a `ulimit -v`, strict overcommit),
     /// each call maps its own memory instead, with a warning.
     pub fn new(limits: Limits, cache_dir: Option<&Path>) -> Result<Self, LoadError> {
-        Runtime::with_allocation(limits, cache_dir, Allocation::Pooled).or_else(|e| {
-            tracing::warn!(
-                "cannot reserve the plugin instance pool ({e}); allocating each plugin instance on its own"
-            );
-            Runtime::with_allocation(limits, cache_dir, Allocation::OnDemand)
-        })
+        match Runtime::with_allocation(limits, cache_dir, Allocation::Pooled) {
+            // Only the engine reserves the pool; any other error is the same
+            // either way.
+            Err(LoadError::Setup {
+                what: "engine",
+                detail,
+                ..
+            }) => {
+                tracing::warn!(
+                    "cannot reserve the plugin instance pool ({detail}); allocating each plugin instance on its own"
+                );
+                Runtime::with_allocation(limits, cache_dir, Allocation::OnDemand)
+            }
+            result => result,
+        }
     }
 
     /// [`Runtime::new`] with the instance allocation chosen, and no fallback.
