@@ -121,15 +121,7 @@ impl Chain {
         // value, with no copy of it made.
         let mut text = pod.to_string();
         for (index, step) in self.steps.iter().enumerate() {
-            let fail = |failure| {
-                Box::new(ChainFailure {
-                    position: index + 1,
-                    chain_length: self.steps.len(),
-                    step: step.name.clone(),
-                    plugin: step.plugin.info().clone(),
-                    failure,
-                })
-            };
+            let fail = |failure| self.failure(index, failure);
             let started = Instant::now();
             let output = step
                 .plugin
@@ -149,13 +141,22 @@ impl Chain {
         // `name_in` accepted this text, so it is a JSON object within the
         // same nesting limit; the error is kept for safety all the same.
         serde_json::from_str(&text).map_err(|e| {
-            Box::new(ChainFailure {
-                position: self.steps.len(),
-                chain_length: self.steps.len(),
-                step: self.steps[self.steps.len() - 1].name.clone(),
-                plugin: self.steps[self.steps.len() - 1].plugin.info().clone(),
-                failure: StepFailure::InvalidJson(e.to_string()),
-            })
+            self.failure(
+                self.steps.len() - 1,
+                StepFailure::InvalidJson(e.to_string()),
+            )
+        })
+    }
+
+    /// How the step at `index` (0-based) failed.
+    fn failure(&self, index: usize, failure: StepFailure) -> Box<ChainFailure> {
+        let step = &self.steps[index];
+        Box::new(ChainFailure {
+            position: index + 1,
+            chain_length: self.steps.len(),
+            step: step.name.clone(),
+            plugin: step.plugin.info().clone(),
+            failure,
         })
     }
 }
