@@ -1,0 +1,268 @@
+//! One sandboxed call: a fresh store and instance, bounded in time (epoch
+//! deadline) and memory (a resource limiter), with the plugin's log lines
+//! bounded and attributed to the plugin and what it renders.
+
+use std::fmt;
+
+use wasmtime::{ResourceLimiter, Store, Trap};
+
+use super::bindings;
+use super::bindings::podstamp::plugin::host::LogLevel;
+use super::bindings::podstamp::plugin::types as wit;
+use super::{CallFailure, Limits, PluginInfo, Runtime};
+use crate::node::NodeContext;
+
+/// A loaded plugin, ready to be called any number of times from any thread.
+#[derive(Clone)]
+pub struct Plugin {
+    pub(super) runtime: Runtime,
+    pub(super) pre: bindings::PluginPre<CallState>,
+    pub(super) origin: String,
+    pub(super) sha256: String,
+    pub(super) info: PluginInfo,
+}
+
+impl fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Plugin")
+            .field("origin", &self.origin)
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The node context in the form the WIT bindings take; built once per
+/// render and shared by every plugin of the chain.
+pub struct WitNode(wit::NodeContext);
+
+impl From<&NodeContext> for WitNode {
+    fn from(node: &NodeContext) -> Self {
+        let pairs = |m: &std::collections::BTreeMap<String, String>| {
+            m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        };
+        WitNode(wit::NodeContext {
+            name: node.name.clone(),
+            labels: pairs(&node.labels),
+            annotations: pairs(&node.annotations),
+            addresses: node
+                .addresses
+                .iter()
+                .map(|a| wit::NodeAddress {
+                    kind: a.kind.clone(),
+                    address: a.address.clone(),
+                })
+                .collect(),
+            architecture: node.architecture.clone(),
+            operating_system: node.operating_system.clone(),
+            kubelet_version: node.kubelet_version.clone(),
+        })
+    }
+}
+
+impl Plugin {
+    pub fn info(&self) -> &PluginInfo {
+        &self.info
+    }
+
+    /// Where the plugin was loaded from.
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// The sha256 of the plugin's bytes, hex.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    pub(super) fn call_info(&self) -> Result<PluginInfo, CallFailure> {
+        let info = self.call("info()", |plugin, store| {
+            plugin.podstamp_plugin_transformer().call_info(store)
+        })?;
+        Ok(PluginInfo {
+            name: info.name,
+            version: info.version,
+        })
+    }
+
+    /// Runs `transform` on one pod. `subject` names what is rendered (the
+    /// template, the node) in the plugin's log lines.
+    pub fn transform(
+        &self,
+        pod_json: &str,
+        node: &WitNode,
+        settings_json: &str,
+        subject: &str,
+    ) -> Result<String, CallFailure> {
+        let result = self.call(subject, |plugin, store| {
+            plugin.podstamp_plugin_transformer().call_transform(
+                store,
+                pod_json,
+                &node.0,
+                settings_json,
+            )
+        })?;
+        match result {
+            Ok(pod) if pod.len() > self.runtime.shared.limits.max_output_bytes => {
+                Err(CallFailure::OutputTooLarge {
+                    size: pod.len(),
+                    limit: self.runtime.shared.limits.max_output_bytes,
+                })
+            }
+            Ok(pod) => Ok(pod),
+            Err(e) => Err(CallFailure::Rejected {
+                message: e.message,
+                field: e.field.filter(|f| !f.is_empty()),
+            }),
+        }
+    }
+
+    fn call<R>(
+        &self,
+        subject: &str,
+        f: impl FnOnce(&bindings::Plugin, &mut Store<CallState>) -> wasmtime::Result<R>,
+    ) -> Result<R, CallFailure> {
+        let shared = &self.runtime.shared;
+        // Taken before the store is made and so given back after it is
+        // dropped: the store holds the pool slot until then.
+        let _running = shared.ticker.start_call();
+        let mut store = Store::new(
+            &shared.engine,
+            CallState {
+                limiter: MemoryLimiter {
+                    limit: shared.limits.memory_bytes,
+                    exceeded: None,
+                },
+                plugin: self.info.name.clone(),
+                subject: subject.to_string(),
+                log_lines: 0,
+                last_error: None,
+            },
+        );
+        store.limiter(|state| &mut state.limiter);
+        let ticks = shared.limits.timeout.as_nanos() / shared.epoch_tick.as_nanos().max(1);
+        store.set_epoch_deadline(ticks.max(1) as u64);
+        store.epoch_deadline_trap();
+
+        let result = self
+            .pre
+            .instantiate(&mut store)
+            .and_then(|plugin| f(&plugin, &mut store));
+        result.map_err(|e| classify(e, store.data_mut(), shared.limits))
+    }
+}
+
+fn classify(error: wasmtime::Error, state: &mut CallState, limits: Limits) -> CallFailure {
+    if let Some(requested) = state.limiter.exceeded {
+        return CallFailure::MemoryCapExceeded {
+            limit: limits.memory_bytes,
+            requested,
+        };
+    }
+    match error.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => CallFailure::DeadlineExceeded {
+            timeout: limits.timeout,
+        },
+        Some(Trap::StackOverflow) => CallFailure::StackOverflow,
+        Some(trap) => CallFailure::Trap {
+            trap: trap.to_string(),
+            last_error: state.last_error.take(),
+        },
+        None => CallFailure::Malformed {
+            detail: format!("{error:#}"),
+        },
+    }
+}
+
+/// Per-call state: lives in the store, dies with it.
+pub(super) struct CallState {
+    limiter: MemoryLimiter,
+    plugin: String,
+    subject: String,
+    log_lines: u32,
+    last_error: Option<String>,
+}
+
+const MAX_LOG_LINE: usize = 4096;
+const MAX_LOG_LINES_PER_CALL: u32 = 64;
+
+impl bindings::podstamp::plugin::types::Host for CallState {}
+
+impl bindings::podstamp::plugin::host::Host for CallState {
+    fn log(&mut self, level: LogLevel, mut message: String) {
+        self.log_lines += 1;
+        if self.log_lines > MAX_LOG_LINES_PER_CALL {
+            if self.log_lines == MAX_LOG_LINES_PER_CALL + 1 {
+                tracing::warn!(plugin = %self.plugin, subject = %self.subject, "plugin logged over {MAX_LOG_LINES_PER_CALL} lines in one call; dropping the rest");
+            }
+            return;
+        }
+        if message.len() > MAX_LOG_LINE {
+            let mut cut = MAX_LOG_LINE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+            message.push('…');
+        }
+        let (plugin, subject) = (&self.plugin, &self.subject);
+        match level {
+            LogLevel::Error => tracing::error!(plugin, subject, "{message}"),
+            LogLevel::Warn => tracing::warn!(plugin, subject, "{message}"),
+            LogLevel::Info => tracing::info!(plugin, subject, "{message}"),
+            LogLevel::Debug => tracing::debug!(plugin, subject, "{message}"),
+            LogLevel::Trace => tracing::trace!(plugin, subject, "{message}"),
+        }
+        if level == LogLevel::Error {
+            self.last_error = Some(message);
+        }
+    }
+}
+
+struct MemoryLimiter {
+    limit: usize,
+    /// The size asked for when the cap was hit.
+    exceeded: Option<usize>,
+}
+
+/// The most table elements and instances one call may create; generous for
+/// any real plugin, small enough that a hostile one cannot use them to
+/// exhaust host memory.
+const MAX_TABLE_ELEMENTS: usize = 1 << 20;
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.limit {
+            self.exceeded = Some(desired);
+            // Trapping (rather than returning false) stops a plugin that
+            // would otherwise retry or limp on without its memory.
+            return Err(wasmtime::format_err!("memory cap exceeded"));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+
+    fn instances(&self) -> usize {
+        64
+    }
+
+    fn tables(&self) -> usize {
+        64
+    }
+
+    fn memories(&self) -> usize {
+        16
+    }
+}

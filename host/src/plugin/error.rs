@@ -1,0 +1,75 @@
+//! How loading a plugin and calling one fail: typed, with the origin named.
+
+use std::time::Duration;
+
+use super::interface::{EXPORT_NAME, HOST_IMPORT, WIT_PACKAGE};
+
+/// Why a plugin could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{origin}: cannot read plugin: {source}")]
+    Read {
+        origin: String,
+        source: std::io::Error,
+    },
+    #[error("{origin}: not a valid WebAssembly component: {detail}")]
+    Compile { origin: String, detail: String },
+    #[error(
+        "{origin}: built against podstamp:plugin@{found}, but this podstamp expects {WIT_PACKAGE}; rebuild the plugin with the matching SDK"
+    )]
+    WrongVersion { origin: String, found: String },
+    #[error(
+        "{origin}: does not export {EXPORT_NAME}, so it is not a podstamp plugin (it exports: {exports})"
+    )]
+    NotAPlugin { origin: String, exports: String },
+    #[error(
+        "{origin}: imports `{import}`, which podstamp does not provide: plugins get no filesystem, network, clock, environment or arguments, only {HOST_IMPORT}"
+    )]
+    ForbiddenImport { origin: String, import: String },
+    #[error("{origin}: {what}: {detail}")]
+    Setup {
+        origin: String,
+        what: &'static str,
+        detail: String,
+    },
+}
+
+/// How one plugin call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallFailure {
+    #[error("deadline of {} ms exceeded; the call was stopped", .timeout.as_millis())]
+    DeadlineExceeded { timeout: Duration },
+    #[error("memory cap of {} exceeded (it asked for {})", mib(*.limit), mib(*.requested))]
+    MemoryCapExceeded { limit: usize, requested: usize },
+    #[error("stack overflow")]
+    StackOverflow,
+    #[error("trapped: {trap}{}", plugin_said(.last_error))]
+    Trap {
+        trap: String,
+        last_error: Option<String>,
+    },
+    #[error("returned malformed data: {detail}")]
+    Malformed { detail: String },
+    #[error("returned {size} bytes, over the limit of {limit}")]
+    OutputTooLarge { size: usize, limit: usize },
+    #[error("{}{message}", .field.as_ref().map(|f| format!("{f}: ")).unwrap_or_default())]
+    Rejected {
+        message: String,
+        field: Option<String>,
+    },
+}
+
+fn mib(bytes: usize) -> String {
+    if bytes.is_multiple_of(1 << 20) {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+fn plugin_said(last_error: &Option<String>) -> String {
+    last_error
+        .as_ref()
+        .map(|m| format!(" (the plugin logged: {m})"))
+        .unwrap_or_default()
+}

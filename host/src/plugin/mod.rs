@@ -1,0 +1,260 @@
+//! The Wasm plugin runtime: loads plugin components and runs them sandboxed.
+//!
+//! One engine serves every plugin. Each plugin is compiled once (or loaded
+//! from the on-disk code cache) and pre-instantiated; every call gets a fresh
+//! store and instance, so nothing leaks between pods or nodes. A call is
+//! bounded in time by epoch interruption and in memory by a resource limiter.
+//! Plugins get only the `podstamp:plugin/host` import: a component that
+//! imports anything else (WASI filesystem, sockets, clocks...) is refused at
+//! load time.
+//!
+//! One concern per file: `error` (how loading and calls fail), `interface`
+//! (what a component must import and export), `pool` (where instances come
+//! from), `call` (one sandboxed call), `ticker` (the epoch deadline and the
+//! slot gate), `cache` (compiled code on disk).
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy};
+
+mod cache;
+mod call;
+mod error;
+mod interface;
+mod pool;
+mod ticker;
+
+pub use cache::{choose_cache_dir, default_cache_dir};
+pub use call::{Plugin, WitNode};
+pub use error::{CallFailure, LoadError};
+pub use interface::{Interface, WIT_PACKAGE};
+pub use pool::Allocation;
+
+use cache::CodeCache;
+use call::CallState;
+use interface::check_interface;
+use pool::{CONCURRENT_CALLS, pool_config};
+use ticker::Ticker;
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "plugin",
+    });
+}
+
+/// Bounds on every plugin call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Wall-clock time for one call, instantiation included.
+    pub timeout: Duration,
+    /// The most linear memory one instance may have.
+    pub memory_bytes: usize,
+    /// The largest pod a plugin may return, in bytes of JSON.
+    pub max_output_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            timeout: Duration::from_millis(100),
+            memory_bytes: 64 << 20,
+            max_output_bytes: 1 << 20,
+        }
+    }
+}
+
+/// Who a plugin says it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginInfo {
+    pub name: String,
+    pub version: String,
+}
+
+impl fmt::Display for PluginInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.name, self.version)
+    }
+}
+
+/// Loads plugins and owns what they share: the engine and the epoch ticker.
+#[derive(Clone)]
+pub struct Runtime {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    engine: Engine,
+    linker: Linker<CallState>,
+    limits: Limits,
+    epoch_tick: Duration,
+    cache: Option<CodeCache>,
+    ticker: Arc<Ticker>,
+    ticker_thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.ticker.stop();
+        if let Some(thread) = self.ticker_thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Runtime {
+    /// A runtime whose calls obey `limits`, caching compiled code in
+    /// `cache_dir` when one is given.
+    ///
+    /// Plugin instances come from a pool of reused slots; where the pool's
+    /// address space cannot be reserved (a `ulimit -v`, strict overcommit),
+    /// each call maps its own memory instead, with a warning.
+    pub fn new(limits: Limits, cache_dir: Option<&Path>) -> Result<Self, LoadError> {
+        match Runtime::with_allocation(limits, cache_dir, Allocation::Pooled) {
+            // Only the engine reserves the pool; any other error is the same
+            // either way.
+            Err(LoadError::Setup {
+                what: "engine",
+                detail,
+                ..
+            }) => {
+                tracing::warn!(
+                    "cannot reserve the plugin instance pool ({detail}); allocating each plugin instance on its own"
+                );
+                Runtime::with_allocation(limits, cache_dir, Allocation::OnDemand)
+            }
+            result => result,
+        }
+    }
+
+    /// [`Runtime::new`] with the instance allocation chosen, and no fallback.
+    pub fn with_allocation(
+        limits: Limits,
+        cache_dir: Option<&Path>,
+        allocation: Allocation,
+    ) -> Result<Self, LoadError> {
+        let setup = |what, detail: String| LoadError::Setup {
+            origin: "plugin runtime".into(),
+            what,
+            detail,
+        };
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        config.epoch_interruption(true);
+        if allocation == Allocation::Pooled {
+            config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool_config()));
+        }
+        let engine = Engine::new(&config).map_err(|e| setup("engine", e.to_string()))?;
+        let mut linker = Linker::new(&engine);
+        bindings::Plugin::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
+            .map_err(|e| setup("linker", e.to_string()))?;
+        let cache = match cache_dir {
+            Some(dir) => Some(
+                CodeCache::open(dir, &engine)
+                    .map_err(|e| setup("code cache", format!("{}: {e}", dir.display())))?,
+            ),
+            None => None,
+        };
+        // Ten ticks per deadline keep the cut-off within 10% of the timeout.
+        let epoch_tick =
+            (limits.timeout / 10).clamp(Duration::from_millis(1), Duration::from_millis(10));
+        let ticker = Arc::new(Ticker::new(CONCURRENT_CALLS));
+        let ticker_thread = {
+            let ticker = ticker.clone();
+            let engine = engine.weak();
+            std::thread::Builder::new()
+                .name("podstamp-epoch".into())
+                .spawn(move || ticker.run(engine, epoch_tick))
+                .map_err(|e| setup("epoch thread", e.to_string()))?
+        };
+        Ok(Runtime {
+            shared: Arc::new(Shared {
+                engine,
+                linker,
+                limits,
+                epoch_tick,
+                cache,
+                ticker,
+                ticker_thread: Some(ticker_thread),
+            }),
+        })
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.shared.limits
+    }
+
+    /// Loads the plugin component at `path`.
+    pub fn load(&self, path: &Path) -> Result<Plugin, LoadError> {
+        let origin = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            origin: origin.clone(),
+            source,
+        })?;
+        self.load_bytes(&bytes, &origin)
+    }
+
+    /// Loads a plugin from the bytes of a binary component;
+    /// `origin` names it in errors.
+    pub fn load_bytes(&self, bytes: &[u8], origin: &str) -> Result<Plugin, LoadError> {
+        let shared = &self.shared;
+        let sha256 = hex::encode(Sha256::digest(bytes));
+        let compile_error = |e: wasmtime::Error| LoadError::Compile {
+            origin: origin.to_string(),
+            detail: format!("{e:#}"),
+        };
+        let component = match &shared.cache {
+            Some(cache) => cache
+                .load(&shared.engine, bytes, &sha256)
+                .map_err(compile_error)?,
+            None => Component::new(&shared.engine, bytes).map_err(compile_error)?,
+        };
+        check_interface(&shared.engine, &component, origin)?;
+        let pre = shared
+            .linker
+            .instantiate_pre(&component)
+            .and_then(bindings::PluginPre::new)
+            .map_err(|e| LoadError::Setup {
+                origin: origin.to_string(),
+                what: "cannot link",
+                detail: format!("{e:#}"),
+            })?;
+        let mut plugin = Plugin {
+            runtime: self.clone(),
+            pre,
+            origin: origin.to_string(),
+            sha256,
+            info: PluginInfo {
+                name: origin.to_string(),
+                version: String::new(),
+            },
+        };
+        plugin.info = plugin.call_info().map_err(|e| LoadError::Setup {
+            origin: origin.to_string(),
+            what: "info() failed",
+            detail: e.to_string(),
+        })?;
+        Ok(plugin)
+    }
+}
+
+impl Runtime {
+    /// Compiles `bytes` and lists the component's imports and exports.
+    pub fn describe(&self, bytes: &[u8]) -> Result<Interface, String> {
+        let engine = &self.shared.engine;
+        let component = Component::new(engine, bytes)
+            .map_err(|e| format!("not a valid WebAssembly component: {e:#}"))?;
+        let ty = component.component_type();
+        Ok(Interface {
+            sha256: hex::encode(Sha256::digest(bytes)),
+            imports: ty.imports(engine).map(|(n, _)| n.to_string()).collect(),
+            exports: ty.exports(engine).map(|(n, _)| n.to_string()).collect(),
+        })
+    }
+}
