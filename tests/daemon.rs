@@ -950,3 +950,97 @@ fn usage_errors_exit_2() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+/// The PodTemplate exactly as the bootkube discussion wrote it
+/// (kubernetes-retired/bootkube#206), sent byte for byte as YAML to the API
+/// server: `template.metadata` repeats the name and the namespace. The
+/// daemon writes a manifest the kubelet accepts, and says nothing about
+/// fields equal to what the manifest gets anyway.
+#[test]
+fn the_bootkube_discussion_template_through_the_api_server() {
+    let server = shared_server();
+    let node_name = unique("node");
+    // The template names its namespace; no other test uses kube-system.
+    let kube = Kube::new(&server.kubeconfig("admin"), "kube-system");
+    kube.create_cluster::<Node>(node(&node_name, "zone-a"));
+    let yaml =
+        fs::read(common::repo().join("tests/fixtures/bootkube-206-podtemplate.yaml")).unwrap();
+    let request = http::Request::post("/api/v1/namespaces/kube-system/podtemplates")
+        .header("Content-Type", "application/yaml")
+        .body(yaml)
+        .unwrap();
+    let created = kube
+        .rt
+        .block_on(kube.client.request_text(request))
+        .expect("the API server accepts the template as written");
+    assert!(
+        created.contains("\"namespace\":\"kube-system\""),
+        "{created}"
+    );
+
+    let s = setup();
+    let daemon = Daemon::start(
+        &[
+            "--kubeconfig",
+            server.kubeconfig("admin").to_str().unwrap(),
+            "--namespace",
+            "kube-system",
+            // The template has no labels: select every template.
+            "--selector=",
+            "--node-name",
+            &node_name,
+            "--manifest-dir",
+            s.manifests.to_str().unwrap(),
+        ],
+        s.tmp.path().join("podstamp.log"),
+    );
+    let manifest = s.manifests.join("pod-checkpointer.yaml");
+    wait_content(
+        &daemon,
+        &manifest,
+        &[
+            "image: quay.io/coreos/pod-checkpointer:foo",
+            "k8s-app: pod-checkpointer",
+            "namespace: kube-system",
+        ],
+    );
+    kubelet_accepts(&[&manifest], &node_name);
+    daemon.wait_ready(CONVERGE);
+    let logs = daemon.logs();
+    assert!(!logs.contains("ignoring"), "{logs}");
+
+    // Metadata copied from another namespace's pod is dropped with one
+    // warning, not one per update of the template.
+    let name = unique("copied");
+    kube.create::<PodTemplate>(json!({
+        "apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name},
+        "template": {
+            "metadata": {"namespace": "team-a", "finalizers": ["example.com/keep"], "labels": {"app": "x"}},
+            "spec": {"containers": [{"name": "main", "image": "busybox:1"}]}
+        }
+    }));
+    let copied = s.manifests.join(format!("{name}.yaml"));
+    wait_content(
+        &daemon,
+        &copied,
+        &["image: busybox:1", "namespace: kube-system"],
+    );
+    kube.patch_template(
+        &name,
+        json!({"metadata": {"annotations": {"owner": "team-a"}}}),
+    );
+    kube.patch_template(
+        &name,
+        json!({"template": {"spec": {"containers": [{"name": "main", "image": "busybox:2"}]}}}),
+    );
+    wait_content(&daemon, &copied, &["image: busybox:2"]);
+    kube.delete_template(&name);
+    let logs = daemon.logs();
+    let warning = format!(
+        "PodTemplate kube-system/{name}: ignoring template.metadata.namespace, \
+         template.metadata.finalizers (the manifest's namespace is \"kube-system\", not \
+         \"team-a\"; a static pod's metadata is set by the kubelet); only labels and \
+         annotations are kept"
+    );
+    assert_eq!(logs.matches(&warning).count(), 1, "{logs}");
+}

@@ -451,3 +451,54 @@ fn the_kubelet_accepts_every_golden_manifest() {
         "worker-eu-1",
     );
 }
+
+/// The PodTemplate exactly as the bootkube discussion wrote it
+/// (kubernetes-retired/bootkube#206): `template.metadata` repeats the name and
+/// the namespace, which the API server accepts and a static pod cannot use.
+#[test]
+fn the_bootkube_discussion_template_renders_and_says_what_it_drops() {
+    let fixture = common::repo().join("tests/fixtures/bootkube-206-podtemplate.yaml");
+    let fixture = fixture.to_str().unwrap();
+    let out = common::podstamp(&["render", fixture, "--node-name", "n1"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    // The name and a namespace equal to the manifest's are not worth a word.
+    assert_eq!(common::stderr(&out), "");
+    let manifest = common::stdout(&out);
+    assert!(manifest.contains("namespace: kube-system"), "{manifest}");
+    assert!(manifest.contains("k8s-app: pod-checkpointer"), "{manifest}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pod-checkpointer.yaml");
+    std::fs::write(&file, &manifest).unwrap();
+    common::kubelet_accepts(&[&file], "n1");
+
+    // Written for another namespace, the template's own is dropped, and said so.
+    let out = common::podstamp(&[
+        "render",
+        fixture,
+        "--node-name",
+        "n1",
+        "--namespace",
+        "infra",
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(
+        common::stderr(&out).trim_end(),
+        "podstamp: warning: PodTemplate kube-system/pod-checkpointer: ignoring \
+         template.metadata.namespace (the manifest's namespace is \"infra\", not \
+         \"kube-system\"); only labels and annotations are kept"
+    );
+    assert!(common::stdout(&out).contains("namespace: infra"));
+
+    // A field that is not ObjectMeta's is still a typo worth refusing.
+    let err = fails(
+        &["render", "-", "--node-name", "n1"],
+        Some(
+            "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: web}\ntemplate:\n  metadata: {lables: {a: b}}\n  spec: {containers: [{name: web, image: nginx}]}\n",
+        ),
+        1,
+    );
+    assert_eq!(
+        err,
+        "<stdin>: template.metadata.lables: is not a field of ObjectMeta; a static pod template keeps labels and annotations"
+    );
+}

@@ -184,6 +184,9 @@ fn run_render(args: RenderArgs) -> Result<(), Failure> {
         .and_then(|value| {
             Template::from_value(&value).map_err(|e| Failure::Render(format!("{origin}: {e}")))
         })?;
+    if let Some(warning) = template.ignored(&namespace) {
+        eprintln!("podstamp: warning: {warning}");
+    }
 
     let cache_dir = podstamp::plugin::choose_cache_dir(
         args.no_cache,

@@ -75,9 +75,73 @@ pub struct Template {
     /// Private, so that every template's pod has passed
     /// [`validate::check_schema`]: a passthrough render relies on it.
     pod: Value,
+    /// Fields of `template.metadata` that the API server accepts but that
+    /// mean nothing for a static pod: dropped, and named once in a warning
+    /// (see [`Template::ignored`]).
+    ignored: Ignored,
 }
 
+/// What [`Template::from_value`] dropped from `template.metadata`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Ignored {
+    /// Every dropped field but the namespace, as `template.metadata.FIELD`.
+    fields: Vec<String>,
+    /// `template.metadata.namespace`: worth a warning only when it differs
+    /// from the namespace the manifest is written in, which only the render
+    /// knows.
+    namespace: Option<String>,
+}
+
+/// The ObjectMeta fields the API server accepts in `template.metadata`
+/// (and fills in or keeps on the objects it returns) that a static pod
+/// cannot use: the kubelet names the pod, sets its namespace, uid and
+/// timestamps itself. `name` is handled apart (it must match the template's).
+const IGNORED_METADATA: &[&str] = &[
+    "namespace",
+    "generateName",
+    "selfLink",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "ownerReferences",
+    "finalizers",
+    "managedFields",
+];
+
 impl Template {
+    /// The one warning about what was dropped from `template.metadata`, for a
+    /// manifest written in `namespace`; `None` when there is nothing worth
+    /// saying (a namespace equal to the manifest's is not).
+    pub fn ignored(&self, namespace: &str) -> Option<String> {
+        // Sorted, so the line is the same whatever order the object had.
+        let mut fields = self.ignored.fields.clone();
+        fields.sort();
+        let mut why = Vec::new();
+        if let Some(ns) = &self.ignored.namespace
+            && ns != namespace
+        {
+            fields.insert(0, "template.metadata.namespace".to_string());
+            why.push(format!(
+                "the manifest's namespace is {namespace:?}, not {ns:?}"
+            ));
+        }
+        if fields.is_empty() {
+            return None;
+        }
+        if !self.ignored.fields.is_empty() {
+            why.push("a static pod's metadata is set by the kubelet".to_string());
+        }
+        Some(format!(
+            "PodTemplate {}: ignoring {} ({}); only labels and annotations are kept",
+            self.id(),
+            fields.join(", "),
+            why.join("; ")
+        ))
+    }
+
     /// The pod to render; it has the shape of a v1 Pod (types, no unknown fields).
     pub fn pod(&self) -> &Value {
         &self.pod
@@ -161,8 +225,10 @@ impl Template {
             }
         };
         let mut metadata = Map::new();
+        let mut ignored = Ignored::default();
         if let Some(Value::Object(meta)) = object.pointer("/template/metadata") {
             for (key, value) in meta {
+                let field = validate::join_key("template.metadata", key);
                 match key.as_str() {
                     _ if value.is_null() => {}
                     "labels" | "annotations" => {
@@ -173,9 +239,22 @@ impl Template {
                         "template.metadata.name",
                         format!("is {value}, but a rendered pod is named after its PodTemplate ({name:?}); remove it"),
                     )),
+                    "namespace" => match value.as_str() {
+                        Some(ns) => ignored.namespace = Some(ns.to_string()),
+                        None => errors.push(fail(
+                            &field,
+                            format!("must be a string, found {value}"),
+                        )),
+                    },
+                    // Dropped unread: their values are the API server's
+                    // (or a copy of another object's), and one the time
+                    // library cannot represent must not refuse the template.
+                    _ if IGNORED_METADATA.contains(&key.as_str()) => ignored.fields.push(field),
+                    // Not an ObjectMeta field: the API server would have
+                    // pruned it, so in a file it is a typo worth refusing.
                     _ => errors.push(fail(
-                        &validate::join_key("template.metadata", key),
-                        "is not supported in a static pod template (only labels and annotations)".into(),
+                        &field,
+                        "is not a field of ObjectMeta; a static pod template keeps labels and annotations".into(),
                     )),
                 }
             }
@@ -197,6 +276,7 @@ impl Template {
                 name,
                 annotations,
                 pod,
+                ignored,
             })
         } else {
             Err(Invalid(errors))
@@ -270,12 +350,12 @@ mod tests {
     fn errors_name_template_fields() {
         let e = template(
             "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: web}\n\
-             template:\n  metadata: {uid: x}\n  spec: {containers: [{name: web, image: nginx}]}\n",
+             template:\n  metadata: {lables: {a: b}}\n  spec: {containers: [{name: web, image: nginx}]}\n",
         )
         .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "template.metadata.uid: is not supported in a static pod template (only labels and annotations)"
+            "template.metadata.lables: is not a field of ObjectMeta; a static pod template keeps labels and annotations"
         );
         let e = template(
             "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: web}\ntemplate:\n  spec: {containers: [{name: web, imag: nginx}]}\n",
@@ -285,6 +365,53 @@ mod tests {
         let e = template("apiVersion: v1\nkind: Pod\nmetadata: {name: ../x}\n").unwrap_err();
         let fields: Vec<_> = e.0.iter().map(|e| e.field.as_str()).collect();
         assert_eq!(fields, ["kind", "metadata.name", "template.spec"]);
+    }
+
+    #[test]
+    fn metadata_the_api_server_accepts_is_dropped_with_one_warning() {
+        // What kube-apiserver returns for a PodTemplate written as in the
+        // bootkube discussion, plus fields copied from another object.
+        let t = template(
+            "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: web, namespace: kube-system}\n\
+             template:\n  metadata:\n    name: web\n    namespace: kube-system\n    labels: {app: web}\n\
+             \x20   creationTimestamp: \"9999-12-31T23:59:59Z\"\n    uid: 0b3f\n    finalizers: [x/y]\n\
+             \x20 spec: {containers: [{name: web, image: nginx}]}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            t.pod["metadata"],
+            json!({"name": "web", "labels": {"app": "web"}})
+        );
+        assert_eq!(
+            t.ignored("kube-system").as_deref(),
+            Some(
+                "PodTemplate kube-system/web: ignoring template.metadata.creationTimestamp, \
+                 template.metadata.finalizers, template.metadata.uid (a static pod's metadata is \
+                 set by the kubelet); only labels and annotations are kept"
+            )
+        );
+        assert_eq!(
+            t.ignored("infra").as_deref(),
+            Some(
+                "PodTemplate kube-system/web: ignoring template.metadata.namespace, \
+                 template.metadata.creationTimestamp, template.metadata.finalizers, \
+                 template.metadata.uid (the manifest's namespace is \"infra\", not \
+                 \"kube-system\"; a static pod's metadata is set by the kubelet); only labels \
+                 and annotations are kept"
+            )
+        );
+        // An equal namespace alone is not worth a warning.
+        let t = template(
+            "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: web}\n\
+             template:\n  metadata: {namespace: kube-system}\n  spec: {containers: [{name: web, image: nginx}]}\n",
+        )
+        .unwrap();
+        assert_eq!(t.ignored("kube-system"), None);
+        assert!(
+            t.ignored("infra")
+                .unwrap()
+                .contains("template.metadata.namespace")
+        );
     }
 
     #[test]

@@ -248,6 +248,23 @@ impl Reconciler {
 
     fn upsert(&mut self, incoming: Incoming) {
         let key = incoming.key.clone();
+        // Once per template version that drops something new, not at every
+        // relist or resync.
+        let ignored = |incoming: &Incoming| {
+            incoming
+                .template
+                .as_ref()
+                .ok()
+                .and_then(|t| t.ignored(&self.namespace))
+        };
+        if let Some(warning) = ignored(&incoming)
+            && self.entries.get(&key).and_then(|e| ignored(&e.incoming)) != Some(warning.clone())
+        {
+            tracing::warn!(
+                template = incoming.id.as_deref().unwrap_or(&key),
+                "{warning}"
+            );
+        }
         match self.entries.get_mut(&key) {
             Some(entry) => {
                 if incoming.id.is_some() && incoming.id != entry.id {
