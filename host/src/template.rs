@@ -175,7 +175,7 @@ impl Template {
                     )),
                     _ => errors.push(fail(
                         &validate::join_key("template.metadata", key),
-                        "is not supported in a static pod template (only labels and annotations)".into(),
+                        "is not supported in a static pod template (only labels and annotations are); remove it".into(),
                     )),
                 }
             }
@@ -275,7 +275,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "template.metadata.uid: is not supported in a static pod template (only labels and annotations)"
+            "template.metadata.uid: is not supported in a static pod template (only labels and annotations are); remove it"
         );
         let e = template(
             "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: web}\ntemplate:\n  spec: {containers: [{name: web, imag: nginx}]}\n",
