@@ -1512,6 +1512,9 @@ fn a_connection_flood_on_the_metrics_port_takes_no_descriptors_from_rendering() 
         .split_once("at most ")
         .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
         .expect("the connection cap is logged");
+    eprintln!(
+        "measured: {idle} sockets open idle, {flooded} during a flood of 400 connections (cap {cap})"
+    );
     assert!(
         flooded <= idle + cap,
         "{flooded} sockets open: more than {idle} without connections and {cap} connections"
