@@ -389,6 +389,24 @@ const FAULTS: &[Fault] = &[
         test: "kill_9_during_a_burst_leaves_only_whole_manifests_and_a_restart_converges",
     },
     Fault {
+        id: "daemon-connection-flood",
+        area: "daemon",
+        fault: "400 idle connections held open to the metrics port, the daemon started with an open file limit of 64 (soft) / 256 (hard)",
+        kept: "the soft limit raised to the hard one; at most 64 connections held (a new one closes the oldest); /healthz answers; a template written meanwhile is rendered; no `Too many open files`",
+        reported: "not a failure; the raised limit and the connection cap are logged at start",
+        says: "raised the open file limit (RLIMIT_NOFILE) from 64 to 256",
+        test: "a_connection_flood_on_the_metrics_port_takes_no_descriptors_from_rendering",
+    },
+    Fault {
+        id: "daemon-template-unreadable",
+        area: "daemon",
+        fault: "a template file edited while it cannot be read: `Too many open files` (the running daemon's open file limit lowered to what it has open, with prlimit(2))",
+        kept: "last good manifest, unchanged; the file is read again with backoff (not only at resync) and the edit is rendered once the limit is back, with no further change to the file",
+        reported: "ReadFailed",
+        says: "cannot read the template file: Too many open files",
+        test: "an_unreadable_template_file_is_retried_and_is_not_its_fault",
+    },
+    Fault {
         id: "api-401",
         area: "API server",
         fault: "a bearer token the API server does not know (401)",
@@ -441,6 +459,24 @@ const FAULTS: &[Fault] = &[
         reported: "permission denied",
         says: "cannot list resource",
         test: "tests/daemon.rs: the_deploy_rbac_is_enough_and_a_missing_permission_is_named",
+    },
+    Fault {
+        id: "api-undecodable-template",
+        area: "API server",
+        fault: "a PodTemplate the API server stores but the typed model (k8s-openapi) cannot decode: `template.metadata.creationTimestamp: 9999-12-31T23:59:59Z`, past the time library's range",
+        kept: "each template is read on its own: this one is written with the field dropped, the others are written and their later edits applied; ready; no template's content in the log",
+        reported: "a warning naming the template and the field (the field means nothing for a static pod)",
+        says: "ignoring template.metadata.creationTimestamp",
+        test: "an_undecodable_template_is_read_alone",
+    },
+    Fault {
+        id: "api-undecodable-node",
+        area: "API server",
+        fault: "the Node has a field the typed model cannot decode (a taint's `timeAdded: 9999-12-31T23:59:59Z`)",
+        kept: "rendering goes on; a change of the Node's labels is applied; ready",
+        reported: "a warning naming the Node and the field",
+        says: "spec.taints[0].timeAdded",
+        test: "an_undecodable_node_field_stops_nothing",
     },
     Fault {
         id: "fuzz-templates",
@@ -1400,6 +1436,164 @@ fn kill_9_during_a_burst_leaves_only_whole_manifests_and_a_restart_converges() {
     assert!(daemon.stop().success());
 }
 
+// ---------------------------------------------------------------- daemon
+
+/// The descriptors open in process `pid`.
+fn open_fds(pid: u32) -> Vec<(u64, String)> {
+    let mut fds: Vec<(u64, String)> = fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let n = e.file_name().to_str()?.parse().ok()?;
+            let target = fs::read_link(e.path()).ok()?;
+            Some((n, target.to_string_lossy().into_owned()))
+        })
+        .collect();
+    fds.sort();
+    fds
+}
+
+#[test]
+fn a_connection_flood_on_the_metrics_port_takes_no_descriptors_from_rendering() {
+    let fault = row("daemon-connection-flood");
+    let e = env();
+    e.put("first.yaml", &template("first", None, "first:1"));
+    let source = format!("dir:{}", e.templates.display());
+    let daemon = Daemon::start_with_file_limit(
+        &[
+            "--config",
+            e.config.to_str().unwrap(),
+            "--source",
+            &source,
+            "--node-name",
+            "n1",
+            "--node-file",
+            e.node_file.to_str().unwrap(),
+            "--manifest-dir",
+            e.manifests.to_str().unwrap(),
+        ],
+        e.tmp.path().join("flood.log"),
+        (64, 256),
+    );
+    wait_content(&daemon, &e.manifest("first"), "image: first:1");
+    daemon.wait_ready(CONVERGE);
+    let sockets = || {
+        open_fds(daemon.pid())
+            .into_iter()
+            .filter(|(_, target)| target.starts_with("socket:"))
+            .count()
+    };
+    // The listener, and the runtime's own (its signal handling).
+    let idle = sockets();
+
+    // Idle clients that never send a request, more than the descriptors.
+    let flood: Vec<std::net::TcpStream> = (0..400)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", daemon.port)).unwrap())
+        .collect();
+    e.put("second.yaml", &template("second", None, "second:1"));
+    wait_content(&daemon, &e.manifest("second"), "image: second:1");
+    let healthz = wait_logged(&daemon, "/healthz during the flood", || {
+        daemon.get("/healthz")
+    });
+    assert_eq!(healthz.0, 200);
+    let flooded = sockets();
+    // The soft limit was raised to the hard one; the cap held.
+    assert!(daemon.logs().contains(fault.says), "{}", daemon.logs());
+    let limits = fs::read_to_string(format!("/proc/{}/limits", daemon.pid())).unwrap();
+    let nofile: Vec<&str> = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(nofile[3..5], ["256", "256"], "{limits}");
+    let cap: usize = daemon
+        .logs()
+        .split_once("at most ")
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+        .expect("the connection cap is logged");
+    eprintln!(
+        "measured: {idle} sockets open idle, {flooded} during a flood of 400 connections (cap {cap})"
+    );
+    assert!(
+        flooded <= idle + cap,
+        "{flooded} sockets open: more than {idle} without connections and {cap} connections"
+    );
+    assert!(
+        !daemon.logs().contains("Too many open files"),
+        "{}",
+        daemon.logs()
+    );
+    drop(flood);
+    kubelet_accepts_dir(&e.manifests);
+    assert!(daemon.stop().success());
+}
+
+/// Sets process `pid`'s soft open file limit; returns the old one.
+fn set_soft_file_limit(pid: u32, soft: u64) -> u64 {
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid rlimit structs; prlimit on our own child.
+    let r = unsafe { libc::prlimit(pid as i32, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) };
+    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let new = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: old.rlim_max,
+    };
+    let r = unsafe { libc::prlimit(pid as i32, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) };
+    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    old.rlim_cur
+}
+
+#[test]
+fn an_unreadable_template_file_is_retried_and_is_not_its_fault() {
+    let fault = row("daemon-template-unreadable");
+    let e = env();
+    e.put("edited.yaml", &template("edited", None, "edited:1"));
+    let daemon = e.start(&[], "unreadable.log");
+    let manifest = e.manifest("edited");
+    wait_content(&daemon, &manifest, "image: edited:1");
+    daemon.wait_ready(CONVERGE);
+    let good = identity(&manifest);
+
+    // The idle daemon's lowest free descriptor becomes its limit: it can
+    // open nothing more, and the edit below cannot be read.
+    let used: Vec<u64> = open_fds(daemon.pid()).into_iter().map(|(n, _)| n).collect();
+    let lowest_free = (0..).find(|n| !used.contains(n)).unwrap();
+    let before = set_soft_file_limit(daemon.pid(), lowest_free);
+    e.put("edited.yaml", &template("edited", None, "edited:2"));
+    let file = identity(&e.templates.join("edited.yaml"));
+    let line = wait_logged(&daemon, "the read failure in the log", || {
+        daemon
+            .logs()
+            .lines()
+            .find(|l| {
+                l.contains("WARN")
+                    && l.contains("template=kube-system/edited")
+                    && l.contains(&format!("reason=\"{}\"", fault.reported))
+                    && l.contains(fault.says)
+            })
+            .map(str::to_string)
+    });
+    assert!(line.contains("not the template's fault"), "{line}");
+    assert_eq!(identity(&manifest), good, "the last good manifest stays");
+
+    // The limit back: the file is read again, untouched.
+    set_soft_file_limit(daemon.pid(), before);
+    wait_content(&daemon, &manifest, "image: edited:2");
+    assert_eq!(identity(&e.templates.join("edited.yaml")), file);
+    assert!(daemon.metric("podstamp_render_failures_total{reason=\"ReadFailed\"}") >= 1.0);
+    assert_eq!(
+        daemon.metric("podstamp_render_failures_total{reason=\"InvalidTemplate\"}"),
+        0.0,
+        "an I/O error is not the template's fault"
+    );
+    kubelet_accepts_dir(&e.manifests);
+    assert!(daemon.stop().success());
+}
+
 // ---------------------------------------------------------------- API server
 
 /// A kubeconfig like `user`'s whose bearer token the API server does not know.
@@ -1765,6 +1959,186 @@ fn slow_and_stalled_api_responses_converge_and_change_nothing_meanwhile() {
     wait_content(&daemon, &etcd, "image: etcd:3");
     kubelet_accepts_dir(&e.manifests);
     assert!(daemon.logs().contains(fault.says));
+    assert!(daemon.stop().success());
+}
+
+/// A current-thread runtime and an admin client of the shared API server,
+/// with a fresh namespace and Node.
+fn api_setup(
+    prefix: &str,
+    node: serde_json::Value,
+) -> (tokio::runtime::Runtime, kube::Client, String, String) {
+    use k8s_openapi::api::core::v1::{Namespace, Node};
+    use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt.block_on(shared_server().admin());
+    let ns = unique(prefix);
+    let name = unique("node");
+    let mut node = node;
+    node["apiVersion"] = serde_json::json!("v1");
+    node["kind"] = serde_json::json!("Node");
+    node["metadata"]["name"] = serde_json::json!(name);
+    let pp = PostParams::default();
+    rt.block_on(async {
+        Api::<Namespace>::all(client.clone())
+            .create(
+                &pp,
+                &serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).unwrap(),
+            )
+            .await
+            .unwrap();
+        // Untyped, so that fields the typed model cannot hold go through.
+        Api::<DynamicObject>::all_with(client.clone(), &ApiResource::erase::<Node>(&()))
+            .create(&pp, &serde_json::from_value(node).unwrap())
+            .await
+            .unwrap();
+    });
+    (rt, client, ns, name)
+}
+
+fn api_daemon(e: &Env, config: &Path, ns: &str, node: &str, log: &str) -> Daemon {
+    Daemon::start(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--kubeconfig",
+            shared_server().kubeconfig("admin").to_str().unwrap(),
+            "--namespace",
+            ns,
+            "--node-name",
+            node,
+            "--manifest-dir",
+            e.manifests.to_str().unwrap(),
+        ],
+        e.tmp.path().join(log),
+    )
+}
+
+/// Past the range of the time library k8s-openapi uses, valid for Go's.
+const FAR_FUTURE: &str = "9999-12-31T23:59:59Z";
+
+#[test]
+fn an_undecodable_template_is_read_alone() {
+    use k8s_openapi::api::core::v1::PodTemplate;
+    use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+    use serde_json::json;
+    let fault = row("api-undecodable-template");
+    let (rt, client, ns, node) = api_setup("undecodable", json!({"metadata": {}}));
+    // Content that no log line may show.
+    let secret = unique("do-not-log");
+    let object = |name: &str, image: &str| {
+        json!({"apiVersion": "v1", "kind": "PodTemplate",
+            "metadata": {"name": name, "labels": {"podstamp.io/enabled": "true"}},
+            "template": {"spec": {"containers": [{"name": "main", "image": image, "args": [format!("--token={secret}")]}]}}})
+    };
+    let mut bad = object("bad", "bad:1");
+    bad["template"]["metadata"] = json!({"creationTimestamp": FAR_FUTURE});
+    let templates: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns, &ApiResource::erase::<PodTemplate>(&()));
+    let pp = PostParams::default();
+    for t in [object("good", "good:1"), bad] {
+        rt.block_on(templates.create(&pp, &serde_json::from_value(t).unwrap()))
+            .unwrap();
+    }
+    // The premise: stored as sent, and a typed list of them cannot be decoded.
+    let stored = rt.block_on(templates.get("bad")).unwrap();
+    assert_eq!(
+        stored.data["template"]["metadata"]["creationTimestamp"],
+        FAR_FUTURE
+    );
+    let typed: Api<PodTemplate> = Api::namespaced(client.clone(), &ns);
+    assert!(rt.block_on(typed.list(&ListParams::default())).is_err());
+
+    let e = env();
+    let daemon = api_daemon(&e, &e.config, &ns, &node, "undecodable.log");
+    let good = e.manifest("good");
+    wait_content(&daemon, &good, "image: good:1");
+    daemon.wait_ready(CONVERGE);
+    // Read on its own, the template is fine: the field it cannot decode is
+    // one a static pod has no use for, dropped with a warning.
+    wait_content(&daemon, &e.manifest("bad"), "image: bad:1");
+    let template = format!("PodTemplate {ns}/bad:");
+    wait_logged(&daemon, "the warning about the bad template's field", || {
+        daemon
+            .logs()
+            .lines()
+            .find(|l| l.contains("WARN") && l.contains(&template) && l.contains(fault.says))?;
+        Some(())
+    });
+    assert_eq!(
+        daemon.metric("podstamp_render_failures_total{reason=\"InvalidTemplate\"}"),
+        0.0
+    );
+
+    // Later edits of the other template are applied.
+    let mut edit = object("good", "good:2");
+    edit.as_object_mut().unwrap().remove("metadata");
+    rt.block_on(templates.patch("good", &PatchParams::default(), &Patch::Merge(edit)))
+        .unwrap();
+    wait_content(&daemon, &good, "image: good:2");
+    let logs = daemon.logs();
+    assert!(
+        !logs.contains(&secret),
+        "template content in the log:\n{logs}"
+    );
+    assert!(!logs.contains("unreachable"), "{logs}");
+    assert_eq!(daemon.get("/readyz").map(|r| r.0), Some(200));
+    kubelet_accepts_dir(&e.manifests);
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn an_undecodable_node_field_stops_nothing() {
+    use k8s_openapi::api::core::v1::{Node, PodTemplate};
+    use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+    use serde_json::json;
+    let fault = row("api-undecodable-node");
+    let (rt, client, ns, node) = api_setup(
+        "badnode",
+        json!({"metadata": {"labels": {"zone": "a"}},
+            "spec": {"taints": [{"key": "example.com/k", "effect": "NoSchedule", "timeAdded": FAR_FUTURE}]}}),
+    );
+    let nodes: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::erase::<Node>(&()));
+    // The premise: stored as sent, and the typed model cannot read it.
+    let stored = rt.block_on(nodes.get(&node)).unwrap();
+    assert_eq!(stored.data["spec"]["taints"][0]["timeAdded"], FAR_FUTURE);
+    assert!(
+        rt.block_on(Api::<Node>::all(client.clone()).get(&node))
+            .is_err()
+    );
+    let templates: Api<PodTemplate> = Api::namespaced(client.clone(), &ns);
+    let t = json!({"metadata": {"name": "zoned", "labels": {"podstamp.io/enabled": "true"}},
+        "template": {"spec": {"containers": [{"name": "main", "image": "z:1",
+            "command": ["serve", "--zone=${node.label[zone]}"]}]}}});
+    rt.block_on(templates.create(&PostParams::default(), &serde_json::from_value(t).unwrap()))
+        .unwrap();
+
+    // The real plugins: substitute reads the node's labels.
+    let e = env();
+    let config = write_config(e.tmp.path());
+    let daemon = api_daemon(&e, &config, &ns, &node, "badnode.log");
+    let zoned = e.manifest("zoned");
+    wait_content(&daemon, &zoned, "--zone=a");
+    daemon.wait_ready(CONVERGE);
+    let line = wait_logged(&daemon, "the Node's field in the log", || {
+        daemon
+            .logs()
+            .lines()
+            .find(|l| l.contains("WARN") && l.contains(&node) && l.contains(fault.says))
+            .map(str::to_string)
+    });
+    assert!(line.contains("goes on rendering"), "{line}");
+    rt.block_on(nodes.patch(
+        &node,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"zone": "b"}}})),
+    ))
+    .unwrap();
+    wait_content(&daemon, &zoned, "--zone=b");
+    kubelet_accepts(&[&e.manifests], &node);
     assert!(daemon.stop().success());
 }
 

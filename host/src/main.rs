@@ -144,8 +144,17 @@ fn main() -> ExitCode {
 }
 
 fn init_logging(format: LogFormat, filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+    let mut parsed = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // kube-client logs a whole response body (every object of a list, with
+    // whatever the objects hold) at warn when it cannot decode it. Its HTTP
+    // logs are kept to errors unless the filter asks for them by name.
+    if !filter.contains("kube_client")
+        && let Ok(directive) = "kube_client::client=error".parse()
+    {
+        parsed = parsed.add_directive(directive);
+    }
+    let filter = parsed;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

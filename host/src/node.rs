@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
 use serde::Serialize;
+use serde_json::{Value, json};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct NodeAddress {
@@ -97,6 +98,37 @@ impl NodeContext {
             addresses,
         })
     }
+
+    /// Reads what plugins need from a Node object as the API server sent it.
+    /// Only those fields (name, labels, annotations, addresses, nodeInfo) are
+    /// decoded: another field that the typed model cannot hold (a far-future
+    /// heartbeat time, say) must not stop rendering for this node. An error
+    /// names the field.
+    pub fn from_value(node: &Value) -> Result<Self, String> {
+        let pick = |path: &str| node.pointer(path).cloned().unwrap_or(Value::Null);
+        let used = json!({
+            "metadata": {
+                "name": pick("/metadata/name"),
+                "labels": pick("/metadata/labels"),
+                "annotations": pick("/metadata/annotations"),
+            },
+            "status": {
+                "addresses": pick("/status/addresses"),
+                "nodeInfo": pick("/status/nodeInfo"),
+            },
+        });
+        let typed: Node = serde_path_to_error::deserialize(used)
+            .map_err(|e| format!("{}: {}", e.path(), e.inner()))?;
+        NodeContext::from_node(&typed)
+    }
+}
+
+/// The first field of a Node object that the typed model (k8s-openapi)
+/// cannot decode, as `field: error`; None when it decodes whole.
+pub fn undecodable_field(node: &Value) -> Option<String> {
+    serde_path_to_error::deserialize::<_, Node>(node)
+        .err()
+        .map(|e| format!("{}: {}", e.path(), e.inner()))
 }
 
 /// Reads a Node object (YAML or JSON) from a file; errors name the file and field.
@@ -152,6 +184,27 @@ mod tests {
         assert_eq!(ctx.operating_system, "linux");
         assert_eq!(ctx.kubelet_version.as_deref(), Some("v1.34.2"));
         assert_eq!(ctx.addresses[0].address, "10.0.0.5");
+    }
+
+    #[test]
+    fn a_field_podstamp_does_not_use_cannot_stop_it() {
+        let node = serde_json::json!({
+            "metadata": {"name": "n1", "labels": {"zone": "a"}},
+            "spec": {"taints": [{"key": "k", "effect": "NoSchedule", "timeAdded": "9999-12-31T23:59:59Z"}]},
+        });
+        assert_eq!(
+            undecodable_field(&node)
+                .as_deref()
+                .map(|e| e.split(':').next()),
+            Some(Some("spec.taints[0].timeAdded"))
+        );
+        let ctx = NodeContext::from_value(&node).unwrap();
+        assert_eq!(ctx.labels["zone"], "a");
+        let e = NodeContext::from_value(
+            &serde_json::json!({"metadata": {"name": "n1", "labels": {"zone": 1}}}),
+        )
+        .unwrap_err();
+        assert!(e.starts_with("metadata.labels.zone: "), "{e}");
     }
 
     #[test]

@@ -182,6 +182,29 @@ impl Daemon {
     /// cannot replace, at the daemon's default level, `warn`, since logging
     /// every write costs time.
     pub fn start_binary(binary: &Path, args: &[&str], log: PathBuf, filter: &str) -> Daemon {
+        Daemon::start_limited(binary, args, log, filter, None)
+    }
+
+    /// [`Daemon::start`] with the open file limit (soft, hard) set in the
+    /// child before it runs.
+    pub fn start_with_file_limit(args: &[&str], log: PathBuf, nofile: (u64, u64)) -> Daemon {
+        let filter = std::env::var("PODSTAMP_TEST_LOG").unwrap_or_else(|_| "info,kube=warn".into());
+        Daemon::start_limited(
+            Path::new(env!("CARGO_BIN_EXE_podstamp")),
+            args,
+            log,
+            &filter,
+            Some(nofile),
+        )
+    }
+
+    fn start_limited(
+        binary: &Path,
+        args: &[&str],
+        log: PathBuf,
+        filter: &str,
+        nofile: Option<(u64, u64)>,
+    ) -> Daemon {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
         let out = fs::File::create(&log).unwrap();
@@ -201,6 +224,20 @@ impl Daemon {
             .stdout(Stdio::null())
             .stderr(out);
         die_with_parent(&mut command);
+        if let Some((soft, hard)) = nofile {
+            unsafe {
+                command.pre_exec(move || {
+                    let limit = libc::rlimit {
+                        rlim_cur: soft,
+                        rlim_max: hard,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         let child = command.spawn().expect("run podstamp");
         Daemon { child, log, port }
     }

@@ -1,8 +1,14 @@
 //! The daemon's health and metrics, and the small HTTP server that shows
 //! them: `/healthz`, `/readyz` (ready after the first full sync) and
 //! `/metrics` (Prometheus text format 0.0.4).
+//!
+//! The server may listen on every interface, so it bounds what clients can
+//! take: at most a fixed number of connections at once (a new one closes
+//! the oldest), each with a short time to send its request and to take the
+//! response. No client can exhaust the daemon's file descriptors or keep
+//! the kubelet's probes out.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,6 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{self, AbortHandle, JoinError, JoinSet};
 
 /// Upper bounds of the plugin call duration buckets, in seconds.
 const BUCKETS: [f64; 12] = [
@@ -232,27 +239,80 @@ fn escape(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// Serves `/healthz`, `/readyz` and `/metrics` until the process ends.
-pub async fn serve(listener: TcpListener, metrics: std::sync::Arc<Metrics>) {
+/// A client has this long to send its request, from the moment it is
+/// accepted: the kubelet's probes and Prometheus send theirs at once.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// And this long to take the response.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Serves `/healthz`, `/readyz` and `/metrics` until the process ends,
+/// holding at most `max_connections` connections at once.
+///
+/// When that many are open, a new connection closes the oldest one, rather
+/// than being refused or left waiting: idle or slow clients (a port scan,
+/// a flood) can then neither take more file descriptors than the cap nor
+/// keep out a liveness probe, which is always the newest connection and is
+/// answered as soon as its request arrives. Each connection also has
+/// [`READ_TIMEOUT`] to send its request.
+pub async fn serve(
+    listener: TcpListener,
+    metrics: std::sync::Arc<Metrics>,
+    max_connections: usize,
+) {
+    let mut tasks = JoinSet::new();
+    // Open connections, oldest first.
+    let mut open: VecDeque<(task::Id, AbortHandle)> = VecDeque::new();
+    let mut accept_failing = false;
     loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                let metrics = metrics.clone();
-                tokio::spawn(async move {
-                    let _ = tokio::time::timeout(Duration::from_secs(10), answer(stream, &metrics))
-                        .await;
-                });
-            }
-            Err(e) => {
-                tracing::warn!("metrics listener: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+        tokio::select! {
+            Some(done) = tasks.join_next_with_id() => forget(&mut open, done),
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    if accept_failing {
+                        tracing::info!("metrics listener: accepting connections again");
+                        accept_failing = false;
+                    }
+                    while tasks.len() >= max_connections.max(1) {
+                        if let Some((_, oldest)) = open.pop_front() {
+                            oldest.abort();
+                        }
+                        // Reaped, so that its descriptor is closed before
+                        // the new connection is served.
+                        match tasks.join_next_with_id().await {
+                            Some(done) => forget(&mut open, done),
+                            None => break,
+                        }
+                    }
+                    let metrics = metrics.clone();
+                    let handle = tasks.spawn(async move {
+                        let _ = answer(stream, &metrics).await;
+                    });
+                    open.push_back((handle.id(), handle));
+                }
+                Err(e) => {
+                    // Logged once until it recovers, not every 100 ms.
+                    if !accept_failing {
+                        tracing::warn!("metrics listener: cannot accept a connection: {e}");
+                        accept_failing = true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
         }
     }
 }
 
-async fn answer(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
-    // One request per connection; only its first line matters.
+/// Drops a finished (or aborted) connection from the open ones.
+fn forget(open: &mut VecDeque<(task::Id, AbortHandle)>, done: Result<(task::Id, ()), JoinError>) {
+    let id = match done {
+        Ok((id, ())) => id,
+        Err(e) => e.id(),
+    };
+    open.retain(|(open_id, _)| *open_id != id);
+}
+
+/// Reads one request's head (only its first line matters), up to 8 KiB.
+async fn read_request(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     let mut request = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
     while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 8192 {
@@ -262,6 +322,15 @@ async fn answer(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()>
         }
         request.extend_from_slice(&buf[..n]);
     }
+    Ok(request)
+}
+
+async fn answer(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
+    // One request per connection.
+    let request = match tokio::time::timeout(READ_TIMEOUT, read_request(&mut stream)).await {
+        Ok(request) => request?,
+        Err(_) => return Ok(()),
+    };
     let line = String::from_utf8_lossy(&request);
     let mut words = line.split_whitespace();
     let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
@@ -295,8 +364,13 @@ async fn answer(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()>
     if method != "HEAD" {
         response.push_str(&body);
     }
-    stream.write_all(response.as_bytes()).await?;
-    stream.shutdown().await
+    let write = async {
+        stream.write_all(response.as_bytes()).await?;
+        stream.shutdown().await
+    };
+    tokio::time::timeout(WRITE_TIMEOUT, write)
+        .await
+        .unwrap_or(Ok(()))
 }
 
 #[cfg(test)]

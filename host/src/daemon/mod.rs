@@ -12,7 +12,9 @@
 
 pub mod events;
 pub mod metrics;
+pub mod raw;
 pub mod reconcile;
+mod rlimit;
 pub mod source;
 
 use std::net::SocketAddr;
@@ -189,6 +191,24 @@ fn usage(message: impl std::fmt::Display) -> ExitCode {
 
 /// Runs the daemon until SIGTERM or SIGINT.
 pub fn main(args: RunArgs) -> ExitCode {
+    let nofile = match rlimit::raise_open_file_limit() {
+        Ok(limit) if limit.now > limit.before => {
+            tracing::info!(
+                "raised the open file limit (RLIMIT_NOFILE) from {} to {}, the hard limit",
+                limit.before,
+                limit.now
+            );
+            limit.now
+        }
+        Ok(limit) => {
+            tracing::info!("open file limit (RLIMIT_NOFILE): {}", limit.now);
+            limit.now
+        }
+        Err(e) => {
+            tracing::warn!("cannot read or raise the open file limit (RLIMIT_NOFILE): {e}");
+            1024
+        }
+    };
     let config = match &args.config {
         Some(path) => match ConfigFile::read(path) {
             Ok(c) => c,
@@ -250,10 +270,20 @@ pub fn main(args: RunArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return usage(format!("cannot start the async runtime: {e}")),
     };
-    runtime.block_on(run(settings, catalog, dir_node))
+    runtime.block_on(run(
+        settings,
+        catalog,
+        dir_node,
+        rlimit::max_connections(nofile),
+    ))
 }
 
-async fn run(settings: Settings, catalog: Catalog, dir_node: Option<NodeContext>) -> ExitCode {
+async fn run(
+    settings: Settings,
+    catalog: Catalog,
+    dir_node: Option<NodeContext>,
+    max_connections: usize,
+) -> ExitCode {
     let metrics = Arc::new(Metrics::default());
     let listener = match tokio::net::TcpListener::bind(settings.listen).await {
         Ok(l) => l,
@@ -304,7 +334,12 @@ async fn run(settings: Settings, catalog: Catalog, dir_node: Option<NodeContext>
     if let Err(e) = worker {
         return usage(format!("cannot start the reconciler: {e}"));
     }
-    tokio::spawn(metrics::serve(listener, metrics.clone()));
+    tracing::info!(
+        listen = %settings.listen,
+        "metrics server: at most {max_connections} connections at once (a new one closes the oldest); a request must arrive within {:?}",
+        metrics::READ_TIMEOUT
+    );
+    tokio::spawn(metrics::serve(listener, metrics.clone(), max_connections));
     if let Some(task) = publisher {
         tokio::spawn(task);
     }

@@ -15,6 +15,10 @@
 //!   metrics, an Event when the template came from the API).
 //! * Two templates producing the same pod name: the first one keeps it, the
 //!   later one fails.
+//! * A template the source could not read (an I/O error) is not the
+//!   template's fault (`ReadFailed`, read again by the source); while a file
+//!   never read is unreadable, nothing is garbage-collected, since its
+//!   manifest could be any of ours.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -68,9 +72,34 @@ pub struct Incoming {
     pub key: String,
     /// `namespace/name`, when it could be read even if the template is invalid.
     pub id: Option<String>,
-    pub template: Result<Template, String>,
+    pub template: Result<Template, SourceError>,
     /// The PodTemplate object, for Events; None from a directory.
     pub reference: Option<ObjectReference>,
+}
+
+/// Why a source could not deliver a template.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SourceError {
+    /// The template is wrong (it does not parse, or is not a valid
+    /// PodTemplate): only an edit fixes it. Reason `InvalidTemplate`.
+    #[error("{0}")]
+    Invalid(String),
+    /// The template could not be read (an I/O error such as "Too many open
+    /// files"): not the template's fault. The source reads it again, with
+    /// backoff; until then nothing is garbage-collected on its account.
+    /// Reason `ReadFailed`.
+    #[error("{0}")]
+    Unreadable(String),
+}
+
+impl SourceError {
+    /// The failure reason reported for it.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SourceError::Invalid(_) => "InvalidTemplate",
+            SourceError::Unreadable(_) => "ReadFailed",
+        }
+    }
 }
 
 struct Entry {
@@ -318,8 +347,8 @@ impl Reconciler {
     pub fn reconcile(&mut self) {
         self.metrics.set_templates(self.entries.len());
         if self.gc_due && self.synced {
-            self.collect_garbage();
             self.gc_due = false;
+            self.collect_garbage();
         }
         if self.node.is_none() {
             if !self.dirty.is_empty() && !self.waiting_for_node_logged {
@@ -378,6 +407,17 @@ impl Reconciler {
 
     /// Removes our manifests whose template is gone.
     fn collect_garbage(&mut self) {
+        // A template file that could not be read, and was never read, may be
+        // any template: removing a manifest now could remove its.
+        if self.entries.values().any(|e| {
+            e.id.is_none() && matches!(e.incoming.template, Err(SourceError::Unreadable(_)))
+        }) {
+            tracing::debug!(
+                "a template file could not be read yet; garbage collection waits for it"
+            );
+            self.gc_due = true;
+            return;
+        }
         let live: BTreeSet<&str> = self
             .entries
             .values()
@@ -490,11 +530,11 @@ impl Reconciler {
             plugin: None,
             message,
         };
-        let template = entry
-            .incoming
-            .template
-            .as_ref()
-            .map_err(|e| invalid(e.clone()))?;
+        let template = entry.incoming.template.as_ref().map_err(|e| Failure {
+            reason: e.reason(),
+            plugin: None,
+            message: e.to_string(),
+        })?;
         if template.namespace != self.namespace {
             return Err(invalid(format!(
                 "PodTemplate {}: metadata.namespace: is {:?}, but this podstamp manages namespace {:?}",
@@ -637,7 +677,7 @@ mod tests {
         Incoming {
             key: key.to_string(),
             id: Some(format!("kube-system/{name}")),
-            template: Template::from_value(&value).map_err(|e| e.to_string()),
+            template: Template::from_value(&value).map_err(|e| SourceError::Invalid(e.to_string())),
             reference: None,
         }
     }
@@ -692,6 +732,35 @@ mod tests {
             "gone after the complete list"
         );
         assert!(dir.path().join("a.yaml").exists());
+    }
+
+    #[test]
+    fn a_file_never_read_holds_garbage_collection() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = reconciler(dir.path());
+        list(&mut r, vec![incoming("a.yaml", "a", "x:1")]);
+        // A restart, and this time the file cannot be read.
+        let mut r = reconciler(dir.path());
+        let unreadable = Incoming {
+            key: "a.yaml".into(),
+            id: None,
+            template: Err(SourceError::Unreadable("a.yaml: cannot read".into())),
+            reference: None,
+        };
+        list(&mut r, vec![unreadable]);
+        assert!(
+            dir.path().join("a.yaml").exists(),
+            "the manifest may be that template's"
+        );
+        assert_eq!(
+            r.entries["a.yaml"].last_error.as_deref(),
+            Some("a.yaml: cannot read")
+        );
+        // Read at last.
+        r.apply(Input::Applied(incoming("a.yaml", "a", "x:2")));
+        r.reconcile();
+        let text = fs::read_to_string(dir.path().join("a.yaml")).unwrap();
+        assert!(text.contains("x:2"), "{text}");
     }
 
     #[test]

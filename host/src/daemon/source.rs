@@ -1,12 +1,23 @@
 //! Where templates and the node come from: the Kubernetes API (watches with
 //! kube-runtime), or a directory of PodTemplate files (inotify).
+//!
+//! Invariants:
+//! * One object cannot stop a watch: objects are received as [`Raw`] JSON
+//!   and each is parsed on its own, so a template the typed model cannot
+//!   decode is an `InvalidTemplate` of that template alone, and a Node field
+//!   podstamp does not use cannot stop rendering.
+//! * No object's content is ever logged: errors name the object and the
+//!   field.
+//! * A template file that cannot be read (an I/O error) is `ReadFailed`, not
+//!   `InvalidTemplate`, and is read again with backoff until it can be.
 
-use std::collections::BTreeSet;
-use std::ffi::OsStr;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::{OsStr, OsString};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, PodTemplate};
@@ -15,7 +26,8 @@ use kube::{Api, Client, Resource};
 use serde_json::Value;
 
 use super::metrics::Metrics;
-use super::reconcile::{Incoming, Input};
+use super::raw::Raw;
+use super::reconcile::{Incoming, Input, SourceError};
 use crate::node::NodeContext;
 use crate::template::{Template, parse_document};
 
@@ -46,16 +58,17 @@ impl Backoff {
     }
 }
 
-/// Turns a PodTemplate from the API into what the reconciler takes.
-pub fn incoming_from_api(object: &PodTemplate) -> Incoming {
-    let namespace = object.metadata.namespace.clone().unwrap_or_default();
-    let name = object.metadata.name.clone().unwrap_or_default();
-    let id = format!("{namespace}/{name}");
-    let template = serde_json::to_value(object)
-        .map_err(|e| e.to_string())
-        .and_then(|value| {
-            Template::from_value(&value).map_err(|e| format!("PodTemplate {id}: {e}"))
-        });
+/// A PodTemplate's key: `namespace/name`.
+fn api_key(object: &Raw<PodTemplate>) -> String {
+    format!("{}/{}", object.namespace(), object.name())
+}
+
+/// Turns a PodTemplate from the API into what the reconciler takes. The
+/// template's own parse reports what is wrong with it, naming the field.
+pub fn incoming_from_api(object: &Raw<PodTemplate>) -> Incoming {
+    let id = api_key(object);
+    let template = Template::from_value(object.value())
+        .map_err(|e| SourceError::Invalid(format!("PodTemplate {id}: {e}")));
     Incoming {
         key: id.clone(),
         id: Some(id),
@@ -94,6 +107,19 @@ fn log_watch_error(watch: &str, error: &watcher::Error) {
             "permission denied: {}; grant it to podstamp's ServiceAccount (see deploy/rbac.yaml)",
             status.message
         ),
+        // The API server answered, but not in a form podstamp can read. Not
+        // an outage; the error never holds the response body.
+        Some(kube::Error::SerdeError(e)) => tracing::error!(
+            watch,
+            "cannot decode the API server's response ({e}); listing again (manifests on disk are kept)"
+        ),
+        Some(kube::Error::Api(status)) => tracing::warn!(
+            watch,
+            "the API server refused the request ({} {}: {}); retrying (manifests on disk are kept)",
+            status.code,
+            status.reason,
+            status.message
+        ),
         _ => tracing::warn!(
             watch,
             "watch failed, the API server may be unreachable (manifests on disk are kept): {error}"
@@ -111,7 +137,7 @@ pub async fn watch_templates(
     inputs: Sender<Input>,
     metrics: Arc<Metrics>,
 ) {
-    let api: Api<PodTemplate> = Api::namespaced(client, &namespace);
+    let api: Api<Raw<PodTemplate>> = Api::namespaced(client, &namespace);
     let mut config = watcher::Config::default().labels(&selector);
     if let Some(secs) = watch_timeout {
         config = config.timeout(secs);
@@ -128,9 +154,7 @@ pub async fn watch_templates(
                     Input::ListDone
                 }
                 Ok(Event::Apply(t)) => Input::Applied(incoming_from_api(&t)),
-                Ok(Event::Delete(t)) => Input::Deleted {
-                    key: incoming_from_api(&t).key,
-                },
+                Ok(Event::Delete(t)) => Input::Deleted { key: api_key(&t) },
                 Err(e) => {
                     log_watch_error("podtemplates", &e);
                     break;
@@ -154,12 +178,15 @@ pub async fn watch_node(
     inputs: Sender<Input>,
     metrics: Arc<Metrics>,
 ) {
-    let api: Api<Node> = Api::all(client);
+    let api: Api<Raw<Node>> = Api::all(client);
     let mut config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
     if let Some(secs) = watch_timeout {
         config = config.timeout(secs);
     }
     let mut backoff = Backoff::new();
+    // The last problem reported for the Node, to report each one once (the
+    // Node changes with every status update).
+    let mut reported = None;
     loop {
         let mut stream = std::pin::pin!(watcher::watcher(api.clone(), config.clone()));
         let mut seen = false;
@@ -168,13 +195,10 @@ pub async fn watch_node(
                 Ok(Event::Init) => seen = false,
                 Ok(Event::InitApply(node) | Event::Apply(node)) => {
                     seen = true;
-                    match NodeContext::from_node(&node) {
-                        Ok(context) => {
-                            if inputs.send(Input::Node(context)).is_err() {
-                                return;
-                            }
-                        }
-                        Err(e) => tracing::error!(node = %node_name, "unusable Node: {e}"),
+                    if let Some(context) = node_input(&node_name, &node, &mut reported)
+                        && inputs.send(Input::Node(context)).is_err()
+                    {
+                        return;
                     }
                 }
                 Ok(Event::InitDone) => {
@@ -197,6 +221,42 @@ pub async fn watch_node(
     }
 }
 
+/// The node context from a Node as the API server sent it, reporting (once
+/// each) a field podstamp needs but cannot read, in which case rendering
+/// goes on with what was last known of the node, and a field only the typed
+/// model cannot decode, which podstamp does not use.
+fn node_input(
+    node_name: &str,
+    node: &Raw<Node>,
+    reported: &mut Option<String>,
+) -> Option<NodeContext> {
+    let mut report = |problem: String, used: bool| {
+        if reported.as_deref() == Some(problem.as_str()) {
+            return;
+        }
+        if used {
+            tracing::error!(node = %node_name,
+                "{problem}; podstamp needs this field: rendering goes on with what was last known of the Node");
+        } else {
+            tracing::warn!(node = %node_name,
+                "{problem}; podstamp cannot decode this field, but does not use it and goes on rendering (other clients built on the same Kubernetes model may fail on this Node)");
+        }
+        *reported = Some(problem);
+    };
+    let context = match NodeContext::from_value(node.value()) {
+        Ok(context) => context,
+        Err(e) => {
+            report(format!("Node {}: {e}", node.name()), true);
+            return None;
+        }
+    };
+    match crate::node::undecodable_field(node.value()) {
+        Some(e) => report(format!("Node {}: {e}", node.name()), false),
+        None => *reported = None,
+    }
+    Some(context)
+}
+
 /// Whether a directory entry is a template file of the directory source.
 fn is_template_file(name: &OsStr) -> bool {
     let Some(name) = name.to_str() else {
@@ -213,20 +273,23 @@ fn is_template_file(name: &OsStr) -> bool {
 pub const MAX_TEMPLATE_FILE: u64 = 16 << 20;
 
 /// A file's content, refusing one over `limit` bytes without reading it all.
-fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+/// An I/O error is [`SourceError::Unreadable`]; a file too large is the
+/// template's fault.
+fn read_bounded(path: &Path, limit: u64, origin: &str) -> Result<Vec<u8>, SourceError> {
     use std::io::Read;
     let mut bytes = Vec::new();
-    std::fs::File::open(path)?
-        .take(limit + 1)
-        .read_to_end(&mut bytes)?;
+    std::fs::File::open(path)
+        .and_then(|file| file.take(limit + 1).read_to_end(&mut bytes))
+        .map_err(|e| {
+            SourceError::Unreadable(format!(
+                "{origin}: cannot read the template file: {e}; this is not the template's fault, it is read again shortly"
+            ))
+        })?;
     if bytes.len() as u64 > limit {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!(
-                "over {} MiB; a template file is at most that large",
-                limit >> 20
-            ),
-        ));
+        return Err(SourceError::Invalid(format!(
+            "{origin}: over {} MiB; a template file is at most that large",
+            limit >> 20
+        )));
     }
     Ok(bytes)
 }
@@ -239,9 +302,9 @@ pub fn incoming_from_file(path: &Path, namespace: &str) -> Incoming {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let origin = path.display().to_string();
-    let parsed = read_bounded(path, MAX_TEMPLATE_FILE)
-        .map_err(|e| format!("{origin}: {e}"))
-        .and_then(|bytes| parse_document(&bytes, &origin).map_err(|e| e.to_string()));
+    let parsed = read_bounded(path, MAX_TEMPLATE_FILE, &origin).and_then(|bytes| {
+        parse_document(&bytes, &origin).map_err(|e| SourceError::Invalid(e.to_string()))
+    });
     let mut id = None;
     let template = parsed.and_then(|mut value| {
         if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut)
@@ -256,7 +319,7 @@ pub fn incoming_from_file(path: &Path, namespace: &str) -> Incoming {
                 .unwrap_or(namespace);
             id = Some(format!("{ns}/{name}"));
         }
-        Template::from_value(&value).map_err(|e| format!("{origin}: {e}"))
+        Template::from_value(&value).map_err(|e| SourceError::Invalid(format!("{origin}: {e}")))
     });
     Incoming {
         key,
@@ -266,8 +329,69 @@ pub fn incoming_from_file(path: &Path, namespace: &str) -> Incoming {
     }
 }
 
+/// Files of the directory source that could not be read, read again with
+/// exponential backoff (the same as the watches') until they can be.
+#[derive(Default)]
+struct Unreadable {
+    files: BTreeMap<OsString, (Instant, Backoff)>,
+}
+
+impl Unreadable {
+    /// Notes how reading `name` went.
+    fn note(&mut self, name: &OsStr, incoming: &Incoming) {
+        if matches!(incoming.template, Err(SourceError::Unreadable(_))) {
+            let (due, backoff) = self
+                .files
+                .entry(name.to_os_string())
+                .or_insert_with(|| (Instant::now(), Backoff::new()));
+            *due = Instant::now() + backoff.delay();
+        } else {
+            self.files.remove(name);
+        }
+    }
+
+    /// How long until the next file is due; None when none is unreadable.
+    fn wait(&self) -> Option<Duration> {
+        let next = self.files.values().map(|(due, _)| *due).min()?;
+        Some(next.saturating_duration_since(Instant::now()))
+    }
+
+    /// The files due to be read again.
+    fn due(&self) -> Vec<OsString> {
+        let now = Instant::now();
+        self.files
+            .iter()
+            .filter(|(_, (due, _))| *due <= now)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+}
+
+/// Waits until `fd` is readable or `timeout` passes (None: no timeout).
+fn wait_readable(fd: &impl AsRawFd, timeout: Option<Duration>) -> std::io::Result<()> {
+    let millis = timeout.map_or(-1, |t| {
+        i32::try_from(t.as_millis().max(1)).unwrap_or(i32::MAX)
+    });
+    let mut poll = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, for the duration of the call.
+    let r = unsafe { libc::poll(&mut poll, 1, millis) };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
 /// Watches `dir` for PodTemplate files (`*.yaml`, `*.yml`, `*.json`, not
 /// dot-files) with inotify, on the calling thread, until `inputs` closes.
+/// A file that cannot be read is read again with backoff until it can be,
+/// with or without a change to it.
 pub fn watch_dir(dir: PathBuf, namespace: String, inputs: Sender<Input>) -> std::io::Result<()> {
     use inotify::{Inotify, WatchMask};
     let mut inotify = Inotify::init()?;
@@ -282,6 +406,7 @@ pub fn watch_dir(dir: PathBuf, namespace: String, inputs: Sender<Input>) -> std:
             | WatchMask::MOVE_SELF,
     )?;
     let send = |input| inputs.send(input).is_ok();
+    let mut unreadable = Unreadable::default();
     let mut names: Vec<_> = std::fs::read_dir(&dir)?
         .filter_map(Result::ok)
         .filter(|e| is_template_file(&e.file_name()) && e.path().is_file())
@@ -292,10 +417,9 @@ pub fn watch_dir(dir: PathBuf, namespace: String, inputs: Sender<Input>) -> std:
         return Ok(());
     }
     for name in names {
-        if !send(Input::Listed(incoming_from_file(
-            &dir.join(name),
-            &namespace,
-        ))) {
+        let incoming = incoming_from_file(&dir.join(&name), &namespace);
+        unreadable.note(&name, &incoming);
+        if !send(Input::Listed(incoming)) {
             return Ok(());
         }
     }
@@ -304,8 +428,14 @@ pub fn watch_dir(dir: PathBuf, namespace: String, inputs: Sender<Input>) -> std:
     }
     let mut buffer = vec![0u8; 64 * 1024];
     loop {
-        let mut changed = BTreeSet::new();
-        for event in inotify.read_events_blocking(&mut buffer)? {
+        wait_readable(&inotify, unreadable.wait())?;
+        let mut changed: BTreeSet<OsString> = unreadable.due().into_iter().collect();
+        let events = match inotify.read_events(&mut buffer) {
+            Ok(events) => Some(events),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+            Err(e) => return Err(e),
+        };
+        for event in events.into_iter().flatten() {
             if event
                 .mask
                 .intersects(inotify::EventMask::DELETE_SELF | inotify::EventMask::MOVE_SELF)
@@ -321,12 +451,21 @@ pub fn watch_dir(dir: PathBuf, namespace: String, inputs: Sender<Input>) -> std:
         }
         for name in changed {
             let path = dir.join(&name);
-            let input = if path.is_file() {
-                Input::Applied(incoming_from_file(&path, &namespace))
-            } else {
+            // Gone only when it is known to be: a file whose status cannot
+            // be read is read (and reported) like any other.
+            let gone = match std::fs::metadata(&path) {
+                Ok(meta) => !meta.is_file(),
+                Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+            };
+            let input = if gone {
+                unreadable.files.remove(&name);
                 Input::Deleted {
                     key: name.to_string_lossy().into_owned(),
                 }
+            } else {
+                let incoming = incoming_from_file(&path, &namespace);
+                unreadable.note(&name, &incoming);
+                Input::Applied(incoming)
             };
             if !send(input) {
                 return Ok(());
