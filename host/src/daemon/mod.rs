@@ -268,7 +268,7 @@ async fn run(settings: Settings, catalog: Catalog, dir_node: Option<NodeContext>
     };
     let (events, publisher) = match &client {
         Some(c) => {
-            let (sink, task) = events::recorder(c.clone(), &settings.node_name);
+            let (sink, task) = events::recorder(c.clone(), &settings.node_name, metrics.clone());
             (Some(sink), Some(task))
         }
         None => (None, None),
