@@ -164,6 +164,33 @@ const FAULTS: &[Fault] = &[
         test: "plugins_importing_wasi_are_refused_at_load",
     },
     Fault {
+        id: "plugin-huge-error",
+        area: "plugin",
+        fault: "an error as long as the memory cap allows (a 14 MiB message, a 1 MiB field)",
+        kept: PLUGIN_KEPT,
+        reported: "RenderFailed",
+        says: "… (cut: 14680064 bytes in all)",
+        test: "bad_plugins_keep_the_last_good_manifest",
+    },
+    Fault {
+        id: "plugin-many-memories",
+        area: "plugin",
+        fault: "four linear memories, each under the cap (16 MiB here), together over it",
+        kept: PLUGIN_KEPT,
+        reported: "RenderFailed",
+        says: "memory cap of 16 MiB exceeded",
+        test: "bad_plugins_keep_the_last_good_manifest",
+    },
+    Fault {
+        id: "plugin-memory-reuse",
+        area: "plugin",
+        fault: "a plugin that looks for what an earlier call (of any template) left in its reused instance slot's memory, then leaves a secret there",
+        kept: "every call finds zeros: a slot's memory is dropped between calls (`madvise(MADV_DONTNEED)`, which drops swapped-out pages too; the swapped case cannot be forced on a machine without swap, so it is not tested)",
+        reported: "not a failure: there is nothing to find",
+        says: "found nothing an earlier call left",
+        test: "tests/sandbox.rs: a_call_never_sees_what_an_earlier_call_left_in_memory",
+    },
+    Fault {
         id: "template-name-dotdot",
         area: "template",
         fault: "name `../escape`",
@@ -553,6 +580,7 @@ fn docs_reliability_md_is_the_fault_table() {
             let other = match file {
                 "tests/daemon.rs" => include_str!("daemon.rs"),
                 "tests/fuzz.rs" => include_str!("fuzz.rs"),
+                "tests/sandbox.rs" => include_str!("sandbox.rs"),
                 other => panic!("fault {}: unknown file {other}", f.id),
             };
             assert!(
@@ -623,6 +651,8 @@ fn env() -> Env {
         "rename",
         "namespace",
         "panic",
+        "longerror",
+        "memories",
     ] {
         let path = wat::write(&plugins, name, &wat::hostile(name));
         catalog.push_str(&format!("  {name}:\n    path: {}\n", path.display()));
@@ -784,7 +814,13 @@ const BAD_PLUGINS: &[(&str, &str)] = &[
     ("plugin-deep-json", "deepjson"),
     ("plugin-rename", "rename"),
     ("plugin-panic", "panic"),
+    ("plugin-huge-error", "longerror"),
+    ("plugin-many-memories", "memories"),
 ];
+
+/// The longest warning a failure may log: the plugin's error text is cut
+/// to 4 KiB (message and field each), whatever it returned.
+const MAX_FAILURE_LINE: usize = 12 << 10;
 
 #[test]
 fn bad_plugins_keep_the_last_good_manifest() {
@@ -816,7 +852,13 @@ fn bad_plugins_keep_the_last_good_manifest() {
         );
     }
     for ((id, _), (name, was)) in BAD_PLUGINS.iter().zip(&before) {
-        expect_failure(&daemon, name, row(id));
+        let line = expect_failure(&daemon, name, row(id));
+        assert!(
+            line.len() <= MAX_FAILURE_LINE,
+            "{id}: a warning of {} bytes: {}...",
+            line.len(),
+            &line[..400]
+        );
         assert_eq!(
             identity(&e.manifest(name)),
             *was,
@@ -2061,13 +2103,17 @@ fn an_undecodable_template_is_read_alone() {
     // one a static pod has no use for, dropped with a warning.
     wait_content(&daemon, &e.manifest("bad"), "image: bad:1");
     let template = format!("PodTemplate {ns}/bad:");
-    wait_logged(&daemon, "the warning about the bad template's field", || {
-        daemon
-            .logs()
-            .lines()
-            .find(|l| l.contains("WARN") && l.contains(&template) && l.contains(fault.says))?;
-        Some(())
-    });
+    wait_logged(
+        &daemon,
+        "the warning about the bad template's field",
+        || {
+            daemon
+                .logs()
+                .lines()
+                .find(|l| l.contains("WARN") && l.contains(&template) && l.contains(fault.says))?;
+            Some(())
+        },
+    );
     assert_eq!(
         daemon.metric("podstamp_render_failures_total{reason=\"InvalidTemplate\"}"),
         0.0

@@ -252,6 +252,121 @@ fn a_plugin_error_keeps_its_message_and_field() {
     assert_eq!(failure.to_string(), "spec.x: no");
 }
 
+#[test]
+fn a_huge_plugin_error_is_cut_to_4_kib() {
+    // err(plugin-error { message: 7 MiB of "x", field: some(the first 5 KiB of it) }):
+    // as much as the 8 MiB memory cap allows.
+    let body = r#"
+    (drop (memory.grow (i32.const 112)))
+    (memory.fill (i32.const 65536) (i32.const 0x78) (i32.const 7340032))
+    (i32.store8 (i32.const 64) (i32.const 1))
+    (i32.store (i32.const 68) (i32.const 65536)) (i32.store (i32.const 72) (i32.const 7340032))
+    (i32.store8 (i32.const 76) (i32.const 1))
+    (i32.store (i32.const 80) (i32.const 65536)) (i32.store (i32.const 84) (i32.const 5120))
+    (i32.const 64)"#;
+    let plugin = runtime()
+        .load_bytes(&plugin_bytes(body), "long.wasm")
+        .unwrap();
+    let Err(CallFailure::Rejected { message, field }) = call(&plugin) else {
+        panic!("not rejected");
+    };
+    let cut = |len: usize| format!("{}… (cut: {len} bytes in all)", "x".repeat(4096));
+    assert_eq!(message, cut(7 << 20));
+    assert_eq!(field, Some(cut(5120)));
+}
+
+#[test]
+fn memories_over_the_cap_together_are_stopped_though_each_is_under_it() {
+    // A component of four core modules, each with its own memory; three
+    // grow theirs to 3 MiB: 9 MiB and more together, over the 8 MiB cap.
+    let plugin = runtime()
+        .load_bytes(&wat_plugins::memories(48), "memories.wasm")
+        .unwrap();
+    // Each alone is under the cap: one grown memory is no failure.
+    assert_eq!(
+        call(
+            &runtime()
+                .load_bytes(&wat_plugins::memories(0), "m.wasm")
+                .unwrap()
+        )
+        .unwrap(),
+        pod()
+    );
+    let failure = call(&plugin).unwrap_err();
+    assert!(
+        matches!(failure, CallFailure::MemoryCapExceeded { limit, requested } if limit == 8 << 20 && requested > limit),
+        "{failure:?}"
+    );
+    assert!(
+        failure
+            .to_string()
+            .starts_with("memory cap of 8 MiB exceeded"),
+        "{failure}"
+    );
+}
+
+/// Grows its memory to 256 KiB, looks at every byte above 32 KiB (its data,
+/// inputs and results lie below) and returns as its error the first 8 that
+/// are not zero; finding none, it leaves a secret in each of the 4 pages
+/// and returns its pod.
+const SNOOP: &str = r#"
+  (func $snoop (result i32)
+    (local $p i32)
+    (drop (memory.grow (i32.const 3)))
+    (local.set $p (i32.const 32768))
+    (block $clean
+      (loop $next
+        (br_if $clean (i32.ge_u (local.get $p) (i32.const 262144)))
+        (if (i64.ne (i64.load (local.get $p)) (i64.const 0))
+          (then
+            (i32.store8 (i32.const 64) (i32.const 1))
+            (i32.store (i32.const 68) (local.get $p))
+            (i32.store (i32.const 72) (i32.const 8))
+            (i32.store8 (i32.const 76) (i32.const 0))
+            (return (i32.const 1))))
+        (local.set $p (i32.add (local.get $p) (i32.const 8)))
+        (br $next)))
+    ;; "SECRET!!"
+    (i64.store (i32.const 32768) (i64.const 0x2121544552434553))
+    (i64.store (i32.const 70000) (i64.const 0x2121544552434553))
+    (i64.store (i32.const 140000) (i64.const 0x2121544552434553))
+    (i64.store (i32.const 262136) (i64.const 0x2121544552434553))
+    (i32.const 0))"#;
+
+#[test]
+fn a_call_never_sees_what_an_earlier_call_left_in_memory() {
+    // Every call instantiates the plugin in one of the pool's reused slots;
+    // the slot's memory must be reset between calls, or a plugin would read
+    // the pods and settings an earlier call (of another template) had.
+    // This checks the normal path, pages in RAM. The reset also holds for a
+    // page the kernel swapped out (the pool drops the whole memory with
+    // madvise(MADV_DONTNEED) instead of resetting the dirty pages it finds
+    // present with PAGEMAP_SCAN: see host/src/plugin/pool.rs), but a page
+    // cannot be made to swap out on a machine without swap, so that case is
+    // not tested here.
+    let runtime = runtime();
+    let body = format!("(if (result i32) (call $snoop) (then (i32.const 64)) (else {IDENTITY}))");
+    let snoop = runtime
+        .load_bytes(&plugin_bytes_with(&body, SNOOP), "snoop.wasm")
+        .unwrap();
+    let calls = |n: usize| {
+        for i in 0..n {
+            if let Err(e) = call(&snoop) {
+                panic!(
+                    "call {i}: expected it found nothing an earlier call left, but it found: {e}"
+                );
+            }
+        }
+    };
+    calls(100);
+    // Concurrent calls, in several slots at once.
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| calls(50));
+        }
+    });
+}
+
 fn chain_of(runtime: &Runtime, bodies: &[(&str, &str)]) -> Chain {
     let steps = bodies
         .iter()

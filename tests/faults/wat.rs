@@ -82,8 +82,21 @@ pub fn returning(output: &[u8]) -> (String, String) {
     )
 }
 
+/// A component of four core modules, each with its own memory, three of
+/// which its transform grows by `grow_pages` pages (64 KiB each) before
+/// returning the pod: see memories.wat.
+pub fn memories(grow_pages: u32) -> Vec<u8> {
+    let text = include_str!("memories.wat").replace("GROW_PAGES", &grow_pages.to_string());
+    wat::parse_str(text).expect("memories.wat parses")
+}
+
 /// The hostile plugins of the fault suite, by name: (body, extra, imports).
 pub fn hostile(name: &str) -> Vec<u8> {
+    // Three more memories of 6 MiB: each under the fault suite's 16 MiB
+    // cap, 18 MiB together.
+    if name == "memories" {
+        return memories(96);
+    }
     let (imports, body, extra): (&str, String, String) = match name {
         "identity" => ("", IDENTITY.into(), String::new()),
         "loop" => ("", "(loop $forever (br $forever)) (unreachable)".into(), String::new()),
@@ -142,6 +155,20 @@ pub fn hostile(name: &str) -> Vec<u8> {
                 format!("(data (i32.const 1024) \"{escaped}\")"),
             )
         }
+        // An error as long as the memory cap (16 MiB in the fault suite)
+        // allows: a 14 MiB message, and a 1 MiB field.
+        "longerror" => (
+            "",
+            r#"(drop (memory.grow (i32.const 224)))
+    (memory.fill (i32.const 65536) (i32.const 0x78) (i32.const 14680064))
+    (i32.store8 (i32.const 64) (i32.const 1))
+    (i32.store (i32.const 68) (i32.const 65536)) (i32.store (i32.const 72) (i32.const 14680064))
+    (i32.store8 (i32.const 76) (i32.const 1))
+    (i32.store (i32.const 80) (i32.const 65536)) (i32.store (i32.const 84) (i32.const 1048576))
+    (i32.const 64)"#
+                .into(),
+            String::new(),
+        ),
         other => panic!("no hostile plugin {other:?}"),
     };
     componentize(&core_module(imports, &body, &extra), &[WIT])

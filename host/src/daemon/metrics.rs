@@ -41,6 +41,7 @@ struct Inner {
     initial_sync: Option<Duration>,
     watch_restarts: BTreeMap<&'static str, u64>,
     removed: u64,
+    events_dropped: u64,
 }
 
 /// Everything `/metrics` and `/readyz` report; shared by the daemon's parts.
@@ -114,6 +115,11 @@ impl Metrics {
 
     pub fn removed(&self) {
         self.lock().removed += 1;
+    }
+
+    /// An Event was not queued: the queue to the API server was full.
+    pub fn event_dropped(&self) {
+        self.lock().events_dropped += 1;
     }
 
     pub fn synced_now(&self) {
@@ -202,6 +208,12 @@ impl Metrics {
             "# HELP podstamp_manifests_removed_total Manifests removed because their template went away.\n\
              # TYPE podstamp_manifests_removed_total counter\npodstamp_manifests_removed_total {}",
             inner.removed
+        );
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_events_dropped_total Events about failing templates not sent because the queue to the API server was full.\n\
+             # TYPE podstamp_events_dropped_total counter\npodstamp_events_dropped_total {}",
+            inner.events_dropped
         );
         let _ = writeln!(
             out,
@@ -394,6 +406,7 @@ mod tests {
             "podstamp_plugin_call_duration_seconds_count{plugin=\"node-env\",result=\"ok\"} 1",
             "podstamp_watch_restarts_total{watch=\"node\"} 1",
             "podstamp_managed_manifests 0",
+            "podstamp_events_dropped_total 0",
             "podstamp_templates 0",
             "podstamp_ready 0",
         ] {

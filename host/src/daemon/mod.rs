@@ -298,7 +298,7 @@ async fn run(
     };
     let (events, publisher) = match &client {
         Some(c) => {
-            let (sink, task) = events::recorder(c.clone(), &settings.node_name);
+            let (sink, task) = events::recorder(c.clone(), &settings.node_name, metrics.clone());
             (Some(sink), Some(task))
         }
         None => (None, None),

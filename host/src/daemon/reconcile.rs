@@ -46,6 +46,12 @@ use super::metrics::{Metrics, RenderResult};
 /// ownership (no manifest podstamp writes is near it).
 const MAX_SCANNED_FILE: u64 = 16 << 20;
 
+/// The longest failure message logged and kept per template (to report
+/// each distinct failure once). Every part of one is bounded where it is
+/// made (a plugin's error text to 4 KiB, its message and field each); this
+/// holds whatever a future message holds.
+const MAX_FAILURE_MESSAGE: usize = 12 << 10;
+
 /// What the sources tell the reconciler.
 #[derive(Debug)]
 pub enum Input {
@@ -497,7 +503,8 @@ impl Reconciler {
                     tracing::info!(template = %id, "renders again");
                 }
             }
-            Err(failure) => {
+            Err(mut failure) => {
+                failure.message = bounded(failure.message, MAX_FAILURE_MESSAGE);
                 self.metrics.render(RenderResult::Failed(failure.reason));
                 if entry.last_error.as_deref() == Some(failure.message.as_str()) {
                     tracing::debug!(template = %id, reason = failure.reason, "still failing: {}", failure.message);
@@ -644,6 +651,22 @@ pub fn render_timed(
     render_observed(template, node, chain, namespace, &mut |step, ok, took| {
         metrics.plugin_call(&step.name, ok, took)
     })
+}
+
+/// `text` if it is at most `max` bytes; else its start, cut at a char
+/// boundary, with how long it was.
+fn bounded(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let original = text.len();
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    text.push_str(&format!("… (cut: {original} bytes in all)"));
+    text
 }
 
 /// A regular file's content, never through a symlink; None otherwise.
@@ -814,6 +837,25 @@ mod tests {
         // Deleting the templates does not delete what was never ours.
         list(&mut r, vec![]);
         assert!(dir.path().join("web.yaml").exists() && dir.path().join("db.yaml").exists());
+    }
+
+    #[test]
+    fn a_huge_failure_message_is_kept_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = reconciler(dir.path());
+        let mut huge = incoming("a", "a", "x:1");
+        huge.template = Err(SourceError::Invalid(format!(
+            "PodTemplate a: {}",
+            "é".repeat(1 << 20)
+        )));
+        list(&mut r, vec![huge]);
+        let kept = r.entries["a"].last_error.as_deref().unwrap();
+        assert!(kept.len() < MAX_FAILURE_MESSAGE + 64, "{}", kept.len());
+        assert!(
+            kept.ends_with(&format!("… (cut: {} bytes in all)", 15 + (2 << 20))),
+            "{}",
+            &kept[kept.len() - 40..]
+        );
     }
 
     #[test]

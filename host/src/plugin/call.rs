@@ -101,6 +101,12 @@ impl Plugin {
                 settings_json,
             )
         })?;
+        // The bindings have already copied these strings out of the guest,
+        // each after checking that it lies within the guest's memory: so a
+        // huge pod or error costs at most the memory cap (twice, for a
+        // message and a field) for the moment it takes to refuse or cut it
+        // here. Refusing before the copy would take hand-written lifting
+        // (`WasmStr`) instead of the generated bindings.
         match result {
             Ok(pod) if pod.len() > self.runtime.shared.limits.max_output_bytes => {
                 Err(CallFailure::OutputTooLarge {
@@ -110,8 +116,8 @@ impl Plugin {
             }
             Ok(pod) => Ok(pod),
             Err(e) => Err(CallFailure::Rejected {
-                message: e.message,
-                field: e.field.filter(|f| !f.is_empty()),
+                message: bound_error_text(e.message),
+                field: e.field.filter(|f| !f.is_empty()).map(bound_error_text),
             }),
         }
     }
@@ -128,10 +134,7 @@ impl Plugin {
         let mut store = Store::new(
             &shared.engine,
             CallState {
-                limiter: MemoryLimiter {
-                    limit: shared.limits.memory_bytes,
-                    exceeded: None,
-                },
+                limiter: CallLimiter::new(shared.limits.memory_bytes),
                 plugin: self.info.name.clone(),
                 subject: subject.to_string(),
                 log_lines: 0,
@@ -175,7 +178,7 @@ fn classify(error: wasmtime::Error, state: &mut CallState, limits: Limits) -> Ca
 
 /// Per-call state: lives in the store, dies with it.
 pub(super) struct CallState {
-    limiter: MemoryLimiter,
+    limiter: CallLimiter,
     plugin: String,
     subject: String,
     log_lines: u32,
@@ -184,6 +187,28 @@ pub(super) struct CallState {
 
 const MAX_LOG_LINE: usize = 4096;
 const MAX_LOG_LINES_PER_CALL: u32 = 64;
+
+/// The most of a plugin's error message, and of the field it names, that is
+/// kept: what a person reads in a log line or an Event. A plugin may return
+/// a string as large as its memory; the text is cut here, before it is
+/// logged, kept in the reconciler's state or queued as an Event.
+pub(super) const MAX_ERROR_TEXT: usize = 4096;
+
+/// `text` if it is at most [`MAX_ERROR_TEXT`] bytes; else its start, cut at
+/// a char boundary, with how long it was.
+fn bound_error_text(mut text: String) -> String {
+    if text.len() <= MAX_ERROR_TEXT {
+        return text;
+    }
+    let original = text.len();
+    let mut cut = MAX_ERROR_TEXT;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    text.push_str(&format!("… (cut: {original} bytes in all)"));
+    text
+}
 
 impl bindings::podstamp::plugin::types::Host for CallState {}
 
@@ -218,40 +243,87 @@ impl bindings::podstamp::plugin::host::Host for CallState {
     }
 }
 
-struct MemoryLimiter {
-    limit: usize,
-    /// The size asked for when the cap was hit.
+/// Caps what one call may allocate, summed over all of its instance's
+/// linear memories (a component may define several, one per core module,
+/// and the pool allows [`super::pool`]'s `MEMORIES_PER_CALL`) and over all
+/// of its tables: wasmtime asks per memory or table (its current and
+/// desired size), so the totals are kept here.
+///
+/// A growth is counted when it is granted. wasmtime can still fail a
+/// granted growth, which would leave the total counting bytes the plugin
+/// never got; so a growth past the memory's (or table's) own declared
+/// maximum, which wasmtime always fails, is refused here uncounted, and what
+/// remains (the host out of memory) only errs on the safe side. (Its
+/// `*_grow_failed` hooks cannot undo a grant: wasmtime also calls them for
+/// growths it refused without asking.)
+struct CallLimiter {
+    /// `Limits::memory_bytes`, for all memories together.
+    memory_limit: usize,
+    /// The bytes of linear memory granted so far.
+    memory_bytes: usize,
+    /// The total asked for when the cap was hit.
     exceeded: Option<usize>,
+    /// The table elements granted so far, all tables together.
+    table_elements: usize,
 }
 
-/// The most table elements and instances one call may create; generous for
-/// any real plugin, small enough that a hostile one cannot use them to
-/// exhaust host memory.
+impl CallLimiter {
+    fn new(memory_limit: usize) -> Self {
+        CallLimiter {
+            memory_limit,
+            memory_bytes: 0,
+            exceeded: None,
+            table_elements: 0,
+        }
+    }
+}
+
+/// The most table elements one call may create, all its tables together;
+/// generous for any real plugin, small enough that a hostile one cannot use
+/// them to exhaust host memory.
 const MAX_TABLE_ELEMENTS: usize = 1 << 20;
 
-impl ResourceLimiter for MemoryLimiter {
+impl ResourceLimiter for CallLimiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
-        _maximum: Option<usize>,
+        maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.limit {
-            self.exceeded = Some(desired);
+        if maximum.is_some_and(|max| desired > max) {
+            return Ok(false);
+        }
+        // A new memory comes here too, with `current` 0.
+        let total = self
+            .memory_bytes
+            .saturating_add(desired.saturating_sub(current));
+        if total > self.memory_limit {
+            self.exceeded = Some(total);
             // Trapping (rather than returning false) stops a plugin that
             // would otherwise retry or limp on without its memory.
             return Err(wasmtime::format_err!("memory cap exceeded"));
         }
+        self.memory_bytes = total;
         Ok(true)
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
-        _maximum: Option<usize>,
+        maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(desired <= MAX_TABLE_ELEMENTS)
+        if maximum.is_some_and(|max| desired > max) {
+            return Ok(false);
+        }
+        let total = self
+            .table_elements
+            .saturating_add(desired.saturating_sub(current));
+        if total > MAX_TABLE_ELEMENTS {
+            return Ok(false);
+        }
+        self.table_elements = total;
+        Ok(true)
     }
 
     fn instances(&self) -> usize {

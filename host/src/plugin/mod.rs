@@ -2,8 +2,11 @@
 //!
 //! One engine serves every plugin. Each plugin is compiled once (or loaded
 //! from the on-disk code cache) and pre-instantiated; every call gets a fresh
-//! store and instance, so nothing leaks between pods or nodes. A call is
-//! bounded in time by epoch interruption and in memory by a resource limiter.
+//! store and instance, so nothing leaks between pods or nodes (a pooled
+//! slot's memory is dropped between calls, see `pool`). A call is bounded in
+//! time by epoch interruption and in memory by a resource limiter; what it
+//! returns is bounded too (the pod by `max_output_bytes`, an error's text by
+//! `call::MAX_ERROR_TEXT`).
 //! Plugins get only the `podstamp:plugin/host` import: a component that
 //! imports anything else (WASI filesystem, sockets, clocks...) is refused at
 //! load time.
@@ -54,7 +57,8 @@ mod bindings {
 pub struct Limits {
     /// Wall-clock time for one call, instantiation included.
     pub timeout: Duration,
-    /// The most linear memory one instance may have.
+    /// The most linear memory one call may have, all the memories of its
+    /// instance together.
     pub memory_bytes: usize,
     /// The largest pod a plugin may return, in bytes of JSON.
     pub max_output_bytes: usize,

@@ -14,9 +14,9 @@ pub enum Allocation {
 
 /// Calls that may run at once on one runtime. Every call instantiates its
 /// plugin afresh, from a pool of this many instance slots: a reused slot
-/// keeps its memory mapped and its pages resident, so an instantiation costs
-/// a reset instead of a fresh mapping and page faults. Further calls wait for
-/// a slot.
+/// keeps its memory mapped, so an instantiation costs a reset instead of a
+/// fresh mapping (see [`KEEP_RESIDENT`] for what the reset does). Further
+/// calls wait for a slot.
 pub(super) const CONCURRENT_CALLS: u32 = 16;
 
 /// Per call, the core instances, memories and tables a plugin component may
@@ -26,19 +26,29 @@ const CORE_INSTANCES_PER_CALL: u32 = 16;
 const MEMORIES_PER_CALL: u32 = 4;
 const TABLES_PER_CALL: u32 = 8;
 
-/// Linear memory kept resident in a slot between calls, where the kernel
-/// can tell which pages a call dirtied (Linux 6.7's PAGEMAP_SCAN): only
-/// those are reset, and the next call takes no page faults on them. Without
-/// it, wasmtime would memset this much on every call, more than the faults
-/// it saves, so the memory is handed back to the kernel instead.
-const KEEP_RESIDENT: usize = 4 << 20;
+/// How a slot's linear memory is made new again between two calls: none of
+/// it is kept resident, so wasmtime hands the whole accessible memory back
+/// to the kernel with `madvise(MADV_DONTNEED)`, which drops every page of
+/// it, present or swapped out, and the next call reads zeros (or the
+/// module's data image, copy-on-write) whatever the kernel did with the
+/// pages meanwhile. Its cost is the page faults of the next call.
+///
+/// Not PAGEMAP_SCAN with pages kept resident (what this pool did before):
+/// the scan resets in place only the dirty pages that are *present*, and
+/// decommits nothing before where it stopped, so a dirty page the kernel
+/// swapped out is neither reset nor released and the next call in the slot
+/// reads the previous call's data (wasmtime 48's `reset_with_pagemap`; see
+/// bytecodealliance/wasmtime#14357, "reset dirty pages that are not
+/// present", open when this was written). A plugin sees the pods and
+/// settings of other templates, so this must hold on a node that swaps.
+///
+/// Keeping pages resident *without* the scan would be safe too (wasmtime
+/// then memsets the first bytes of the memory, swapped or not), but a Rust
+/// plugin's hot pages are its stack's top and its heap above the first
+/// MiB, so the memset would clear megabytes it never touched on every call.
+const KEEP_RESIDENT: usize = 0;
 
 pub(super) fn pool_config() -> PoolingAllocationConfig {
-    let keep_resident = if PoolingAllocationConfig::is_pagemap_scan_available() {
-        KEEP_RESIDENT
-    } else {
-        0
-    };
     let mut pool = PoolingAllocationConfig::new();
     pool.total_component_instances(CONCURRENT_CALLS)
         .total_core_instances(CONCURRENT_CALLS * CORE_INSTANCES_PER_CALL)
@@ -47,8 +57,11 @@ pub(super) fn pool_config() -> PoolingAllocationConfig {
         .max_memories_per_component(MEMORIES_PER_CALL)
         .total_tables(CONCURRENT_CALLS * TABLES_PER_CALL)
         .max_tables_per_component(TABLES_PER_CALL)
-        .pagemap_scan(Enabled::Auto)
-        .linear_memory_keep_resident(keep_resident);
+        // Said explicitly, not left to the defaults: both must stay so for
+        // the reset above to hold (tables and their reset keep the defaults:
+        // nothing resident, no scan).
+        .pagemap_scan(Enabled::No)
+        .linear_memory_keep_resident(KEEP_RESIDENT);
     // The largest memory a slot holds stays the engine's default (4 GiB):
     // a component whose memory starts larger than `Limits::memory_bytes` is
     // refused by the memory limiter when it is instantiated, with the

@@ -1,0 +1,126 @@
+;; A plugin component made of four core modules, each with its own linear
+;; memory: the main module (the identity transform) and three instances of a
+;; module whose only function grows its memory by GROW_PAGES pages; the main
+;; module's transform calls the three before returning the pod. Each memory
+;; stays under the memory cap; together they go over it.
+;;
+;; Written by hand (wit-component makes components of one core module with
+;; one memory, and the pool refuses a core module of several memories), from
+;; what `wasm-tools print` shows of a wit-component plugin: tests/faults/wat.rs.
+(component
+  (type $types-ty
+    (instance
+      (type $addr (record (field "kind" string) (field "address" string)))
+      (export "node-address" (type (eq $addr)))
+      (type $pair (tuple string string))
+      (type $pairs (list $pair))
+      (type $addrs (list 1))
+      (type $opt (option string))
+      (type $node (record (field "name" string) (field "labels" $pairs) (field "annotations" $pairs) (field "addresses" $addrs) (field "architecture" string) (field "operating-system" string) (field "kubelet-version" $opt)))
+      (export "node-context" (type (eq $node)))
+      (type $err (record (field "message" string) (field "field" $opt)))
+      (export "plugin-error" (type (eq $err)))
+      (type $info (record (field "name" string) (field "version" string)))
+      (export "plugin-info" (type (eq $info)))
+    )
+  )
+  (import "podstamp:plugin/types@0.1.0" (instance $types (type $types-ty)))
+
+  (core module $grower
+    (memory 0)
+    (func (export "grow") (param i32) (result i32) (memory.grow (local.get 0))))
+
+  (core module $main
+    (import "m2" "grow" (func $grow2 (param i32) (result i32)))
+    (import "m3" "grow" (func $grow3 (param i32) (result i32)))
+    (import "m4" "grow" (func $grow4 (param i32) (result i32)))
+    (memory (export "memory") 1)
+    (global $bump (mut i32) (i32.const 4096))
+    (func $alloc (export "cabi_realloc") (param i32 i32 i32 i32) (result i32)
+      (local $p i32)
+      (local.set $p (i32.and (i32.add (global.get $bump) (i32.sub (local.get 2) (i32.const 1)))
+                             (i32.sub (i32.const 0) (local.get 2))))
+      (global.set $bump (i32.add (local.get $p) (local.get 3)))
+      (block $ok
+        (br_if $ok (i32.le_u (global.get $bump) (i32.mul (memory.size) (i32.const 65536))))
+        (drop (memory.grow (i32.add (i32.div_u (i32.sub (global.get $bump) (i32.mul (memory.size) (i32.const 65536)))
+                                                (i32.const 65536)) (i32.const 1)))))
+      (local.get $p))
+    (data (i32.const 0) "\10\00\00\00\03\00\00\00\20\00\00\00\05\00\00\00")
+    (data (i32.const 16) "wat")
+    (data (i32.const 32) "0.0.1")
+    (func (export "info") (result i32) (i32.const 0))
+    (func (export "transform") (param i32) (result i32)
+      (drop (call $grow2 (i32.const GROW_PAGES)))
+      (drop (call $grow3 (i32.const GROW_PAGES)))
+      (drop (call $grow4 (i32.const GROW_PAGES)))
+      (i32.store8 (i32.const 64) (i32.const 0))
+      (i32.store (i32.const 68) (i32.load (local.get 0)))
+      (i32.store (i32.const 72) (i32.load offset=4 (local.get 0)))
+      (i32.const 64)))
+
+  (core instance $m2 (instantiate $grower))
+  (core instance $m3 (instantiate $grower))
+  (core instance $m4 (instantiate $grower))
+  (core instance $main (instantiate $main
+    (with "m2" (instance $m2))
+    (with "m3" (instance $m3))
+    (with "m4" (instance $m4))))
+
+  (alias export $types "node-context" (type $node-context))
+  (alias export $types "plugin-error" (type $plugin-error))
+  (alias export $types "plugin-info" (type $plugin-info))
+  (alias export $types "node-address" (type $node-address))
+  (alias core export $main "memory" (core memory $memory))
+  (alias core export $main "cabi_realloc" (core func $realloc))
+  (alias core export $main "info" (core func $core-info))
+  (alias core export $main "transform" (core func $core-transform))
+  (type $info-ty (func (result $plugin-info)))
+  (func $info (type $info-ty) (canon lift (core func $core-info) (memory $memory) string-encoding=utf8))
+  (type $transform-result (result string (error $plugin-error)))
+  (type $transform-ty (func (param "pod" string) (param "node" $node-context) (param "settings" string) (result $transform-result)))
+  (func $transform (type $transform-ty) (canon lift (core func $core-transform) (memory $memory) (realloc $realloc) string-encoding=utf8))
+
+  ;; The exported instance, with its types, as wit-component makes it.
+  (component $shim
+    (type $addr (record (field "kind" string) (field "address" string)))
+    (import "import-type-node-address" (type $addr-t (eq $addr)))
+    (type $pair (tuple string string))
+    (type $pairs (list $pair))
+    (type $addrs (list $addr-t))
+    (type $opt (option string))
+    (type $node (record (field "name" string) (field "labels" $pairs) (field "annotations" $pairs) (field "addresses" $addrs) (field "architecture" string) (field "operating-system" string) (field "kubelet-version" $opt)))
+    (import "import-type-node-context" (type $node-t (eq $node)))
+    (type $err (record (field "message" string) (field "field" $opt)))
+    (import "import-type-plugin-error" (type $err-t (eq $err)))
+    (type $inf (record (field "name" string) (field "version" string)))
+    (import "import-type-plugin-info" (type $inf-t (eq $inf)))
+    (import "import-type-plugin-info0" (type $inf-t0 (eq $inf-t)))
+    (type $info-f (func (result $inf-t0)))
+    (import "import-func-info" (func $f-info (type $info-f)))
+    (import "import-type-node-context0" (type $node-t0 (eq $node-t)))
+    (import "import-type-plugin-error0" (type $err-t0 (eq $err-t)))
+    (type $res (result string (error $err-t0)))
+    (type $transform-f (func (param "pod" string) (param "node" $node-t0) (param "settings" string) (result $res)))
+    (import "import-func-transform" (func $f-transform (type $transform-f)))
+    (export $node-e "node-context" (type $node-t))
+    (export $err-e "plugin-error" (type $err-t))
+    (export $inf-e "plugin-info" (type $inf-t))
+    (type $info-e (func (result $inf-e)))
+    (export "info" (func $f-info) (func (type $info-e)))
+    (type $res-e (result string (error $err-e)))
+    (type $transform-e (func (param "pod" string) (param "node" $node-e) (param "settings" string) (result $res-e)))
+    (export "transform" (func $f-transform) (func (type $transform-e)))
+  )
+  (instance $transformer (instantiate $shim
+    (with "import-func-info" (func $info))
+    (with "import-func-transform" (func $transform))
+    (with "import-type-node-address" (type $node-address))
+    (with "import-type-node-context" (type $node-context))
+    (with "import-type-plugin-error" (type $plugin-error))
+    (with "import-type-plugin-info" (type $plugin-info))
+    (with "import-type-plugin-info0" (type $plugin-info))
+    (with "import-type-node-context0" (type $node-context))
+    (with "import-type-plugin-error0" (type $plugin-error))))
+  (export "podstamp:plugin/transformer@0.1.0" (instance $transformer))
+)
