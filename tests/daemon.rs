@@ -725,7 +725,8 @@ fn the_deploy_manifests_are_accepted_by_the_api_server() {
 /// a hostPath of type DirectoryOrCreate is `os.MkdirAll(path, 0755)`, owned by
 /// the kubelet, root (pkg/volume/hostpath/host_path.go); a configMap is its
 /// keys as files. With the emptyDir the old manifest had, the cache check
-/// refused the 0777 directory and `podstamp run` exited 2.
+/// refused the 0777 directory and `podstamp run` exited 2; its message
+/// ends: "the kubelet makes an emptyDir world-writable".
 #[test]
 fn the_deploy_daemonset_starts_with_its_volumes_as_the_kubelet_makes_them() {
     let server = shared_server();
