@@ -644,13 +644,12 @@ fn the_deploy_rbac_is_enough_and_a_missing_permission_is_named() {
     assert_eq!(daemon.get("/readyz").unwrap().0, 503);
 }
 
-#[test]
-fn the_deploy_manifests_are_accepted_by_the_api_server() {
-    let server = shared_server();
-    let ns = unique("deploy");
-    let kube = Kube::admin_with_namespace(server, &ns);
+/// Everything in deploy/, created in namespace `ns` (cluster objects get a
+/// unique name, since the server is shared), each first passed to `adjust`;
+/// returns the objects as the API server stored them.
+fn apply_deploy(kube: &Kube, ns: &str, adjust: impl Fn(&mut Value)) -> Vec<Value> {
     let root = common::repo().join("deploy");
-    let mut kinds = Vec::new();
+    let mut applied = Vec::new();
     for file in ["rbac.yaml", "daemonset.yaml", "example-podtemplate.yaml"] {
         let text = fs::read_to_string(root.join(file)).unwrap();
         for document in serde_norway::Deserializer::from_str(&text) {
@@ -659,38 +658,48 @@ fn the_deploy_manifests_are_accepted_by_the_api_server() {
                 value["metadata"]["namespace"] = json!(ns);
             }
             let kind = value["kind"].as_str().unwrap().to_string();
-            // Cluster objects get a unique name, since the server is shared.
             match kind.as_str() {
-                "ServiceAccount" => {
-                    drop(kube.create::<k8s_openapi::api::core::v1::ServiceAccount>(value))
-                }
-                "Role" => drop(kube.create::<k8s_openapi::api::rbac::v1::Role>(value)),
-                "RoleBinding" => {
-                    value["subjects"][0]["namespace"] = json!(ns);
-                    drop(kube.create::<k8s_openapi::api::rbac::v1::RoleBinding>(value))
-                }
-                "ClusterRole" => {
-                    value["metadata"]["name"] = json!(format!("{ns}-podstamp"));
-                    drop(kube.create_cluster::<k8s_openapi::api::rbac::v1::ClusterRole>(value))
-                }
+                "RoleBinding" => value["subjects"][0]["namespace"] = json!(ns),
+                "ClusterRole" => value["metadata"]["name"] = json!(format!("{ns}-podstamp")),
                 "ClusterRoleBinding" => {
                     value["metadata"]["name"] = json!(format!("{ns}-podstamp"));
                     value["roleRef"]["name"] = json!(format!("{ns}-podstamp"));
                     value["subjects"][0]["namespace"] = json!(ns);
-                    drop(
-                        kube.create_cluster::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>(
-                            value,
-                        ),
-                    )
                 }
-                "ConfigMap" => drop(kube.create::<k8s_openapi::api::core::v1::ConfigMap>(value)),
-                "DaemonSet" => drop(kube.create::<k8s_openapi::api::apps::v1::DaemonSet>(value)),
-                "PodTemplate" => drop(kube.create::<PodTemplate>(value)),
-                other => panic!("{file}: unexpected kind {other}"),
+                _ => {}
             }
-            kinds.push(kind);
+            adjust(&mut value);
+            fn stored<K: Serialize>(object: K) -> Value {
+                serde_json::to_value(object).unwrap()
+            }
+            use k8s_openapi::api::{apps::v1 as apps, core::v1 as core, rbac::v1 as rbac};
+            applied.push(match kind.as_str() {
+                "ServiceAccount" => stored(kube.create::<core::ServiceAccount>(value)),
+                "Role" => stored(kube.create::<rbac::Role>(value)),
+                "RoleBinding" => stored(kube.create::<rbac::RoleBinding>(value)),
+                "ClusterRole" => stored(kube.create_cluster::<rbac::ClusterRole>(value)),
+                "ClusterRoleBinding" => {
+                    stored(kube.create_cluster::<rbac::ClusterRoleBinding>(value))
+                }
+                "ConfigMap" => stored(kube.create::<core::ConfigMap>(value)),
+                "DaemonSet" => stored(kube.create::<apps::DaemonSet>(value)),
+                "PodTemplate" => stored(kube.create::<PodTemplate>(value)),
+                other => panic!("{file}: unexpected kind {other}"),
+            });
         }
     }
+    applied
+}
+
+#[test]
+fn the_deploy_manifests_are_accepted_by_the_api_server() {
+    let server = shared_server();
+    let ns = unique("deploy");
+    let kube = Kube::admin_with_namespace(server, &ns);
+    let kinds: Vec<_> = apply_deploy(&kube, &ns, |_| {})
+        .into_iter()
+        .map(|o| o["kind"].as_str().unwrap().to_string())
+        .collect();
     for kind in [
         "ServiceAccount",
         "Role",
@@ -705,6 +714,174 @@ fn the_deploy_manifests_are_accepted_by_the_api_server() {
             "deploy/ has no {kind}: {kinds:?}"
         );
     }
+}
+
+/// deploy/ applied, then `podstamp run` started as the DaemonSet's pod would
+/// be: its args and env, and each volume prepared as the kubelet prepares
+/// that volume type, at the mount path inside a directory standing for the
+/// container's root (the config's and args' container paths are taken under
+/// it). The kubelet's preparation, from its source: an emptyDir is
+/// `MkdirAll` then `Chmod` to `perm = 0777` (pkg/volume/emptydir/empty_dir.go);
+/// a hostPath of type DirectoryOrCreate is `os.MkdirAll(path, 0755)`, owned by
+/// the kubelet, root (pkg/volume/hostpath/host_path.go); a configMap is its
+/// keys as files. With the emptyDir the old manifest had, the cache check
+/// refused the 0777 directory and `podstamp run` exited 2; its message
+/// ends: "the kubelet makes an emptyDir world-writable".
+#[test]
+fn the_deploy_daemonset_starts_with_its_volumes_as_the_kubelet_makes_them() {
+    let server = shared_server();
+    let ns = unique("deployrun");
+    let node_name = unique("node");
+    let kube = Kube::admin_with_namespace(server, &ns);
+    kube.create_cluster::<Node>(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": node_name, "labels": {
+            "kubernetes.io/arch": "arm64", "topology.kubernetes.io/zone": "zone-d"}},
+        "status": {"addresses": [{"type": "InternalIP", "address": "10.9.8.7"}]}}));
+    // The harness has no ServiceAccount tokens: the test's user "podstamp"
+    // is bound by deploy/'s own bindings, next to the ServiceAccount.
+    let objects = apply_deploy(&kube, &ns, |o| {
+        if o["kind"] == "RoleBinding" || o["kind"] == "ClusterRoleBinding" {
+            o["subjects"].as_array_mut().unwrap().push(json!(
+                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "podstamp"}));
+        }
+    });
+    let find = |kind: &str, name: Option<&str>| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind && name.is_none_or(|n| o["metadata"]["name"] == n))
+            .unwrap_or_else(|| panic!("deploy/ has no {kind} {name:?}"))
+    };
+    let pod = &find("DaemonSet", None)["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+        "the stored DaemonSet: {pod}"
+    );
+    let container = &pod["containers"][0];
+
+    let tmp = tempfile::tempdir().unwrap();
+    let rootfs = tmp.path().join("rootfs");
+    let inside = |path: &str| rootfs.join(path.strip_prefix('/').expect("an absolute path"));
+    let mkdir = |dir: &Path, mode: u32| {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(mode)
+            .create(dir)
+            .unwrap();
+        fs::set_permissions(dir, fs::Permissions::from_mode(mode)).unwrap();
+    };
+    mkdir(&rootfs, 0o755);
+    for mount in container["volumeMounts"].as_array().unwrap() {
+        let volume = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap();
+        let target = inside(mount["mountPath"].as_str().unwrap());
+        // The image's directories above the mount point.
+        mkdir(target.parent().unwrap(), 0o755);
+        if let Some(config_map) = volume.get("configMap") {
+            mkdir(&target, 0o755);
+            let data = &find("ConfigMap", config_map["name"].as_str())["data"];
+            for (key, text) in data.as_object().unwrap() {
+                fs::write(target.join(key), text.as_str().unwrap()).unwrap();
+            }
+        } else if volume.get("emptyDir").is_some() {
+            mkdir(&target, 0o777);
+        } else if let Some(host_path) = volume.get("hostPath") {
+            match host_path["type"].as_str() {
+                Some("DirectoryOrCreate") => mkdir(&target, 0o755),
+                other => panic!("hostPath type {other:?}: not prepared by this test"),
+            }
+        } else {
+            panic!("volume {volume}: not prepared by this test");
+        }
+    }
+    // The container paths in the configuration, under the stand-in root; the
+    // plugin components are the image's files.
+    let config_arg = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str()?.strip_prefix("--config="))
+        .next()
+        .expect("the DaemonSet passes --config=FILE");
+    let config_file = inside(config_arg);
+    let mut config: Value =
+        serde_norway::from_str(&fs::read_to_string(&config_file).unwrap()).unwrap();
+    for plugin in config["plugins"].as_object_mut().unwrap().values_mut() {
+        let path = inside(plugin["path"].as_str().unwrap());
+        mkdir(path.parent().unwrap(), 0o755);
+        fs::copy(
+            common::plugin(path.file_stem().unwrap().to_str().unwrap()),
+            &path,
+        )
+        .unwrap();
+        plugin["path"] = json!(path);
+    }
+    let cache_dir = inside(config["cacheDir"].as_str().unwrap());
+    config["cacheDir"] = json!(cache_dir);
+    let manifests = inside(config["daemon"]["manifestDir"].as_str().unwrap());
+    config["daemon"]["manifestDir"] = json!(manifests);
+    fs::write(&config_file, serde_norway::to_string(&config).unwrap()).unwrap();
+
+    let port = free_port();
+    let mut args: Vec<String> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let a = a.as_str().unwrap();
+            match a.strip_prefix("--config=") {
+                Some(path) => format!("--config={}", inside(path).display()),
+                None => a.to_string(),
+            }
+        })
+        .collect();
+    // What the cluster gives the pod in other ways: the API server (the
+    // in-cluster config), its namespace, a port of its own on this machine.
+    args.extend([
+        "--kubeconfig".to_string(),
+        server.kubeconfig("podstamp").display().to_string(),
+        "--namespace".to_string(),
+        ns.clone(),
+        "--listen".to_string(),
+        format!("127.0.0.1:{port}"),
+    ]);
+    let env: Vec<(String, String)> = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("spec.nodeName") => node_name.clone(),
+                Some(other) => panic!("env from {other}: not given by this test"),
+                None => e["value"].as_str().unwrap().to_string(),
+            };
+            (e["name"].as_str().unwrap().to_string(), value)
+        })
+        .collect();
+    let daemon = Daemon::start_exact(&args, &env, port, tmp.path().join("podstamp.log"));
+    let template = find("PodTemplate", None)["metadata"]["name"]
+        .as_str()
+        .unwrap();
+    wait_content(
+        &daemon,
+        &manifests.join(format!("{template}.yaml")),
+        &[
+            &format!("checkpoint-of: {node_name}"),
+            "--node-ip=10.9.8.7",
+            "pod-checkpointer:v0.4.2-arm64",
+        ],
+    );
+    daemon.wait_ready(CONVERGE);
+    let cached = fs::read_dir(&cache_dir).unwrap().count();
+    assert_eq!(
+        cached, 3,
+        "one cache entry per catalog plugin, for a warm restart"
+    );
 }
 
 fn write_atomically(path: &Path, text: &str) {

@@ -502,3 +502,205 @@ fn the_bootkube_discussion_template_renders_and_says_what_it_drops() {
         "<stdin>: template.metadata.lables: is not a field of ObjectMeta; a static pod template keeps labels and annotations"
     );
 }
+
+// ------------------------------------------------------ the compiled-code cache
+//
+// The cache holds native code that runs unverified (as root, in the daemon):
+// these tests plant what another user, a stale copy or a link could leave
+// there. The race the handle-based access closes (a `renameat2(RENAME_EXCHANGE)`
+// between a check by path and an open by path) cannot be provoked
+// deterministically; host/src/plugin/cache.rs says why it is closed.
+
+/// Renders the example chain with `--cache-dir cache`; returns the output.
+fn render_cached(cache: &std::path::Path) -> std::process::Output {
+    podstamp(&[
+        "render",
+        CHECKPOINTER,
+        "--node",
+        NODE,
+        "--config",
+        "examples/podstamp.yaml",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ])
+}
+
+/// The cache entry of the built plugin `name`: named by its sha256.
+fn cache_entry(cache: &std::path::Path, name: &str) -> std::path::PathBuf {
+    use sha2::Digest;
+    let sha = hex::encode(sha2::Sha256::digest(std::fs::read(plugin(name)).unwrap()));
+    let found: Vec<_> = std::fs::read_dir(cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(&sha))
+        .collect();
+    assert_eq!(found.len(), 1, "one entry for {name} ({sha}): {found:?}");
+    found[0].clone()
+}
+
+fn chmod(path: &std::path::Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn an_unsafe_cache_dir_is_refused_with_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    // A subdirectory of ours, 0700, but in a directory anyone can write (and
+    // not sticky): anyone could rename it away and put theirs in its place.
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    chmod(&shared, 0o777);
+    let cache = shared.join("cache");
+    let args = [
+        "render",
+        CHECKPOINTER,
+        "--node",
+        NODE,
+        "--config",
+        "examples/podstamp.yaml",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ];
+    let err = fails(&args, None, 1);
+    assert!(
+        err.contains(&format!(
+            "its parent {} is writable by group or others (mode 0777) and not sticky, so another user could replace the compiled code podstamp runs: run `chmod go-w {}`",
+            shared.display(),
+            shared.display()
+        )),
+        "{err}"
+    );
+
+    // The cache directory itself world-writable, as the kubelet makes an emptyDir.
+    chmod(&shared, 0o755);
+    std::fs::create_dir_all(&cache).unwrap();
+    chmod(&cache, 0o777);
+    let err = fails(&args, None, 1);
+    assert!(
+        err.contains(&format!(
+            "{} is writable by group or others (mode 0777), so another user could replace the compiled code podstamp runs: run `chmod 0700 {}`",
+            cache.display(),
+            cache.display()
+        )),
+        "{err}"
+    );
+
+    // Another user's directory (the test runs as root, which can chown).
+    chmod(&cache, 0o700);
+    std::os::unix::fs::chown(&cache, Some(65534), None).unwrap();
+    let err = fails(&args, None, 1);
+    assert!(
+        err.contains(&format!(
+            "{} belongs to uid 65534, not to this user",
+            cache.display()
+        )) && err.contains("run `chown"),
+        "{err}"
+    );
+
+    // A link to a good directory is not followed either.
+    let real = dir.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    chmod(&real, 0o700);
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let args = [
+        "render",
+        CHECKPOINTER,
+        "--node",
+        NODE,
+        "--config",
+        "examples/podstamp.yaml",
+        "--cache-dir",
+        link.to_str().unwrap(),
+    ];
+    let err = fails(&args, None, 1);
+    assert!(
+        err.contains(&format!(
+            "{} is a symbolic link, which the code cache does not follow",
+            link.display()
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_cache_entry_copied_or_linked_under_another_plugins_name_is_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let cold = render_cached(&cache);
+    assert!(cold.status.success(), "{}", stderr(&cold));
+    let identity = cache_entry(&cache, "identity");
+    let substitute = cache_entry(&cache, "substitute");
+
+    // identity's code under substitute's name: run, it would leave every
+    // ${...} placeholder in place.
+    std::fs::copy(&identity, &substitute).unwrap();
+    let warm = render_cached(&cache);
+    assert!(warm.status.success(), "{}", stderr(&warm));
+    assert_eq!(stdout(&warm), stdout(&cold), "substitute's own code ran");
+    let err = stderr(&warm);
+    assert!(
+        err.contains(&substitute.display().to_string())
+            && err.contains("holds the code of component sha256")
+            && err.contains("recompiling it"),
+        "a warning names the entry: {err}"
+    );
+    // ... and the entry was replaced by substitute's code.
+    let again = render_cached(&cache);
+    assert_eq!(stderr(&again), "", "no warning once recompiled");
+    assert_eq!(stdout(&again), stdout(&cold));
+
+    // A link to identity's entry in substitute's place is not followed.
+    std::fs::remove_file(&substitute).unwrap();
+    std::os::unix::fs::symlink(&identity, &substitute).unwrap();
+    let linked = render_cached(&cache);
+    assert_eq!(stdout(&linked), stdout(&cold), "substitute's own code ran");
+    let err = stderr(&linked);
+    assert!(
+        err.contains(&substitute.display().to_string()) && err.contains("is a symbolic link"),
+        "{err}"
+    );
+
+    // An entry that belongs to another user is not run.
+    let node_env = cache_entry(&cache, "node-env");
+    std::os::unix::fs::chown(&node_env, Some(65534), None).unwrap();
+    let foreign = render_cached(&cache);
+    assert_eq!(stdout(&foreign), stdout(&cold));
+    let err = stderr(&foreign);
+    assert!(
+        err.contains(&node_env.display().to_string()) && err.contains("belongs to uid 65534"),
+        "{err}"
+    );
+}
+
+#[test]
+fn root_never_uses_the_invoking_users_cache() {
+    // `sudo -E podstamp render` keeps the user's $HOME and $XDG_CACHE_HOME.
+    let dir = tempfile::tempdir().unwrap();
+    let xdg = dir.path().join("xdg");
+    let home = dir.path().join("home");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_podstamp"));
+    command
+        .args([
+            "render",
+            CHECKPOINTER,
+            "--node",
+            NODE,
+            "--config",
+            "examples/podstamp.yaml",
+        ])
+        .current_dir(common::repo())
+        .env_remove("PODSTAMP_CACHE_DIR")
+        .env("XDG_CACHE_HOME", &xdg)
+        .env("HOME", &home);
+    let out = command.output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    assert_eq!(
+        xdg.join("podstamp").exists(),
+        !root,
+        "root's default cache is /var/cache/podstamp; a user's is under $XDG_CACHE_HOME"
+    );
+}

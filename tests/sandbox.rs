@@ -518,5 +518,11 @@ fn a_cache_dir_others_can_write_is_refused() {
     let err = Runtime::new(limits(), Some(dir.path()))
         .err()
         .expect("refused");
-    assert!(err.to_string().contains("writable by no one else"), "{err}");
+    assert!(
+        err.to_string().contains(&format!(
+            "is writable by group or others (mode 0777), so another user could replace the compiled code podstamp runs: run `chmod 0700 {}`",
+            dir.path().display()
+        )),
+        "{err}"
+    );
 }

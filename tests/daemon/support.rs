@@ -242,6 +242,33 @@ impl Daemon {
         Daemon { child, log, port }
     }
 
+    /// Starts this podstamp binary with exactly `args` and `env`, in an
+    /// environment without podstamp's own variables, as a container would run
+    /// it; `port` is where its listener was configured.
+    pub fn start_exact(
+        args: &[String],
+        env: &[(String, String)],
+        port: u16,
+        log: PathBuf,
+    ) -> Daemon {
+        let out = fs::File::create(&log).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_podstamp"));
+        command
+            .args(args)
+            .env_remove("RUST_LOG")
+            .env_remove("NODE_NAME")
+            .env_remove("KUBECONFIG")
+            .env_remove("PODSTAMP_CACHE_DIR")
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(out);
+        die_with_parent(&mut command);
+        let child = command.spawn().expect("run podstamp");
+        Daemon { child, log, port }
+    }
+
     /// The process id, to read its figures in /proc.
     pub fn pid(&self) -> u32 {
         self.child.id()

@@ -160,8 +160,7 @@ impl Runtime {
             .map_err(|e| setup("linker", e.to_string()))?;
         let cache = match cache_dir {
             Some(dir) => Some(
-                CodeCache::open(dir, &engine)
-                    .map_err(|e| setup("code cache", format!("{}: {e}", dir.display())))?,
+                CodeCache::open(dir, &engine).map_err(|e| setup("code cache", e.to_string()))?,
             ),
             None => None,
         };
