@@ -371,6 +371,15 @@ const FAULTS: &[Fault] = &[
         test: "fields_the_kubelet_refuses_are_refused_naming_the_field",
     },
     Fault {
+        id: "template-mount-unknown-volume",
+        area: "template",
+        fault: "a `volumeMounts` entry naming no volume of the pod (also duplicate or invalid volume names, an empty or repeated mount path)",
+        kept: "nothing written (the kubelet's decoder refuses the file)",
+        reported: "RenderFailed (exit 1 for `podstamp render`)",
+        says: "spec.containers[0].volumeMounts[0].name: \"cfg\" names no volume in spec.volumes",
+        test: "fields_the_kubelet_refuses_are_refused_naming_the_field",
+    },
+    Fault {
         id: "disk-dir-missing",
         area: "disk",
         fault: "manifest directory missing at start",
@@ -1171,7 +1180,7 @@ fn a_manifest_that_does_not_read_back_is_refused() {
 fn fields_the_kubelet_refuses_are_refused_naming_the_field() {
     let tmp = tempfile::tempdir().unwrap();
     // (row, a field set on a valid pod at `at`, what the kubelet says of it)
-    let cases: [(&str, &str, serde_json::Value, &str); 3] = [
+    let cases: [(&str, &str, serde_json::Value, &str); 4] = [
         (
             "template-node-selector-value",
             "/spec/nodeSelector",
@@ -1189,6 +1198,12 @@ fn fields_the_kubelet_refuses_are_refused_naming_the_field() {
             "/spec/containers/0/imagePullPolicy",
             serde_json::json!("always"),
             "spec.containers[0].imagePullPolicy: Unsupported value",
+        ),
+        (
+            "template-mount-unknown-volume",
+            "/spec/containers/0/volumeMounts",
+            serde_json::json!([{"name": "cfg", "mountPath": "/etc/app"}]),
+            "spec.containers[0].volumeMounts[0].name: Not found",
         ),
     ];
     let good = tmp.path().join("good.yaml");

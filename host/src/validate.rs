@@ -7,8 +7,8 @@
 //! pod file (`ValidatePodCreate` and its static-pod checks, in
 //! pkg/kubelet/config/common.go) that a template author can plausibly get
 //! wrong: names, labels, node selectors, containers and their images,
-//! environment variable names, the few enumerated policies, and references to
-//! API objects, which a static pod may not have. What the kubelet checks
+//! environment variable names, the few enumerated policies, volume names and
+//! mounts, and references to API objects, which a static pod may not have. What the kubelet checks
 //! beyond those (ports, probes, resources, security contexts, ...) is listed
 //! in docs/daemon.md; a manifest failing one of those is refused by the
 //! kubelet, not by podstamp.
@@ -91,6 +91,7 @@ pub fn check_rules(pod: &Value) -> Result<(), Invalid> {
     check_metadata(pod, &mut errors);
     check_spec(pod, &mut errors);
     check_containers(pod, &mut errors);
+    check_volumes(pod, &mut errors);
     check_api_references(pod, &mut errors);
     if errors.is_empty() {
         Ok(())
@@ -374,6 +375,55 @@ fn check_containers(pod: &Value, errors: &mut Vec<FieldError>) {
                         &["TCP", "UDP", "SCTP"],
                         errors,
                     );
+                }
+            }
+        }
+    }
+}
+
+/// Volume names (DNS-1123 labels, unique) and the mounts that use them: each
+/// names a volume of the pod, at a mount path of its own (the kubelet's
+/// `ValidateVolumes` and `ValidateVolumeMounts`; a misspelt volume name in a
+/// mount is the usual slip).
+fn check_volumes(pod: &Value, errors: &mut Vec<FieldError>) {
+    let mut names = BTreeSet::new();
+    if let Some(Value::Array(volumes)) = pod.pointer("/spec/volumes") {
+        for (i, volume) in volumes.iter().enumerate() {
+            let field = format!("{}.name", join_index("spec.volumes", i));
+            let name = volume.get("name").and_then(Value::as_str).unwrap_or("");
+            if let Err(msg) = check_dns_label(name) {
+                errors.push(err(&field, msg));
+            } else if !names.insert(name) {
+                errors.push(err(&field, format!("duplicate volume name {name:?}")));
+            }
+        }
+    }
+    for list in ["initContainers", "containers"] {
+        let Some(Value::Array(items)) = pod.pointer(&format!("/spec/{list}")) else {
+            continue;
+        };
+        for (i, container) in items.iter().enumerate() {
+            let Some(Value::Array(mounts)) = container.get("volumeMounts") else {
+                continue;
+            };
+            let path = join_index(&format!("spec.{list}"), i);
+            let mut paths = BTreeSet::new();
+            for (j, mount) in mounts.iter().enumerate() {
+                let at = join_index(&format!("{path}.volumeMounts"), j);
+                let name = mount.get("name").and_then(Value::as_str).unwrap_or("");
+                if !names.contains(name) {
+                    errors.push(err(
+                        &format!("{at}.name"),
+                        format!("{name:?} names no volume in spec.volumes; add the volume or fix the name"),
+                    ));
+                }
+                match mount.get("mountPath").and_then(Value::as_str).unwrap_or("") {
+                    "" => errors.push(err(&format!("{at}.mountPath"), "must not be empty")),
+                    mount_path if !paths.insert(mount_path) => errors.push(err(
+                        &format!("{at}.mountPath"),
+                        format!("{mount_path:?} is mounted twice in this container"),
+                    )),
+                    _ => {}
                 }
             }
         }
@@ -743,6 +793,30 @@ mod tests {
                 "spec.containers[0].env[2].name",
                 "spec.containers[0].env[3].name",
                 "spec.containers[0].ports[0].protocol"
+            ]
+        );
+    }
+
+    #[test]
+    fn volume_names_and_mounts_are_checked() {
+        let mut p = pod();
+        p["spec"]["volumes"] = json!([
+            {"name": "etc", "hostPath": {"path": "/etc"}},
+            {"name": "etc", "emptyDir": {}},
+            {"name": "My_Vol", "emptyDir": {}}
+        ]);
+        p["spec"]["containers"][0]["volumeMounts"] = json!([
+            {"name": "etc", "mountPath": "/etc/x"},
+            {"name": "ect", "mountPath": "/etc/y"},
+            {"name": "etc", "mountPath": "/etc/x"}
+        ]);
+        assert_eq!(
+            fields(validate_pod(&p)),
+            [
+                "spec.volumes[1].name",
+                "spec.volumes[2].name",
+                "spec.containers[0].volumeMounts[1].name",
+                "spec.containers[0].volumeMounts[2].mountPath"
             ]
         );
     }
