@@ -353,6 +353,60 @@ const FAULTS: &[Fault] = &[
         test: "huge_duplicate_and_flapping_templates_keep_the_last_good_manifest",
     },
     Fault {
+        id: "template-long-map-key",
+        area: "template",
+        fault: "a map key over 1024 characters (a 1100-character `flexVolume.options` key, which the kubelet allows), then a daemon restart",
+        kept: "written with the key as a YAML explicit key (`? key`), which the kubelet's decoder accepts; after the restart the file is recognised as podstamp's (not foreign) and updated",
+        reported: "not a failure",
+        says: "found manifests of ours",
+        test: "a_key_over_1024_characters_is_written_readably_and_read_back_after_a_restart",
+    },
+    Fault {
+        id: "template-manifest-unreadable",
+        area: "template",
+        fault: "a manifest whose YAML would not read back as the pod (as a key over 1024 characters once did); every manifest is read back before it is written",
+        kept: "nothing written; the last good manifest stays",
+        reported: "RenderFailed (exit 1 for `podstamp render`)",
+        says: "podstamp cannot read back the manifest it made for the pod, so it is not written",
+        test: "a_manifest_that_does_not_read_back_is_refused",
+    },
+    Fault {
+        id: "template-node-selector-value",
+        area: "template",
+        fault: "a `nodeSelector` value the kubelet refuses as a label value (`\"a\\u2028b\"`)",
+        kept: "nothing written (the kubelet's decoder refuses the file)",
+        reported: "RenderFailed (exit 1 for `podstamp render`)",
+        says: "spec.nodeSelector.disk: value \"a\\u{2028}b\": may only contain letters, digits, \u{27}-\u{27}, \u{27}_\u{27} and \u{27}.\u{27}",
+        test: "fields_the_kubelet_refuses_are_refused_naming_the_field",
+    },
+    Fault {
+        id: "template-api-reference",
+        area: "template",
+        fault: "a reference to an API object (a ConfigMap volume; also Secrets, ServiceAccounts, claims, CSI, projected tokens), which a static pod may not have",
+        kept: "nothing written (the kubelet's decoder refuses the file)",
+        reported: "RenderFailed (exit 1 for `podstamp render`)",
+        says: "spec.volumes[0].configMap: a static pod may not reference a ConfigMap",
+        test: "fields_the_kubelet_refuses_are_refused_naming_the_field",
+    },
+    Fault {
+        id: "template-policy-typo",
+        area: "template",
+        fault: "an enumerated field misspelt (`imagePullPolicy: always`; also `restartPolicy`, `dnsPolicy`, a port\u{27}s `protocol`), or an environment variable name with `=` or a non-ASCII character",
+        kept: "nothing written (the kubelet's decoder refuses the file)",
+        reported: "RenderFailed (exit 1 for `podstamp render`)",
+        says: "spec.containers[0].imagePullPolicy: \"always\" is not one of Always, Never, IfNotPresent",
+        test: "fields_the_kubelet_refuses_are_refused_naming_the_field",
+    },
+    Fault {
+        id: "template-mount-unknown-volume",
+        area: "template",
+        fault: "a `volumeMounts` entry naming no volume of the pod (also duplicate or invalid volume names, an empty or repeated mount path)",
+        kept: "nothing written (the kubelet's decoder refuses the file)",
+        reported: "RenderFailed (exit 1 for `podstamp render`)",
+        says: "spec.containers[0].volumeMounts[0].name: \"cfg\" names no volume in spec.volumes",
+        test: "fields_the_kubelet_refuses_are_refused_naming_the_field",
+    },
+    Fault {
         id: "disk-dir-missing",
         area: "disk",
         fault: "manifest directory missing at start",
@@ -1190,6 +1244,175 @@ fn bad_templates_are_refused_and_never_leave_the_directory() {
     );
     kubelet_accepts_dir(&e.manifests);
     assert!(daemon.stop().success());
+}
+
+/// The kubelet's decoder, reading the one file `path` as node n1's would:
+/// its reason for refusing it (panics if it accepts it).
+fn kubelet_refuses(path: &Path) -> String {
+    let out = std::process::Command::new(common::harness_bin("podstamp-manifestcheck"))
+        .args(["--node-name", "n1"])
+        .arg(path)
+        .output()
+        .expect("run podstamp-manifestcheck");
+    let verdict = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the kubelet's decoder accepts {}: {verdict}",
+        path.display()
+    );
+    verdict
+}
+
+#[test]
+fn a_key_over_1024_characters_is_written_readably_and_read_back_after_a_restart() {
+    let fault = row("template-long-map-key");
+    let e = env();
+    // flexVolume options are a map whose keys the kubelet does not limit.
+    let key = "k".repeat(1100);
+    let flex = |image: &str| {
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "flex"},
+            "template": {"spec": {
+                "containers": [{"name": "main", "image": image}],
+                "volumes": [{"name": "opts",
+                             "flexVolume": {"driver": "example.com/fv", "options": {&key: "v"}}}]
+            }}
+        })
+        .to_string()
+    };
+    e.put("flex.json", &flex("flex:1"));
+    let daemon = e.start(&[], "long-key-1.log");
+    daemon.wait_ready(CONVERGE);
+    let text = wait_content(&daemon, &e.manifest("flex"), "image: flex:1");
+    kubelet_accepts_dir(&e.manifests);
+    let own = podstamp::manifest::ownership(text.as_bytes()).expect("podstamp reads its own file");
+    assert!(own.intact && own.source == "kube-system/flex", "{own:?}");
+    assert!(daemon.stop().success());
+
+    // A restart finds the file its own, and keeps updating it.
+    let daemon = e.start(&[], "long-key-2.log");
+    daemon.wait_ready(CONVERGE);
+    e.put("flex.json", &flex("flex:2"));
+    wait_content(&daemon, &e.manifest("flex"), "image: flex:2");
+    let logs = daemon.logs();
+    let found = logs
+        .lines()
+        .find(|l| l.contains(fault.says))
+        .unwrap_or_else(|| panic!("no {:?} in the log:\n{logs}", fault.says));
+    assert!(found.contains("managed=1"), "{found}");
+    assert!(
+        !logs.contains("ForeignFile") && !logs.contains("WARN"),
+        "{logs}"
+    );
+    kubelet_accepts_dir(&e.manifests);
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn a_manifest_that_does_not_read_back_is_refused() {
+    use podstamp::manifest::{Unreadable, read_back};
+    use podstamp::render::{RenderError, Stage};
+    let fault = row("template-manifest-unreadable");
+    // What the writer once made of a key over 1024 characters: a plain key,
+    // which no YAML reader takes.
+    let key = "k".repeat(1100);
+    let meant = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "flex"}, "spec": {"nodeSelector": {&key: "v"}}});
+    let old = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: flex\nspec:\n  nodeSelector:\n    {key}: v\n"
+    );
+    let e = read_back(old.as_bytes(), &meant).unwrap_err();
+    assert!(matches!(e, Unreadable::Parse(_)), "{e}");
+    let message = RenderError {
+        template: "kube-system/flex".into(),
+        stage: Stage::Manifest(e),
+    }
+    .to_string();
+    assert!(message.contains(fault.says), "{message}");
+    assert_eq!(message.lines().count(), 1, "{message}");
+    // What the writer makes of it now reads back.
+    let text = podstamp::yaml::to_yaml(&meant);
+    read_back(text.as_bytes(), &meant).unwrap();
+}
+
+#[test]
+fn fields_the_kubelet_refuses_are_refused_naming_the_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    // (row, a field set on a valid pod at `at`, what the kubelet says of it)
+    let cases: [(&str, &str, serde_json::Value, &str); 4] = [
+        (
+            "template-node-selector-value",
+            "/spec/nodeSelector",
+            serde_json::json!({"disk": "a\u{2028}b"}),
+            "spec.nodeSelector: Invalid value",
+        ),
+        (
+            "template-api-reference",
+            "/spec/volumes",
+            serde_json::json!([{"name": "cm", "configMap": {"name": "settings"}}]),
+            "static pods may not reference configmaps",
+        ),
+        (
+            "template-policy-typo",
+            "/spec/containers/0/imagePullPolicy",
+            serde_json::json!("always"),
+            "spec.containers[0].imagePullPolicy: Unsupported value",
+        ),
+        (
+            "template-mount-unknown-volume",
+            "/spec/containers/0/volumeMounts",
+            serde_json::json!([{"name": "cfg", "mountPath": "/etc/app"}]),
+            "spec.containers[0].volumeMounts[0].name: Not found",
+        ),
+    ];
+    let good = tmp.path().join("good.yaml");
+    fs::write(&good, template("web", None, "nginx:1")).unwrap();
+    let out = common::podstamp(&["render", good.to_str().unwrap(), "--node-name", "n1"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let manifest: serde_json::Value = serde_norway::from_str(&common::stdout(&out)).unwrap();
+    for (id, at, value, kubelet_says) in cases {
+        let fault = row(id);
+        // The template with the field...
+        let mut object: serde_json::Value =
+            serde_norway::from_str(&template("web", None, "nginx:1")).unwrap();
+        let (parent, field) = at.rsplit_once('/').unwrap();
+        object
+            .pointer_mut(&format!("/template{parent}"))
+            .unwrap()
+            .as_object_mut()
+            .unwrap()
+            .insert(field.into(), value.clone());
+        let input = tmp.path().join(format!("{id}.json"));
+        fs::write(&input, object.to_string()).unwrap();
+        let output = tmp.path().join(format!("{id}.out.yaml"));
+        let out = common::podstamp(&[
+            "render",
+            input.to_str().unwrap(),
+            "--node-name",
+            "n1",
+            "-o",
+            output.to_str().unwrap(),
+        ]);
+        let err = common::stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{id}: {err}");
+        assert!(err.contains(fault.says), "{id}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{id}: one line: {err}");
+        assert!(!output.exists(), "{id}");
+        // ... and the kubelet refuses the pod it would have made.
+        let mut pod = manifest.clone();
+        let (parent, field) = at.rsplit_once('/').unwrap();
+        pod.pointer_mut(parent)
+            .unwrap()
+            .as_object_mut()
+            .unwrap()
+            .insert(field.into(), value);
+        let dir = tmp.path().join(id);
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("web.yaml"), podstamp::yaml::to_yaml(&pod)).unwrap();
+        let verdict = kubelet_refuses(&dir.join("web.yaml"));
+        assert!(verdict.contains(kubelet_says), "{id}: {verdict}");
+    }
 }
 
 #[test]

@@ -92,6 +92,11 @@ const TRICKY: &[&str] = &[
     "\u{0}",
     "\u{7f}",
     "\u{85}",
+    "a\u{2028}b",
+    "a\u{2029}b",
+    "a\u{85}b",
+    "a\u{feff}b",
+    "a\u{a0}b",
     "../",
     "/",
     ".",
@@ -143,6 +148,53 @@ fn labels() -> impl Strategy<Value = Map<String, Value>> {
     proptest::collection::btree_map(key(), value, 0..4).prop_map(to_map)
 }
 
+/// Keys around and over the 1024 characters YAML allows an implicit key:
+/// plain, with characters that need quoting or escapes, multi-byte.
+fn long_key() -> impl Strategy<Value = String> {
+    (
+        prop_oneof![
+            Just(String::new()),
+            proptest::sample::select(TRICKY).prop_map(str::to_string),
+            Just("é".to_string()),
+        ],
+        1000usize..1100,
+        proptest::sample::select(&["k", "é", "\u{2028}", " "][..]),
+    )
+        .prop_map(|(head, n, filler)| format!("{head}x{}", filler.repeat(n)))
+}
+
+/// A node selector: label keys and values, mostly valid, sometimes with
+/// the characters the kubelet refuses in a label value (U+2028, U+0085,
+/// ...) or keys too long for a label (or for a YAML implicit key).
+fn node_selector() -> impl Strategy<Value = Map<String, Value>> {
+    let value = prop_oneof![
+        8 => "([a-zA-Z0-9]([a-zA-Z0-9._-]{0,10}[a-zA-Z0-9])?)?",
+        2 => tricky_string(),
+        1 => long_key(),
+    ];
+    let key = prop_oneof![8 => key(), 1 => long_key()];
+    proptest::collection::btree_map(key, value, 0..3).prop_map(to_map)
+}
+
+/// A volume: a flexVolume, whose `options` are the one map of a v1 Pod the
+/// kubelet takes with keys of any length (the writer's long keys reach it
+/// there), a hostPath, or one the kubelet refuses in a static pod.
+fn volume() -> impl Strategy<Value = Value> {
+    let options = proptest::collection::btree_map(
+        prop_oneof![2 => key(), 2 => long_key(), 1 => tricky_string()],
+        tricky_string(),
+        0..3,
+    )
+    .prop_map(to_map);
+    prop_oneof![
+        8 => options.prop_map(
+            |options| json!({"name": "opts", "flexVolume": {"driver": "example.com/fv", "options": options}})
+        ),
+        1 => Just(json!({"name": "etc", "hostPath": {"path": "/etc/kubernetes"}})),
+        1 => Just(json!({"name": "cm", "configMap": {"name": "settings"}})),
+    ]
+}
+
 /// Annotations: any value at all, which is where YAML quoting matters.
 fn annotations() -> impl Strategy<Value = Map<String, Value>> {
     proptest::collection::btree_map(key(), tricky_string(), 0..4).prop_map(to_map)
@@ -162,26 +214,57 @@ fn template() -> impl Strategy<Value = Value> {
         annotations(),
         image(),
         proptest::collection::vec(tricky_string(), 0..4),
-        proptest::collection::vec(("[A-Z_]{1,8}", tricky_string()), 0..3),
+        proptest::collection::vec(
+            (
+                prop_oneof![9 => "[A-Z_]{1,8}".boxed(), 1 => tricky_string().boxed()],
+                tricky_string(),
+            ),
+            0..3,
+        ),
         proptest::bool::weighted(0.9),
+        proptest::option::weighted(0.3, node_selector()),
+        proptest::option::weighted(0.5, volume()),
+        prop_oneof![
+            8 => proptest::sample::select(&["", "Always", "IfNotPresent", "Never"][..]),
+            1 => proptest::sample::select(&["always", "Sometimes", " Always"][..]),
+        ],
     )
         .prop_map(
-            |(name, labels, annotations, image, args, env, containers)| {
+            |(
+                name,
+                labels,
+                annotations,
+                image,
+                args,
+                env,
+                containers,
+                node_selector,
+                volume,
+                pull,
+            )| {
                 let env: Vec<Value> = env
                     .into_iter()
                     .map(|(n, v)| json!({"name": n, "value": v}))
                     .collect();
                 let containers = if containers {
-                    json!([{"name": "main", "image": image, "args": args, "env": env}])
+                    json!([{"name": "main", "image": image, "args": args, "env": env,
+                            "imagePullPolicy": pull}])
                 } else {
                     json!([])
                 };
+                let mut spec = json!({"containers": containers});
+                if let Some(selector) = node_selector {
+                    spec["nodeSelector"] = Value::Object(selector);
+                }
+                if let Some(volume) = volume {
+                    spec["volumes"] = json!([volume]);
+                }
                 json!({
                     "apiVersion": "v1", "kind": "PodTemplate",
                     "metadata": {"name": name, "namespace": "kube-system"},
                     "template": {
                         "metadata": {"labels": labels, "annotations": annotations},
-                        "spec": {"containers": containers}
+                        "spec": spec
                     }
                 })
             },
@@ -238,7 +321,13 @@ fn check_template(object: &Value) -> Result<(), String> {
         return Err(format!("not a fixed point of parse and write:\n{text}"));
     }
     let pod = template.pod();
-    for pointer in ["/spec/containers", "/metadata/labels", "/metadata/name"] {
+    for pointer in [
+        "/spec/containers",
+        "/spec/nodeSelector",
+        "/spec/volumes",
+        "/metadata/labels",
+        "/metadata/name",
+    ] {
         if parsed.pointer(pointer) != pod.pointer(pointer) {
             return Err(format!(
                 "{pointer} changed: {:?} → {:?}\n{text}",
@@ -265,9 +354,12 @@ fn json_value() -> impl Strategy<Value = Value> {
         tricky_string().prop_map(Value::String),
     ];
     leaf.prop_recursive(4, 48, 6, |inner| {
+        // Keys of any length: a long one must be written as a key YAML
+        // readers take (they refuse implicit keys over 1024 characters).
+        let map_key = prop_oneof![6 => tricky_string(), 1 => long_key()];
         prop_oneof![
             proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-            proptest::collection::btree_map(tricky_string(), inner, 0..6)
+            proptest::collection::btree_map(map_key, inner, 0..6)
                 .prop_map(|m| Value::Object(m.into_iter().collect())),
         ]
     })

@@ -157,11 +157,13 @@ fn main() {
             validate::validate_pod(black_box(&pod)).unwrap();
         });
         let finishing = measure(|| {
-            black_box(manifest::finish(
-                pod.clone(),
-                "kube-system",
-                "kube-system/bench",
-            ));
+            black_box(manifest::finish(pod.clone(), "kube-system", "kube-system/bench").unwrap());
+        });
+        // The read back that the manifest stage ends with, on its own.
+        let written = manifest::finish(pod.clone(), "kube-system", "kube-system/bench").unwrap();
+        let meant = parse_document(&written.bytes, "bench").unwrap();
+        let reading_back = measure(|| {
+            manifest::read_back(black_box(&written.bytes), &meant).unwrap();
         });
         let ratio = |d: Duration| d.as_secs_f64() / native.as_secs_f64();
         let row = |name: &str, d: Duration, show_ratio: bool, target: &str| {
@@ -178,7 +180,8 @@ fn main() {
         let verdict = |met: bool| if met { "met" } else { "NOT met" };
         row("native passthrough", native, true, "");
         row("  stage: full validation", validating, true, "");
-        row("  stage: manifest (YAML + hash)", finishing, true, "");
+        row("  stage: manifest (+ read back)", finishing, true, "");
+        row("    of which the read back", reading_back, true, "");
         let call_target = if label.starts_with("5 KiB") {
             format!(
                 "target <= 100 µs: {}",

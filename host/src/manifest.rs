@@ -4,10 +4,18 @@
 //! came from (`podstamp.io/source: namespace/template`) and a hash of its
 //! content. The daemon manages only files that carry them, and the hash tells
 //! a file podstamp wrote from one somebody edited since.
+//!
+//! A manifest is only ever made by [`finish`], which reads the bytes back
+//! with the reader [`ownership`] uses (the daemon's way of recognising its
+//! files at start) and refuses them unless they read back as exactly the pod
+//! it was given: a file podstamp could not read back would be called foreign
+//! after a restart and orphaned, or be refused by the kubelet.
 
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+use crate::template::{ParseError, parse_document};
+use crate::validate::{join_index, join_key};
 use crate::yaml::to_yaml;
 
 pub const SOURCE_ANNOTATION: &str = "podstamp.io/source";
@@ -38,9 +46,21 @@ pub fn file_name_for(pod_name: &str) -> String {
     format!("{pod_name}.yaml")
 }
 
+/// Why the YAML written for a pod does not read back as that pod. Never
+/// expected: the writer is tested to round-trip every value; this is the
+/// guard that keeps such a file off the disk should it ever not.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unreadable {
+    #[error("its YAML does not parse: {0}")]
+    Parse(#[source] ParseError),
+    #[error("its YAML reads back as a different pod (first difference at {0})")]
+    Differs(String),
+}
+
 /// Sets the namespace and ownership annotations on a validated `pod` and
-/// writes it out. The output depends on nothing but the pod's content.
-pub fn finish(mut pod: Value, namespace: &str, source: &str) -> Manifest {
+/// writes it out. The output depends on nothing but the pod's content. Fails
+/// when the output does not read back as the pod (see [`read_back`]).
+pub fn finish(mut pod: Value, namespace: &str, source: &str) -> Result<Manifest, Unreadable> {
     let metadata = pod
         .as_object_mut()
         .expect("a validated pod is an object")
@@ -90,11 +110,50 @@ pub fn finish(mut pod: Value, namespace: &str, source: &str) -> Manifest {
         .finalize();
     let content_hash = format!("sha256:{}", hex::encode(digest));
     text.replace_range(end - 1 - content_hash.len()..end - 1, &content_hash);
-    Manifest {
+    // What the file must read back as: the pod with its real hash.
+    pod["metadata"]["annotations"][HASH_ANNOTATION] = Value::String(content_hash.clone());
+    read_back(text.as_bytes(), &pod)?;
+    Ok(Manifest {
         pod_name,
         source: source.to_string(),
         content_hash,
         bytes: text.into_bytes(),
+    })
+}
+
+/// Checks that `bytes` read back, with the reader [`ownership`] uses, as
+/// exactly `pod`. Then [`ownership`] finds the file intact too: its hash is
+/// of the YAML the writer makes of that same value.
+pub fn read_back(bytes: &[u8], pod: &Value) -> Result<(), Unreadable> {
+    let back = parse_document(bytes, "manifest").map_err(Unreadable::Parse)?;
+    match first_difference(pod, &back, String::new()) {
+        None => Ok(()),
+        Some(path) if path.is_empty() => Err(Unreadable::Differs("the document".into())),
+        Some(path) => Err(Unreadable::Differs(path)),
+    }
+}
+
+/// The path of the first place where `a` and `b` differ, if any.
+fn first_difference(a: &Value, b: &Value, path: String) -> Option<String> {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => a
+            .iter()
+            .find_map(|(key, value)| match b.get(key) {
+                Some(other) => first_difference(value, other, join_key(&path, key)),
+                None => Some(join_key(&path, key)),
+            })
+            .or_else(|| {
+                b.keys()
+                    .find(|key| !a.contains_key(*key))
+                    .map(|key| join_key(&path, key))
+            }),
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => a
+            .iter()
+            .zip(b)
+            .enumerate()
+            .find_map(|(i, (x, y))| first_difference(x, y, join_index(&path, i))),
+        _ if a == b => None,
+        _ => Some(path),
     }
 }
 
@@ -138,7 +197,7 @@ mod tests {
 
     #[test]
     fn namespace_is_forced_and_ownership_recorded() {
-        let m = finish(pod(), "kube-system", "default/web");
+        let m = finish(pod(), "kube-system", "default/web").unwrap();
         let text = String::from_utf8(m.bytes.clone()).unwrap();
         assert!(text.contains("  namespace: kube-system\n"), "{text}");
         assert!(text.contains("podstamp.io/source: default/web\n"), "{text}");
@@ -154,7 +213,7 @@ mod tests {
 
     #[test]
     fn an_edit_breaks_the_hash() {
-        let m = finish(pod(), "kube-system", "default/web");
+        let m = finish(pod(), "kube-system", "default/web").unwrap();
         let edited = String::from_utf8(m.bytes)
             .unwrap()
             .replace("image: nginx", "image: evil");
@@ -177,7 +236,7 @@ mod tests {
         p["metadata"]["annotations"] =
             json!({"a": "1", "zz": "x\n    podstamp.io/content-hash: sha256:0"});
         p["spec"]["nodeSelector"] = json!({HASH_ANNOTATION: HASH_PLACEHOLDER});
-        let m = finish(p.clone(), "kube-system", "default/web");
+        let m = finish(p.clone(), "kube-system", "default/web").unwrap();
         let mut expected = p;
         expected["metadata"]["namespace"] = json!("kube-system");
         expected["metadata"]["annotations"][SOURCE_ANNOTATION] = json!("default/web");
@@ -190,12 +249,40 @@ mod tests {
     }
 
     #[test]
+    fn bytes_that_do_not_read_back_as_the_pod_are_refused() {
+        let m = finish(pod(), "kube-system", "default/web").unwrap();
+        let mut meant: Value = parse_document(&m.bytes, "manifest").unwrap();
+        read_back(&m.bytes, &meant).unwrap();
+        let text = String::from_utf8(m.bytes).unwrap();
+        // A long key once written as an implicit key: no YAML reader takes it.
+        let key = "k".repeat(1100);
+        meant["spec"]["nodeSelector"] = json!({ &key: "v" });
+        let unparsable = format!("{text}  nodeSelector:\n    {key}: v\n");
+        let e = read_back(unparsable.as_bytes(), &meant).unwrap_err();
+        assert!(matches!(e, Unreadable::Parse(_)), "{e}");
+        // A value the reader takes for another (an unquoted "1" is a number).
+        meant["spec"]
+            .as_object_mut()
+            .unwrap()
+            .remove("nodeSelector");
+        meant["spec"]["containers"][0]["args"] = json!(["1"]);
+        let changed = text.replace(
+            "  - image: nginx\n",
+            "  - image: nginx\n    args:\n    - 1\n",
+        );
+        assert_eq!(
+            read_back(changed.as_bytes(), &meant).unwrap_err(),
+            Unreadable::Differs("spec.containers[0].args[0]".into())
+        );
+    }
+
+    #[test]
     fn output_does_not_depend_on_a_stale_hash() {
         let mut stale = pod();
         stale["metadata"]["annotations"] = json!({HASH_ANNOTATION: "sha256:old"});
         assert_eq!(
-            finish(stale, "kube-system", "default/web"),
-            finish(pod(), "kube-system", "default/web")
+            finish(stale, "kube-system", "default/web").unwrap(),
+            finish(pod(), "kube-system", "default/web").unwrap()
         );
     }
 }

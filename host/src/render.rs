@@ -29,6 +29,11 @@ pub enum Stage {
         after_plugins: bool,
         invalid: Invalid,
     },
+    /// The manifest written for the pod does not read back as the pod: a
+    /// bug in podstamp's writer, caught before anything is written. The same
+    /// template fails the same way every time, so it is a render failure (the
+    /// last good manifest stays), not a write failure (the disk is fine).
+    Manifest(manifest::Unreadable),
 }
 
 impl fmt::Display for RenderError {
@@ -48,6 +53,10 @@ impl fmt::Display for RenderError {
                 after_plugins: false,
                 invalid,
             } => write!(f, "the template's pod is invalid: {invalid}"),
+            Stage::Manifest(e) => write!(
+                f,
+                "podstamp cannot read back the manifest it made for the pod, so it is not written: {e} (a bug in podstamp; please report it with the template)"
+            ),
         }
     }
 }
@@ -115,5 +124,5 @@ pub fn render_observed(
             }]),
         }));
     }
-    Ok(manifest::finish(pod, namespace, &id))
+    manifest::finish(pod, namespace, &id).map_err(|e| fail(Stage::Manifest(e)))
 }

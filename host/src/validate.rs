@@ -3,8 +3,15 @@
 //! A pod is checked three ways: it must deserialize as k8s-openapi's typed
 //! `Pod` (right types everywhere), it must not carry fields the typed model
 //! does not know (a typo such as `imagee` would otherwise vanish silently),
-//! and it must pass the rules the kubelet and API server apply to names,
-//! labels and containers.
+//! and it must pass the rules the kubelet applies before it runs a static
+//! pod file (`ValidatePodCreate` and its static-pod checks, in
+//! pkg/kubelet/config/common.go) that a template author can plausibly get
+//! wrong: names, labels, node selectors, containers and their images,
+//! environment variable names, the few enumerated policies, volume names and
+//! mounts, and references to API objects, which a static pod may not have. What the kubelet checks
+//! beyond those (ports, probes, resources, security contexts, ...) is listed
+//! in docs/daemon.md; a manifest failing one of those is refused by the
+//! kubelet, not by podstamp.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -82,7 +89,10 @@ pub fn validate_pod(pod: &Value) -> Result<(), Invalid> {
 pub fn check_rules(pod: &Value) -> Result<(), Invalid> {
     let mut errors = Vec::new();
     check_metadata(pod, &mut errors);
+    check_spec(pod, &mut errors);
     check_containers(pod, &mut errors);
+    check_volumes(pod, &mut errors);
+    check_api_references(pod, &mut errors);
     if errors.is_empty() {
         Ok(())
     } else {
@@ -225,19 +235,7 @@ fn check_metadata(pod: &Value, errors: &mut Vec<FieldError>) {
     {
         errors.push(err("metadata.namespace", msg));
     }
-    if let Some(Value::Object(labels)) = pod.pointer("/metadata/labels") {
-        for (key, value) in labels {
-            let field = join_key("metadata.labels", key);
-            if let Err(msg) = check_qualified_name(key) {
-                errors.push(err(&field, format!("invalid key: {msg}")));
-            }
-            if let Some(value) = value.as_str()
-                && let Err(msg) = check_label_value(value)
-            {
-                errors.push(err(&field, msg));
-            }
-        }
-    }
+    check_labels(pod, "/metadata/labels", "metadata.labels", errors);
     if let Some(Value::Object(annotations)) = pod.pointer("/metadata/annotations") {
         const MAX_TOTAL: usize = 256 * 1024;
         let mut total = 0;
@@ -256,6 +254,68 @@ fn check_metadata(pod: &Value, errors: &mut Vec<FieldError>) {
                 format!("total size {total} bytes is over the limit of {MAX_TOTAL}"),
             ));
         }
+    }
+}
+
+/// Label keys and values, as Kubernetes requires of `metadata.labels` and
+/// `spec.nodeSelector` (the kubelet checks both with `ValidateLabels`).
+fn check_labels(pod: &Value, pointer: &str, field: &str, errors: &mut Vec<FieldError>) {
+    let Some(Value::Object(labels)) = pod.pointer(pointer) else {
+        return;
+    };
+    for (key, value) in labels {
+        let field = join_key(field, key);
+        if let Err(msg) = check_qualified_name(key) {
+            errors.push(err(&field, format!("invalid key: {msg}")));
+        }
+        if let Some(value) = value.as_str()
+            && let Err(msg) = check_label_value(value)
+        {
+            errors.push(err(&field, msg));
+        }
+    }
+}
+
+/// The pod-level fields of the spec the kubelet checks and an author can
+/// plausibly get wrong: the node selector and the enumerated policies.
+fn check_spec(pod: &Value, errors: &mut Vec<FieldError>) {
+    check_labels(pod, "/spec/nodeSelector", "spec.nodeSelector", errors);
+    check_one_of(
+        pod,
+        "/spec/restartPolicy",
+        "spec.restartPolicy",
+        &["Always", "OnFailure", "Never"],
+        errors,
+    );
+    check_one_of(
+        pod,
+        "/spec/dnsPolicy",
+        "spec.dnsPolicy",
+        &["ClusterFirstWithHostNet", "ClusterFirst", "Default", "None"],
+        errors,
+    );
+}
+
+/// An enumerated string field: absent or empty (the kubelet fills in its
+/// default) or one of `allowed`, spelled exactly.
+fn check_one_of(
+    value: &Value,
+    pointer: &str,
+    field: &str,
+    allowed: &[&str],
+    errors: &mut Vec<FieldError>,
+) {
+    if let Some(Value::String(s)) = value.pointer(pointer)
+        && !s.is_empty()
+        && !allowed.contains(&s.as_str())
+    {
+        errors.push(err(
+            field,
+            format!(
+                "{s:?} is not one of {} (spelled exactly so)",
+                allowed.join(", ")
+            ),
+        ));
     }
 }
 
@@ -297,6 +357,225 @@ fn check_containers(pod: &Value, errors: &mut Vec<FieldError>) {
                     ))
                 }
                 Some(_) => {}
+            }
+            check_one_of(
+                container,
+                "/imagePullPolicy",
+                &format!("{path}.imagePullPolicy"),
+                &["Always", "Never", "IfNotPresent"],
+                errors,
+            );
+            check_env_names(container, &path, errors);
+            if let Some(Value::Array(ports)) = container.get("ports") {
+                for (j, port) in ports.iter().enumerate() {
+                    check_one_of(
+                        port,
+                        "/protocol",
+                        &format!("{}.protocol", join_index(&format!("{path}.ports"), j)),
+                        &["TCP", "UDP", "SCTP"],
+                        errors,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Volume names (DNS-1123 labels, unique) and the mounts that use them: each
+/// names a volume of the pod, at a mount path of its own (the kubelet's
+/// `ValidateVolumes` and `ValidateVolumeMounts`; a misspelt volume name in a
+/// mount is the usual slip).
+fn check_volumes(pod: &Value, errors: &mut Vec<FieldError>) {
+    let mut names = BTreeSet::new();
+    if let Some(Value::Array(volumes)) = pod.pointer("/spec/volumes") {
+        for (i, volume) in volumes.iter().enumerate() {
+            let field = format!("{}.name", join_index("spec.volumes", i));
+            let name = volume.get("name").and_then(Value::as_str).unwrap_or("");
+            if let Err(msg) = check_dns_label(name) {
+                errors.push(err(&field, msg));
+            } else if !names.insert(name) {
+                errors.push(err(&field, format!("duplicate volume name {name:?}")));
+            }
+        }
+    }
+    for list in ["initContainers", "containers"] {
+        let Some(Value::Array(items)) = pod.pointer(&format!("/spec/{list}")) else {
+            continue;
+        };
+        for (i, container) in items.iter().enumerate() {
+            let Some(Value::Array(mounts)) = container.get("volumeMounts") else {
+                continue;
+            };
+            let path = join_index(&format!("spec.{list}"), i);
+            let mut paths = BTreeSet::new();
+            for (j, mount) in mounts.iter().enumerate() {
+                let at = join_index(&format!("{path}.volumeMounts"), j);
+                let name = mount.get("name").and_then(Value::as_str).unwrap_or("");
+                if !names.contains(name) {
+                    errors.push(err(
+                        &format!("{at}.name"),
+                        format!("{name:?} names no volume in spec.volumes; add the volume or fix the name"),
+                    ));
+                }
+                match mount.get("mountPath").and_then(Value::as_str).unwrap_or("") {
+                    "" => errors.push(err(&format!("{at}.mountPath"), "must not be empty")),
+                    mount_path if !paths.insert(mount_path) => errors.push(err(
+                        &format!("{at}.mountPath"),
+                        format!("{mount_path:?} is mounted twice in this container"),
+                    )),
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// Environment variable names: since Kubernetes 1.34 any printable ASCII
+/// but `=` (`IsRelaxedEnvVarName`); not empty.
+fn check_env_names(container: &Value, path: &str, errors: &mut Vec<FieldError>) {
+    let Some(Value::Array(env)) = container.get("env") else {
+        return;
+    };
+    for (i, var) in env.iter().enumerate() {
+        let field = format!("{}.name", join_index(&format!("{path}.env"), i));
+        match var.get("name").and_then(Value::as_str) {
+            None | Some("") => errors.push(err(&field, "must not be empty")),
+            Some(name)
+                if !name
+                    .bytes()
+                    .all(|c| (b' '..=b'~').contains(&c) && c != b'=') =>
+            {
+                errors.push(err(
+                    &field,
+                    format!("{name:?} may only contain printable ASCII characters other than '='"),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+/// Why each kind of volume is refused in a static pod (the kubelet's
+/// `HasAPIObjectReference`): the kubelet runs static pods without the API
+/// server, so nothing they use may come from it.
+const API_VOLUMES: &[(&str, &str)] = &[
+    ("configMap", "a ConfigMap"),
+    ("secret", "a Secret"),
+    ("csi", "a CSIDriver"),
+    ("glusterfs", "an Endpoints object"),
+    ("persistentVolumeClaim", "a PersistentVolumeClaim"),
+    ("ephemeral", "a PersistentVolumeClaim"),
+    ("azureFile", "a Secret"),
+];
+
+/// Volume sources whose `secretRef` names a Secret (`VisitPodSecretNames`).
+const SECRET_REF_VOLUMES: &[&str] = &[
+    "cephfs",
+    "cinder",
+    "flexVolume",
+    "rbd",
+    "scaleIO",
+    "iscsi",
+    "storageOS",
+];
+
+/// A static pod may not use anything from the API server: no ServiceAccount,
+/// Secret, ConfigMap, claim or volume backed by an API object. The kubelet
+/// refuses the whole file for one ("static pods may not reference ...").
+fn check_api_references(pod: &Value, errors: &mut Vec<FieldError>) {
+    let refuse = |errors: &mut Vec<FieldError>, field: &str, what: &str| {
+        errors.push(err(
+            field,
+            format!("a static pod may not reference {what} (the kubelet runs it without the API server); remove it, or use a hostPath volume or literal values"),
+        ));
+    };
+    let named = |v: Option<&Value>| v.and_then(Value::as_str).is_some_and(|s| !s.is_empty());
+    for field in ["serviceAccountName", "serviceAccount"] {
+        if named(pod.pointer(&format!("/spec/{field}"))) {
+            refuse(errors, &format!("spec.{field}"), "a ServiceAccount");
+        }
+    }
+    if let Some(Value::Array(secrets)) = pod.pointer("/spec/imagePullSecrets") {
+        for (i, secret) in secrets.iter().enumerate() {
+            if named(secret.get("name")) {
+                refuse(errors, &join_index("spec.imagePullSecrets", i), "a Secret");
+            }
+        }
+    }
+    if pod
+        .pointer("/spec/resourceClaims")
+        .and_then(Value::as_array)
+        .is_some_and(|c| !c.is_empty())
+    {
+        refuse(errors, "spec.resourceClaims", "a ResourceClaim");
+    }
+    for list in ["initContainers", "containers", "ephemeralContainers"] {
+        let Some(Value::Array(items)) = pod.pointer(&format!("/spec/{list}")) else {
+            continue;
+        };
+        for (i, container) in items.iter().enumerate() {
+            let path = join_index(&format!("spec.{list}"), i);
+            if let Some(Value::Array(env)) = container.get("env") {
+                for (j, var) in env.iter().enumerate() {
+                    for (source, what) in [
+                        ("secretKeyRef", "a Secret"),
+                        ("configMapKeyRef", "a ConfigMap"),
+                    ] {
+                        if named(var.pointer(&format!("/valueFrom/{source}/name"))) {
+                            let field = format!(
+                                "{}.valueFrom.{source}",
+                                join_index(&format!("{path}.env"), j)
+                            );
+                            refuse(errors, &field, what);
+                        }
+                    }
+                }
+            }
+            if let Some(Value::Array(env_from)) = container.get("envFrom") {
+                for (j, source) in env_from.iter().enumerate() {
+                    for (kind, what) in [("secretRef", "a Secret"), ("configMapRef", "a ConfigMap")]
+                    {
+                        if named(source.pointer(&format!("/{kind}/name"))) {
+                            let field =
+                                format!("{}.{kind}", join_index(&format!("{path}.envFrom"), j));
+                            refuse(errors, &field, what);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let Some(Value::Array(volumes)) = pod.pointer("/spec/volumes") else {
+        return;
+    };
+    for (i, volume) in volumes.iter().enumerate() {
+        let path = join_index("spec.volumes", i);
+        let present = |key: &str| volume.get(key).is_some_and(|v| !v.is_null());
+        for (kind, what) in API_VOLUMES {
+            if present(kind) {
+                refuse(errors, &format!("{path}.{kind}"), what);
+            }
+        }
+        for kind in SECRET_REF_VOLUMES {
+            if named(volume.pointer(&format!("/{kind}/secretRef/name"))) {
+                refuse(errors, &format!("{path}.{kind}.secretRef"), "a Secret");
+            }
+        }
+        if let Some(Value::Array(sources)) = volume.pointer("/projected/sources") {
+            for (j, source) in sources.iter().enumerate() {
+                let Some(source) = source.as_object() else {
+                    continue;
+                };
+                for (kind, value) in source {
+                    // Only the downward API comes from the pod itself.
+                    if kind != "downwardAPI" && !value.is_null() {
+                        let field = format!(
+                            "{}.{kind}",
+                            join_index(&format!("{path}.projected.sources"), j)
+                        );
+                        refuse(errors, &field, &format!("API objects ({kind})"));
+                    }
+                }
             }
         }
     }
@@ -473,6 +752,109 @@ mod tests {
         assert_eq!(
             fields(validate_pod(&p)),
             [r#"metadata.labels["example.com/tier"]"#]
+        );
+    }
+
+    #[test]
+    fn node_selectors_are_checked_as_labels() {
+        let mut p = pod();
+        p["spec"]["nodeSelector"] =
+            json!({"disk": "a\u{2028}b", "zone": "a", "bad key": "x", "nel": "a\u{85}b"});
+        let e = validate_pod(&p).unwrap_err();
+        assert_eq!(
+            e.0.iter().map(|e| e.field.as_str()).collect::<Vec<_>>(),
+            [
+                r#"spec.nodeSelector["bad key"]"#,
+                "spec.nodeSelector.disk",
+                "spec.nodeSelector.nel"
+            ]
+        );
+        assert_eq!(
+            e.0[1].to_string(),
+            r#"spec.nodeSelector.disk: value "a\u{2028}b": may only contain letters, digits, '-', '_' and '.'"#
+        );
+    }
+
+    #[test]
+    fn policies_and_env_names_are_spelled_as_the_kubelet_takes_them() {
+        let mut p = pod();
+        p["spec"]["restartPolicy"] = json!("always");
+        p["spec"]["dnsPolicy"] = json!("");
+        p["spec"]["containers"][0]["imagePullPolicy"] = json!("IfNotPresent");
+        p["spec"]["containers"][0]["ports"] = json!([{"containerPort": 80, "protocol": "tcp"}]);
+        p["spec"]["containers"][0]["env"] = json!([
+            {"name": "A B.c-1", "value": "ok"}, {"name": "A=B"}, {"name": "É"}, {"name": ""}
+        ]);
+        assert_eq!(
+            fields(validate_pod(&p)),
+            [
+                "spec.restartPolicy",
+                "spec.containers[0].env[1].name",
+                "spec.containers[0].env[2].name",
+                "spec.containers[0].env[3].name",
+                "spec.containers[0].ports[0].protocol"
+            ]
+        );
+    }
+
+    #[test]
+    fn volume_names_and_mounts_are_checked() {
+        let mut p = pod();
+        p["spec"]["volumes"] = json!([
+            {"name": "etc", "hostPath": {"path": "/etc"}},
+            {"name": "etc", "emptyDir": {}},
+            {"name": "My_Vol", "emptyDir": {}}
+        ]);
+        p["spec"]["containers"][0]["volumeMounts"] = json!([
+            {"name": "etc", "mountPath": "/etc/x"},
+            {"name": "ect", "mountPath": "/etc/y"},
+            {"name": "etc", "mountPath": "/etc/x"}
+        ]);
+        assert_eq!(
+            fields(validate_pod(&p)),
+            [
+                "spec.volumes[1].name",
+                "spec.volumes[2].name",
+                "spec.containers[0].volumeMounts[1].name",
+                "spec.containers[0].volumeMounts[2].mountPath"
+            ]
+        );
+    }
+
+    #[test]
+    fn references_to_api_objects_are_refused() {
+        let mut p = pod();
+        p["spec"]["serviceAccountName"] = json!("default");
+        p["spec"]["imagePullSecrets"] = json!([{"name": "registry"}]);
+        p["spec"]["containers"][0]["env"] = json!([
+            {"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+            {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+        ]);
+        p["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "c"}}]);
+        p["spec"]["volumes"] = json!([
+            {"name": "a", "hostPath": {"path": "/etc"}},
+            {"name": "b", "configMap": {"name": "c"}},
+            {"name": "c", "flexVolume": {"driver": "x/y", "secretRef": {"name": "s"}}},
+            {"name": "d", "projected": {"sources": [{"downwardAPI": {}}, {"serviceAccountToken": {"path": "t"}}]}},
+            {"name": "e", "emptyDir": {}}
+        ]);
+        let e = validate_pod(&p).unwrap_err();
+        assert_eq!(
+            e.0.iter().map(|e| e.field.as_str()).collect::<Vec<_>>(),
+            [
+                "spec.serviceAccountName",
+                "spec.imagePullSecrets[0]",
+                "spec.containers[0].env[0].valueFrom.secretKeyRef",
+                "spec.containers[0].envFrom[0].configMapRef",
+                "spec.volumes[1].configMap",
+                "spec.volumes[2].flexVolume.secretRef",
+                "spec.volumes[3].projected.sources[1].serviceAccountToken"
+            ]
+        );
+        assert!(
+            e.0[4]
+                .message
+                .contains("a static pod may not reference a ConfigMap")
         );
     }
 

@@ -6,6 +6,15 @@
 //! style, keys sorted by byte order, two-space indents, sequences at their
 //! parent's indent (as kubectl prints them), and every string that could read
 //! as anything but itself written double-quoted.
+//!
+//! Every key is written as a YAML "implicit" key (`key: value`) unless its
+//! written form is over [`MAX_IMPLICIT_KEY`] bytes: YAML limits implicit keys
+//! to 1024 characters, and both go-yaml (the kubelet's reader; it counts
+//! characters) and libyaml (serde_norway, podstamp's own reader; it counts
+//! bytes) refuse a longer one. Those keys are written as explicit keys
+//! (`? key` then `: value` on the next line), which have no length limit;
+//! every other key is written as before, so no manifest that podstamp could
+//! read back before changes by a byte.
 
 use std::fmt::Write as _;
 
@@ -56,10 +65,48 @@ fn for_each_sorted<'a>(
 fn write_map(out: &mut String, map: &serde_json::Map<String, Value>, level: usize) {
     for_each_sorted(map, |key, value| {
         indent(out, level);
-        write_string(out, key);
+        write_entry(out, key, value, level);
+    });
+}
+
+/// The longest key written as an implicit key `key: value`, in bytes of its
+/// written form (quotes and escapes included): the YAML spec's limit of 1024
+/// characters, as libyaml enforces it (it counts the bytes from the key's
+/// first to the `:`; go-yaml counts characters, never more than bytes).
+pub const MAX_IMPLICIT_KEY: usize = 1024;
+
+/// Writes `key: value`, the key starting where `out` ends (its indent, or
+/// `- `, is already written) on a line indented at `level`.
+fn write_entry(out: &mut String, key: &str, value: &Value, level: usize) {
+    let start = out.len();
+    write_string(out, key);
+    if out.len() - start <= MAX_IMPLICIT_KEY {
         out.push(':');
         write_child(out, value, level, false);
-    });
+        return;
+    }
+    // "? key" then ": value" at the same indent. A nested collection goes on
+    // the lines below, one level deeper (a sequence too: it may not sit at
+    // the indent of the ":" as it does under an implicit key).
+    out.insert_str(start, "? ");
+    out.push('\n');
+    indent(out, level);
+    out.push(':');
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            out.push('\n');
+            write_map(out, map, level + 1);
+        }
+        Value::Array(items) if !items.is_empty() => {
+            out.push('\n');
+            write_seq(out, items, level + 1);
+        }
+        scalar => {
+            out.push(' ');
+            write_scalar(out, scalar);
+            out.push('\n');
+        }
+    }
 }
 
 fn write_seq(out: &mut String, items: &[Value], level: usize) {
@@ -84,9 +131,7 @@ fn write_child(out: &mut String, value: &Value, level: usize, in_seq: bool) {
                         indent(out, level + 1);
                     }
                     first = false;
-                    write_string(out, key);
-                    out.push(':');
-                    write_child(out, child, level + 1, false);
+                    write_entry(out, key, child, level + 1);
                 });
             } else {
                 out.push('\n');
@@ -349,6 +394,62 @@ mod tests {
         );
         round_trip(&json!([{"a": 1}, [2]]));
         round_trip(&json!("top"));
+    }
+
+    #[test]
+    fn keys_over_the_implicit_key_limit_are_written_as_explicit_keys() {
+        // Written forms of about 1020 to 1026 bytes, plain, quoted (the
+        // quotes count), with escapes (each counts as written) and
+        // multi-byte characters (libyaml counts their bytes).
+        let mut keys = Vec::new();
+        for n in 1020..=1026 {
+            keys.push("k".repeat(n));
+            keys.push(format!("{}é", "k".repeat(n - 1)));
+            keys.push(format!("#{}", "q".repeat(n - 3)));
+            keys.push(format!("\u{2028}{}", "e".repeat(n - 8)));
+            keys.push(format!("{}é", "k".repeat(n - 4)));
+            keys.push("é".repeat(n / 2));
+            keys.push("é".repeat(n));
+        }
+        for key in &keys {
+            let values = [
+                json!("v"),
+                json!({}),
+                json!([]),
+                json!(null),
+                json!({"a": 1, "b": [1, {"c": "d"}]}),
+                json!([[1], {"x": "y"}, "z"]),
+            ];
+            for value in values {
+                let v = || value.clone();
+                round_trip(&json!({ key: v(), "z": 1 }));
+                round_trip(&json!({"m": { key: v() }}));
+                // In a sequence item, as its first key and as a later one.
+                round_trip(&json!([{ key: v(), "z": 1 }]));
+                round_trip(&json!([{ "a": 1, key: v() }]));
+                round_trip(&json!([[{ key: v() }]]));
+            }
+            let mut written = String::new();
+            write_string(&mut written, key);
+            let explicit = to_yaml(&json!({ key: 1 })).starts_with("? ");
+            assert_eq!(
+                explicit,
+                written.len() > MAX_IMPLICIT_KEY,
+                "{} bytes written",
+                written.len()
+            );
+        }
+    }
+
+    #[test]
+    fn explicit_key_layout() {
+        let key = "k".repeat(1025);
+        assert_eq!(
+            to_yaml(&json!({"m": {&key: {"a": [1]}, "n": [{&key: "v", "w": [2]}]}})),
+            format!(
+                "m:\n  ? {key}\n  :\n    a:\n    - 1\n  \"n\":\n  - ? {key}\n    : v\n    w:\n    - 2\n"
+            )
+        );
     }
 
     #[test]
