@@ -269,7 +269,10 @@ fn load_catalog(
         let name = plugin.info().name.clone();
         steps.push(Step::new(name, plugin, &settings));
     }
-    Ok(Catalog::from_steps(steps))
+    Ok(
+        Catalog::from_steps(steps)
+            .with_render_budget(config::default_render_budget(limits.timeout)),
+    )
 }
 
 fn read_input(name: &str) -> Result<(Vec<u8>, String), String> {

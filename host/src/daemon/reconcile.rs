@@ -490,7 +490,7 @@ impl Reconciler {
             .catalog
             .chain_for(&template.annotations)
             .map_err(|e| Failure {
-                reason: "UnknownPlugin",
+                reason: e.reason(),
                 plugin: None,
                 message: format!("PodTemplate {}: {e}", template.id()),
             })?;
