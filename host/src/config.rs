@@ -352,16 +352,10 @@ impl Catalog {
         &self,
         names: impl ExactSizeIterator<Item = &'a str>,
     ) -> Result<Vec<Arc<Step>>, ChainError> {
-        // Checked first, so that a list of thousands of names is refused
-        // before any of it is looked at.
-        if names.len() > self.steps.len() {
-            return Err(ChainError::TooLong {
-                count: names.len(),
-                catalog: self.steps.len(),
-                known: self.known(),
-            });
-        }
-        let mut chain: Vec<Arc<Step>> = Vec::with_capacity(names.len());
+        let count = names.len();
+        let mut chain: Vec<Arc<Step>> = Vec::new();
+        // Past the catalog's size a name is unknown or a repeat, so this
+        // stops by then, however many names there are.
         for name in names {
             let Some(step) = self.steps.get(name) else {
                 return Err(ChainError::Unknown {
@@ -370,8 +364,18 @@ impl Catalog {
                 });
             };
             if chain.iter().any(|s| s.name == name) {
-                return Err(ChainError::Repeated {
-                    name: name.to_string(),
+                // Thousands of names say more about the list than its
+                // first repeat does.
+                return Err(if count > self.steps.len() {
+                    ChainError::TooLong {
+                        count,
+                        catalog: self.steps.len(),
+                        known: self.known(),
+                    }
+                } else {
+                    ChainError::Repeated {
+                        name: name.to_string(),
+                    }
                 });
             }
             chain.push(step.clone());
