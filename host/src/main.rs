@@ -14,7 +14,7 @@ use podstamp::chain::Step;
 use podstamp::config::{self, Catalog, CatalogError, ConfigFile};
 use podstamp::node::{NodeAddress, NodeContext};
 use podstamp::plugin::{Limits, Runtime, WIT_PACKAGE};
-use podstamp::render::render;
+use podstamp::render::{check_size, render};
 use podstamp::template::{Template, parse_document};
 
 #[derive(Parser)]
@@ -195,8 +195,9 @@ fn run_render(args: RenderArgs) -> Result<(), Failure> {
     let chain = catalog
         .chain_for(&template.annotations)
         .map_err(|e| Failure::Render(format!("PodTemplate {}: {e}", template.id())))?;
-    let manifest =
-        render(&template, &node, &chain, &namespace).map_err(|e| Failure::Render(e.to_string()))?;
+    let manifest = check_size(&template, max_manifest)
+        .and_then(|()| render(&template, &node, &chain, &namespace))
+        .map_err(|e| Failure::Render(e.to_string()))?;
     // The plugins' output limit alone would let a template without plugins through.
     if manifest.bytes.len() > max_manifest {
         return Err(Failure::Render(format!(
