@@ -302,18 +302,18 @@ const FAULTS: &[Fault] = &[
         id: "template-10mib",
         area: "template",
         fault: "a 10 MiB template, no plugins",
-        kept: "last good manifest, unchanged",
+        kept: "last good manifest, unchanged; refused before it is rendered (its size, counted as JSON, is over `maxManifestSize`)",
         reported: "RenderFailed",
-        says: "bytes, over the limit of 65536 (limits.maxManifestSize)",
+        says: "bytes, over the limit of 65536 (limits.maxManifestSize) for a manifest; it is not rendered",
         test: "huge_duplicate_and_flapping_templates_keep_the_last_good_manifest",
     },
     Fault {
         id: "template-10mib-through-plugins",
         area: "template",
         fault: "a 10 MiB template, through a plugin",
-        kept: "last good manifest, unchanged",
+        kept: "last good manifest, unchanged; no plugin is called",
         reported: "RenderFailed",
-        says: "over the limit of 65536",
+        says: "over the limit of 65536 (limits.maxManifestSize) for a manifest; it is not rendered",
         test: "huge_duplicate_and_flapping_templates_keep_the_last_good_manifest",
     },
     Fault {
@@ -331,7 +331,7 @@ const FAULTS: &[Fault] = &[
         fault: "`podstamp render` of a 2 MiB template without plugins (default `maxManifestSize`, 1 MiB)",
         kept: "no output file (nor temp file)",
         reported: "exit code 1 and one line on stderr",
-        says: "over the limit of 1048576 (limits.maxManifestSize)",
+        says: "over the limit of 1048576 (limits.maxManifestSize) for a manifest; it is not rendered",
         test: "podstamp_render_refuses_a_manifest_over_the_size_limit",
     },
     Fault {
@@ -405,6 +405,42 @@ const FAULTS: &[Fault] = &[
         reported: "RenderFailed (exit 1 for `podstamp render`)",
         says: "spec.containers[0].volumeMounts[0].name: \"cfg\" names no volume in spec.volumes",
         test: "fields_the_kubelet_refuses_are_refused_naming_the_field",
+    },
+    Fault {
+        id: "template-chain-repeat",
+        area: "template",
+        fault: "`podstamp.io/plugins: identity, identity` (a plugin named twice)",
+        kept: "last good manifest, unchanged; other templates keep rendering",
+        reported: "InvalidChain",
+        says: "metadata.annotations[\"podstamp.io/plugins\"]: names plugin \"identity\" more than once; a chain runs each plugin at most once: list it once",
+        test: "long_repeated_and_slow_chains_keep_the_last_good_manifest",
+    },
+    Fault {
+        id: "template-chain-too-long",
+        area: "template",
+        fault: "`podstamp.io/plugins` naming 24,000 plugins (`identity,` 24,000 times, 216 KB), with 11 in the catalog",
+        kept: "last good manifest, unchanged; no plugin is called; other templates keep rendering",
+        reported: "InvalidChain",
+        says: "names 24000 plugins, but a chain runs each catalog plugin at most once and the catalog has 11",
+        test: "long_repeated_and_slow_chains_keep_the_last_good_manifest",
+    },
+    Fault {
+        id: "template-chain-over-budget",
+        area: "template",
+        fault: "a chain (`identity,loop`) over the render's time budget, `limits.renderTimeout: 300ms`, equal to the per-call `timeout`: the loop gets only what is left of the budget",
+        kept: "last good manifest, unchanged; the call stopped when the budget ran out; other templates keep rendering",
+        reported: "RenderFailed",
+        says: "plugin 2 of 2 `loop` (wat 0.0.1): the render's time budget of 300 ms (limits.renderTimeout) ran out at this plugin; the render was stopped",
+        test: "long_repeated_and_slow_chains_keep_the_last_good_manifest",
+    },
+    Fault {
+        id: "template-mandatory-opt-out",
+        area: "template",
+        fault: "a template that opts out of a `mandatory: true` plugin (`podstamp.io/plugins: \"\"`), or picks a plugin that would undo it (`podstamp render`)",
+        kept: "the manifest has the mandatory plugin's output: it runs after the template's own plugins, for every template",
+        reported: "not a failure (without `mandatory`, the template's choice wins: plugins are transforms, not a policy)",
+        says: "image: policy:1",
+        test: "mandatory_plugins_run_last_whatever_the_template_picks",
     },
     Fault {
         id: "disk-dir-missing",
@@ -1511,6 +1547,187 @@ fn huge_duplicate_and_flapping_templates_keep_the_last_good_manifest() {
     expected.sort();
     assert_eq!(names_in(&e.manifests), expected);
     assert!(daemon.stop().success());
+}
+
+/// Chains a template's annotation may not have: a plugin twice, more plugins
+/// than the catalog (the 24,000 steps a 256 KiB annotation fits), and one
+/// whose calls together outlast the render's time budget.
+#[test]
+fn long_repeated_and_slow_chains_keep_the_last_good_manifest() {
+    let e = env();
+    // The budget equals the per-call timeout: whatever time the first step
+    // took, the loop gets less than its own timeout, so the budget is what
+    // stops it, on any machine.
+    let config = fs::read_to_string(&e.config).unwrap();
+    let budgeted = config.replace(
+        "maxManifestSize: 64Ki}",
+        "maxManifestSize: 64Ki, renderTimeout: 300ms}",
+    );
+    assert_ne!(config, budgeted);
+    fs::write(&e.config, budgeted).unwrap();
+    let long = "identity,".repeat(24_000);
+    let cases = [
+        ("template-chain-repeat", "c-repeat", "identity, identity"),
+        ("template-chain-too-long", "c-long", long.as_str()),
+        ("template-chain-over-budget", "c-slow", "identity,loop"),
+    ];
+    for (_, name, _) in &cases {
+        e.put(&format!("{name}.yaml"), &template(name, None, "good:1"));
+    }
+    e.put("control.yaml", &template("control", None, "control:1"));
+    let daemon = e.start(&[], "chains.log");
+    daemon.wait_ready(CONVERGE);
+    let mut before = Vec::new();
+    for (_, name, _) in &cases {
+        wait_content(&daemon, &e.manifest(name), "image: good:1");
+        before.push(identity(&e.manifest(name)));
+    }
+    wait_content(&daemon, &e.manifest("control"), "image: control:1");
+
+    for (_, name, chain) in &cases {
+        e.put(
+            &format!("{name}.yaml"),
+            &template(name, Some(chain), "bad:1"),
+        );
+    }
+    for ((id, name, _), was) in cases.iter().zip(&before) {
+        let line = expect_failure(&daemon, name, row(id));
+        assert_eq!(identity(&e.manifest(name)), *was, "{id}: {line}");
+        assert!(read(&e.manifest(name)).unwrap().contains("image: good:1"));
+    }
+    // Refused before anything ran: the identity plugin was called once per
+    // good render, never for the 24,000-step chain.
+    let identity_calls = daemon
+        .metric("podstamp_plugin_call_duration_seconds_count{plugin=\"identity\",result=\"ok\"}");
+    assert!(identity_calls < 100.0, "{identity_calls} identity calls");
+
+    // Other templates keep rendering, and the daemon is still up.
+    e.put("control.yaml", &template("control", None, "control:2"));
+    wait_content(&daemon, &e.manifest("control"), "image: control:2");
+    kubelet_accepts_dir(&e.manifests);
+    assert_eq!(daemon.get("/healthz").map(|r| r.0), Some(200));
+
+    // A chain within the rules and the budget renders again.
+    e.put(
+        "c-long.yaml",
+        &template("c-long", Some(" identity "), "good:2"),
+    );
+    e.put(
+        "c-slow.yaml",
+        &template("c-slow", Some("identity"), "good:2"),
+    );
+    wait_content(&daemon, &e.manifest("c-long"), "image: good:2");
+    wait_content(&daemon, &e.manifest("c-slow"), "image: good:2");
+    assert!(daemon.stop().success());
+}
+
+/// A pod named `m` with one container of this `image`, as a fixed plugin output.
+fn fixed_pod(image: &str) -> String {
+    format!(
+        r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"m"}},"spec":{{"containers":[{{"name":"main","image":"{image}"}}]}}}}"#
+    )
+}
+
+/// A plugin that returns `fixed_pod(image)`, whatever it is given.
+fn setting_image(dir: &Path, name: &str, image: &str) -> PathBuf {
+    let (body, extra) = wat::returning(fixed_pod(image).as_bytes());
+    wat::write(
+        dir,
+        name,
+        &wat::componentize(&wat::core_module("", &body, &extra), &[wat::WIT]),
+    )
+}
+
+#[test]
+fn mandatory_plugins_run_last_whatever_the_template_picks() {
+    let fault = row("template-mandatory-opt-out");
+    let tmp = tempfile::tempdir().unwrap();
+    let policy = setting_image(tmp.path(), "policy", "policy:1");
+    let author = setting_image(tmp.path(), "author", "author:1");
+    let identity = wat::write(tmp.path(), "identity", &wat::hostile("identity"));
+    let config = tmp.path().join("podstamp.yaml");
+    let write_config = |mandatory: &str, chain: &str| {
+        fs::write(
+            &config,
+            format!(
+                "plugins:\n  identity: {{path: {}}}\n  author: {{path: {}}}\n  policy: {{path: {}{mandatory}}}\nchain: [{chain}]\n",
+                identity.display(),
+                author.display(),
+                policy.display()
+            ),
+        )
+        .unwrap();
+    };
+    let render = |plugins: Option<&str>| {
+        let input = tmp.path().join("m.yaml");
+        fs::write(&input, template("m", plugins, "template:1")).unwrap();
+        common::podstamp(&[
+            "render",
+            input.to_str().unwrap(),
+            "--node-name",
+            "n1",
+            "--config",
+            config.to_str().unwrap(),
+            "--no-cache",
+        ])
+    };
+    let image = |plugins: Option<&str>| {
+        let out = render(plugins);
+        let err = common::stderr(&out);
+        assert!(out.status.success(), "{plugins:?}: {err}");
+        let manifest = common::stdout(&out);
+        manifest
+            .lines()
+            .find_map(|l| l.trim().trim_start_matches("- ").strip_prefix("image: "))
+            .unwrap_or_else(|| panic!("{manifest}"))
+            .to_string()
+    };
+
+    // By default a template's annotation is the whole chain: it can leave
+    // the default chain out, or pick a plugin that undoes it.
+    write_config("", "identity, policy");
+    assert_eq!(image(None), "policy:1");
+    assert_eq!(image(Some("")), "template:1");
+    assert_eq!(image(Some("policy, author")), "author:1");
+
+    // Mandatory: the policy plugin runs last for every template, named or not.
+    write_config(", mandatory: true", "identity, policy");
+    for plugins in [
+        None,
+        Some(""),
+        Some("author"),
+        Some("policy, author"),
+        Some("identity"),
+    ] {
+        assert_eq!(
+            format!("image: {}", image(plugins)),
+            fault.says,
+            "{plugins:?}"
+        );
+    }
+    // A template may still not name a plugin twice, mandatory or not.
+    let out = render(Some("author, author"));
+    assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
+
+    // A mandatory plugin must end the default chain, so that a template
+    // without the annotation runs it last too.
+    for (chain, says) in [
+        (
+            "identity",
+            "plugins.policy: is mandatory, so it must be in chain",
+        ),
+        (
+            "policy, identity",
+            "chain: \"policy\" is mandatory and \"identity\" is not, but mandatory plugins run last",
+        ),
+    ] {
+        write_config(", mandatory: true", chain);
+        let out = render(None);
+        let err = common::stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{chain}: {err}");
+        assert!(err.contains(says), "{chain}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{chain}: one line: {err}");
+    }
 }
 
 // ---------------------------------------------------------------- disk

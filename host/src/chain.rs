@@ -4,6 +4,11 @@
 //! returned. After each step the host scans that text, to blame the right
 //! plugin for invalid JSON or a renamed pod, but builds nothing from it but
 //! the metadata; only the last step's output is parsed into a value.
+//!
+//! A chain may carry a time budget for the whole of one render: each call's
+//! deadline is then the earlier of the plugin's own timeout and what is left
+//! of the budget, so no call runs past it, and a step that finds none left is
+//! not called. Running out is a failure of the step where it happened.
 
 use std::fmt;
 use std::sync::Arc;
@@ -37,6 +42,8 @@ impl Step {
 #[derive(Debug, Clone, Default)]
 pub struct Chain {
     steps: Vec<Arc<Step>>,
+    /// The most one [`Chain::apply`] may take; None: only each call's timeout.
+    budget: Option<Duration>,
 }
 
 /// Which step failed, and how.
@@ -56,7 +63,14 @@ pub enum StepFailure {
     Call(CallFailure),
     InvalidJson(String),
     NotAnObject,
-    Renamed { from: String, to: String },
+    Renamed {
+        from: String,
+        to: String,
+    },
+    /// The render's time budget ran out during this step's call, or before it.
+    OutOfTime {
+        budget: Duration,
+    },
 }
 
 impl fmt::Display for ChainFailure {
@@ -74,13 +88,30 @@ impl fmt::Display for ChainFailure {
                 f,
                 "metadata.name: changed the pod's name from {from:?} to {to:?}; a pod keeps its PodTemplate's name"
             ),
+            // No time spent in the message: an unchanged failure must read the
+            // same at every resync, to be reported once.
+            StepFailure::OutOfTime { budget } => write!(
+                f,
+                "the render's time budget of {} ms (limits.renderTimeout) ran out at this plugin; the render was stopped",
+                budget.as_millis()
+            ),
         }
     }
 }
 
 impl Chain {
+    /// A chain with no budget but each call's own timeout.
     pub fn new(steps: Vec<Arc<Step>>) -> Chain {
-        Chain { steps }
+        Chain {
+            steps,
+            budget: None,
+        }
+    }
+
+    /// This chain, with one render through it limited to `budget` in all.
+    pub fn with_budget(mut self, budget: Duration) -> Chain {
+        self.budget = Some(budget);
+        self
     }
 
     pub fn steps(&self) -> &[Arc<Step>] {
@@ -113,6 +144,10 @@ impl Chain {
         if self.steps.is_empty() {
             return Ok(pod.clone());
         }
+        // A budget too large to add to the clock is no budget.
+        let deadline = self
+            .budget
+            .and_then(|budget| Some((budget, Instant::now().checked_add(budget)?)));
         let name = pod
             .pointer("/metadata/name")
             .cloned()
@@ -123,11 +158,30 @@ impl Chain {
         for (index, step) in self.steps.iter().enumerate() {
             let fail = |failure| self.failure(index, failure);
             let started = Instant::now();
-            let output = step
-                .plugin
-                .transform(&text, node, &step.settings_json, subject);
+            let left = match deadline {
+                Some((budget, at)) => {
+                    let left = at.saturating_duration_since(started);
+                    if left.is_zero() {
+                        return Err(fail(StepFailure::OutOfTime { budget }));
+                    }
+                    left
+                }
+                None => Duration::MAX,
+            };
+            let output =
+                step.plugin
+                    .transform_within(&text, node, &step.settings_json, subject, left);
             observe(step, output.is_ok(), started.elapsed());
-            text = output.map_err(|e| fail(StepFailure::Call(e)))?;
+            text = output.map_err(|e| match (e, deadline) {
+                // The call was given what was left of the budget, less than
+                // its own timeout: the budget stopped it.
+                (CallFailure::DeadlineExceeded { timeout }, Some((budget, _)))
+                    if timeout >= left =>
+                {
+                    fail(StepFailure::OutOfTime { budget })
+                }
+                (e, _) => fail(StepFailure::Call(e)),
+            })?;
             let new_name = name_in(&text).map_err(fail)?;
             if new_name != name {
                 return Err(fail(StepFailure::Renamed {

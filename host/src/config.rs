@@ -11,12 +11,24 @@
 //!     path: plugins/arch-image.wasm
 //!     settingsFile: arch-image.yaml        # YAML or JSON, instead of settings
 //! chain: [arch-image, node-env]  # used unless a template names its own
-//! limits: {timeout: 100ms, memory: 64Mi, maxManifestSize: 1Mi}
+//! limits: {timeout: 100ms, memory: 64Mi, maxManifestSize: 1Mi, renderTimeout: 1s}
 //! cacheDir: /var/cache/podstamp  # compiled plugin code; omit for the default
 //! ```
 //!
 //! A template picks its own chain from the catalog with the annotation
 //! `podstamp.io/plugins: node-env,substitute` (empty: no plugins).
+//!
+//! The rules a chain keeps, whoever wrote it (the configuration's `chain` or a
+//! template's annotation):
+//! * it names catalog plugins only, each at most once, so no chain is longer
+//!   than the catalog: one annotation cannot make a render run a plugin
+//!   thousands of times;
+//! * a plugin marked `mandatory: true` is in every chain: the default chain
+//!   ends with the mandatory plugins, and a template's own chain is followed
+//!   by them (in the default chain's order) whether it names them or not.
+//!   They run last so that no plugin a template picks can undo what they do;
+//! * a render has a total time budget (`limits.renderTimeout`, default
+//!   [`RENDER_BUDGET_CALLS`] times the per-call timeout), enforced by the chain.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -76,6 +88,9 @@ pub struct PluginEntry {
     pub path: PathBuf,
     pub settings: Option<Value>,
     pub settings_file: Option<PathBuf>,
+    /// Runs for every template, whatever its `podstamp.io/plugins` says.
+    #[serde(default)]
+    pub mandatory: bool,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -87,6 +102,9 @@ pub struct LimitsEntry {
     pub memory: Option<String>,
     /// Largest pod a plugin may return and largest manifest written, e.g. `1Mi`.
     pub max_manifest_size: Option<String>,
+    /// The whole chain of one render, e.g. `1s`; default
+    /// [`RENDER_BUDGET_CALLS`] times `timeout`.
+    pub render_timeout: Option<String>,
 }
 
 /// A configuration error; the message names the file and the field.
@@ -152,6 +170,30 @@ impl ConfigFile {
         }
         Ok(limits)
     }
+
+    /// The time budget of one render (`limits.renderTimeout`), given the
+    /// per-call `timeout` in force.
+    pub fn render_budget(&self, timeout: Duration) -> Result<Duration, ConfigError> {
+        match &self.limits.render_timeout {
+            Some(t) => {
+                parse_duration(t).map_err(|e| ConfigError(format!("limits.renderTimeout: {e}")))
+            }
+            None => Ok(default_render_budget(timeout)),
+        }
+    }
+}
+
+/// The default render budget, in per-call timeouts: room for a chain of ten
+/// plugins that each run close to their own deadline, so that no sane chain
+/// meets it (real plugins take well under a millisecond on a 50 KiB pod, see
+/// docs/performance.md), while one template can hold the render thread for
+/// at most this long (1 s with the default 100 ms timeout). It follows the
+/// timeout, so raising the timeout alone never cuts a single call short.
+pub const RENDER_BUDGET_CALLS: u32 = 10;
+
+/// [`RENDER_BUDGET_CALLS`] times the per-call `timeout`.
+pub fn default_render_budget(timeout: Duration) -> Duration {
+    timeout.saturating_mul(RENDER_BUDGET_CALLS)
 }
 
 /// Why a catalog could not be loaded: its configuration, or a plugin in it.
@@ -164,15 +206,55 @@ pub enum CatalogError {
     Plugin(String),
 }
 
+/// Why a list of plugin names is not a chain that can run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChainError {
+    #[error("unknown plugin {name:?} (the catalog has: {known})")]
+    Unknown { name: String, known: String },
+    #[error(
+        "names plugin {name:?} more than once; a chain runs each plugin at most once: list it once"
+    )]
+    Repeated { name: String },
+    #[error(
+        "names {count} plugins, but a chain runs each catalog plugin at most once and the catalog has {catalog}: list each plugin once (the catalog has: {known})"
+    )]
+    TooLong {
+        count: usize,
+        catalog: usize,
+        known: String,
+    },
+}
+
+/// A template's `podstamp.io/plugins` annotation names a chain that cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {0}", field = join_key("metadata.annotations", PLUGINS_ANNOTATION))]
+pub struct AnnotationError(pub ChainError);
+
+impl AnnotationError {
+    /// The failure reason reported for the template (metrics, log, Event).
+    pub fn reason(&self) -> &'static str {
+        match self.0 {
+            ChainError::Unknown { .. } => "UnknownPlugin",
+            ChainError::Repeated { .. } | ChainError::TooLong { .. } => "InvalidChain",
+        }
+    }
+}
+
 /// Loaded plugins by catalog name, and the chain used by default.
 pub struct Catalog {
     steps: BTreeMap<String, Arc<Step>>,
     default_chain: Chain,
+    /// The mandatory plugins, in the default chain's order: the tail of
+    /// every chain.
+    mandatory: Vec<Arc<Step>>,
+    /// The time budget of one render, given to every chain.
+    budget: Duration,
 }
 
 impl Catalog {
     /// Loads every plugin of the catalog and resolves the default chain.
     pub fn load(config: &ConfigFile, runtime: &Runtime) -> Result<Catalog, CatalogError> {
+        let budget = config.render_budget(runtime.limits().timeout)?;
         let mut steps = BTreeMap::new();
         for (name, entry) in &config.plugins {
             let field = join_key("plugins", name);
@@ -198,60 +280,129 @@ impl Catalog {
         let mut catalog = Catalog {
             steps,
             default_chain: Chain::default(),
+            mandatory: Vec::new(),
+            budget,
         };
-        catalog.default_chain = catalog
-            .resolve(config.chain.iter().map(String::as_str))
+        let default_chain = catalog
+            .checked(config.chain.iter().map(String::as_str))
             .map_err(|e| ConfigError(format!("chain: {e}")))?;
+        // Mandatory plugins end the default chain, so that a template without
+        // the annotation runs them where every other template does: last.
+        let is_mandatory = |name: &str| config.plugins.get(name).is_some_and(|p| p.mandatory);
+        for (name, entry) in &config.plugins {
+            if entry.mandatory && !config.chain.contains(name) {
+                return Err(ConfigError(format!(
+                    "{}: is mandatory, so it must be in chain (it runs after every template's own plugins); add it at the end of chain",
+                    join_key("plugins", name)
+                ))
+                .into());
+            }
+        }
+        if let Some(window) = config
+            .chain
+            .windows(2)
+            .find(|w| is_mandatory(&w[0]) && !is_mandatory(&w[1]))
+        {
+            return Err(ConfigError(format!(
+                "chain: {:?} is mandatory and {:?} is not, but mandatory plugins run last, after a template's own plugins: put {:?} before {:?}",
+                window[0], window[1], window[1], window[0]
+            ))
+            .into());
+        }
+        catalog.mandatory = default_chain
+            .iter()
+            .filter(|s| is_mandatory(&s.name))
+            .cloned()
+            .collect();
+        catalog.default_chain = Chain::new(default_chain).with_budget(budget);
         Ok(catalog)
     }
 
-    /// A catalog of exactly these steps, run in this order by default.
+    /// A catalog of exactly these steps, run in this order by default, none
+    /// mandatory, with the default render budget for the default timeout.
     pub fn from_steps(steps: Vec<Step>) -> Catalog {
         let steps: Vec<Arc<Step>> = steps.into_iter().map(Arc::new).collect();
+        let budget = default_render_budget(crate::plugin::Limits::default().timeout);
         Catalog {
-            default_chain: Chain::new(steps.clone()),
+            default_chain: Chain::new(steps.clone()).with_budget(budget),
             steps: steps.into_iter().map(|s| (s.name.clone(), s)).collect(),
+            mandatory: Vec::new(),
+            budget,
         }
     }
 
-    fn resolve<'a>(&self, names: impl Iterator<Item = &'a str>) -> Result<Chain, String> {
-        let mut chain = Vec::new();
-        for name in names {
-            match self.steps.get(name) {
-                Some(step) => chain.push(step.clone()),
-                None => {
-                    let known: Vec<&str> = self.steps.keys().map(String::as_str).collect();
-                    return Err(format!(
-                        "unknown plugin {name:?} (the catalog has: {})",
-                        if known.is_empty() {
-                            "none".to_string()
-                        } else {
-                            known.join(", ")
-                        }
-                    ));
-                }
-            }
+    /// This catalog, with every render given `budget`.
+    pub fn with_render_budget(mut self, budget: Duration) -> Catalog {
+        self.budget = budget;
+        self.default_chain = self.default_chain.with_budget(budget);
+        self
+    }
+
+    fn known(&self) -> String {
+        if self.steps.is_empty() {
+            "none".to_string()
+        } else {
+            let known: Vec<&str> = self.steps.keys().map(String::as_str).collect();
+            known.join(", ")
         }
-        Ok(Chain::new(chain))
+    }
+
+    /// The steps `names` name: catalog plugins only, each at most once.
+    fn checked<'a>(
+        &self,
+        names: impl ExactSizeIterator<Item = &'a str>,
+    ) -> Result<Vec<Arc<Step>>, ChainError> {
+        let count = names.len();
+        let mut chain: Vec<Arc<Step>> = Vec::new();
+        // Past the catalog's size a name is unknown or a repeat, so this
+        // stops by then, however many names there are.
+        for name in names {
+            let Some(step) = self.steps.get(name) else {
+                return Err(ChainError::Unknown {
+                    name: name.to_string(),
+                    known: self.known(),
+                });
+            };
+            if chain.iter().any(|s| s.name == name) {
+                // Thousands of names say more about the list than its
+                // first repeat does.
+                return Err(if count > self.steps.len() {
+                    ChainError::TooLong {
+                        count,
+                        catalog: self.steps.len(),
+                        known: self.known(),
+                    }
+                } else {
+                    ChainError::Repeated {
+                        name: name.to_string(),
+                    }
+                });
+            }
+            chain.push(step.clone());
+        }
+        Ok(chain)
     }
 
     /// The chain for a template: the one its `podstamp.io/plugins`
-    /// annotation names, from this catalog only, else the default chain.
+    /// annotation names, from this catalog only, each plugin at most once,
+    /// followed by the mandatory plugins; else the default chain.
     pub fn chain_for(
         &self,
         template_annotations: &BTreeMap<String, String>,
-    ) -> Result<Chain, String> {
-        match template_annotations.get(PLUGINS_ANNOTATION) {
-            None => Ok(self.default_chain.clone()),
-            Some(list) => self
-                .resolve(list.split(',').map(str::trim).filter(|n| !n.is_empty()))
-                .map_err(|e| {
-                    format!(
-                        "{}: {e}",
-                        join_key("metadata.annotations", PLUGINS_ANNOTATION)
-                    )
-                }),
-        }
+    ) -> Result<Chain, AnnotationError> {
+        let Some(list) = template_annotations.get(PLUGINS_ANNOTATION) else {
+            return Ok(self.default_chain.clone());
+        };
+        let names: Vec<&str> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .collect();
+        let mut chain = self.checked(names.into_iter()).map_err(AnnotationError)?;
+        // Named or not, the mandatory plugins run last, once, in their order.
+        chain.retain(|s| !self.mandatory.iter().any(|m| m.name == s.name));
+        chain.extend(self.mandatory.iter().cloned());
+        Ok(Chain::new(chain).with_budget(self.budget))
     }
 
     pub fn default_chain(&self) -> &Chain {

@@ -14,7 +14,7 @@ use podstamp::chain::Step;
 use podstamp::config::{self, Catalog, CatalogError, ConfigFile};
 use podstamp::node::{NodeAddress, NodeContext};
 use podstamp::plugin::{Limits, Runtime, WIT_PACKAGE};
-use podstamp::render::render;
+use podstamp::render::{check_size, render};
 use podstamp::template::{Template, parse_document};
 
 #[derive(Parser)]
@@ -207,8 +207,9 @@ fn run_render(args: RenderArgs) -> Result<(), Failure> {
     let chain = catalog
         .chain_for(&template.annotations)
         .map_err(|e| Failure::Render(format!("PodTemplate {}: {e}", template.id())))?;
-    let manifest =
-        render(&template, &node, &chain, &namespace).map_err(|e| Failure::Render(e.to_string()))?;
+    let manifest = check_size(&template, max_manifest)
+        .and_then(|()| render(&template, &node, &chain, &namespace))
+        .map_err(|e| Failure::Render(e.to_string()))?;
     // The plugins' output limit alone would let a template without plugins through.
     if manifest.bytes.len() > max_manifest {
         return Err(Failure::Render(format!(
@@ -281,7 +282,10 @@ fn load_catalog(
         let name = plugin.info().name.clone();
         steps.push(Step::new(name, plugin, &settings));
     }
-    Ok(Catalog::from_steps(steps))
+    Ok(
+        Catalog::from_steps(steps)
+            .with_render_budget(config::default_render_budget(limits.timeout)),
+    )
 }
 
 fn read_input(name: &str) -> Result<(Vec<u8>, String), String> {

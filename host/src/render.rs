@@ -1,4 +1,9 @@
 //! One render: template → plugin chain → validation → manifest.
+//!
+//! Its time is bounded: the chain by its budget, the native stages by the
+//! template's size, which [`check_size`] caps at the largest manifest
+//! written, so that one template cannot hold the render thread for long
+//! (docs/performance.md measures it).
 
 use std::fmt;
 use std::time::Duration;
@@ -34,6 +39,8 @@ pub enum Stage {
     /// template fails the same way every time, so it is a render failure (the
     /// last good manifest stays), not a write failure (the disk is fine).
     Manifest(manifest::Unreadable),
+    /// The template's pod is larger, as JSON, than any manifest written.
+    TooLarge { size: usize, limit: usize },
 }
 
 impl fmt::Display for RenderError {
@@ -57,11 +64,46 @@ impl fmt::Display for RenderError {
                 f,
                 "podstamp cannot read back the manifest it made for the pod, so it is not written: {e} (a bug in podstamp; please report it with the template)"
             ),
+            Stage::TooLarge { size, limit } => write!(
+                f,
+                "the template's pod is {size} bytes, over the limit of {limit} (limits.maxManifestSize) for a manifest; it is not rendered"
+            ),
         }
     }
 }
 
 impl std::error::Error for RenderError {}
+
+/// Refuses a template whose pod, written as JSON, is over `max_bytes`
+/// (`limits.maxManifestSize`): its manifest would be refused after the whole
+/// render, which for a template of many megabytes holds the render thread
+/// many times longer than writing the JSON to count it.
+pub fn check_size(template: &Template, max_bytes: usize) -> Result<(), RenderError> {
+    /// Counts the bytes written to it.
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    // Writing a `Value` to a sink that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut counter, template.pod());
+    if counter.0 > max_bytes {
+        return Err(RenderError {
+            template: template.id(),
+            stage: Stage::TooLarge {
+                size: counter.0,
+                limit: max_bytes,
+            },
+        });
+    }
+    Ok(())
+}
 
 /// Renders `template` for `node` through `chain`, into a manifest in `namespace`.
 pub fn render(

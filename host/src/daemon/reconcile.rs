@@ -35,7 +35,7 @@ use crate::chain::Chain;
 use crate::config::Catalog;
 use crate::manifest::{self, Manifest};
 use crate::node::NodeContext;
-use crate::render::{RenderError, Stage, render_observed};
+use crate::render::{RenderError, Stage, check_size, render_observed};
 use crate::template::Template;
 use crate::write::{self, Outcome};
 
@@ -554,11 +554,12 @@ impl Reconciler {
             .catalog
             .chain_for(&template.annotations)
             .map_err(|e| Failure {
-                reason: "UnknownPlugin",
+                reason: e.reason(),
                 plugin: None,
                 message: format!("PodTemplate {}: {e}", template.id()),
             })?;
-        let manifest = render_timed(template, node, &chain, &self.namespace, &self.metrics)
+        let manifest = check_size(template, self.max_manifest_bytes)
+            .and_then(|()| render_timed(template, node, &chain, &self.namespace, &self.metrics))
             .map_err(|e| {
                 let plugin = match &e.stage {
                     Stage::Plugin(f) => Some(f.step.clone()),

@@ -3,6 +3,7 @@
 //! bounded and attributed to the plugin and what it renders.
 
 use std::fmt;
+use std::time::Duration;
 
 use wasmtime::{ResourceLimiter, Store, Trap};
 
@@ -75,7 +76,7 @@ impl Plugin {
     }
 
     pub(super) fn call_info(&self) -> Result<PluginInfo, CallFailure> {
-        let info = self.call("info()", |plugin, store| {
+        let info = self.call("info()", Duration::MAX, |plugin, store| {
             plugin.podstamp_plugin_transformer().call_info(store)
         })?;
         Ok(PluginInfo {
@@ -93,7 +94,21 @@ impl Plugin {
         settings_json: &str,
         subject: &str,
     ) -> Result<String, CallFailure> {
-        let result = self.call(subject, |plugin, store| {
+        self.transform_within(pod_json, node, settings_json, subject, Duration::MAX)
+    }
+
+    /// [`Plugin::transform`], stopped after `time_left` when that comes
+    /// before the call's own timeout; the deadline it then fails with is
+    /// `time_left`.
+    pub fn transform_within(
+        &self,
+        pod_json: &str,
+        node: &WitNode,
+        settings_json: &str,
+        subject: &str,
+        time_left: Duration,
+    ) -> Result<String, CallFailure> {
+        let result = self.call(subject, time_left, |plugin, store| {
             plugin.podstamp_plugin_transformer().call_transform(
                 store,
                 pod_json,
@@ -125,9 +140,23 @@ impl Plugin {
     fn call<R>(
         &self,
         subject: &str,
+        time_left: Duration,
         f: impl FnOnce(&bindings::Plugin, &mut Store<CallState>) -> wasmtime::Result<R>,
     ) -> Result<R, CallFailure> {
         let shared = &self.runtime.shared;
+        // The deadline is a whole number of epoch ticks, rounded down, so
+        // that the call never outlives `time_left`; with less than a tick
+        // left it is not made at all.
+        let limits = Limits {
+            timeout: shared.limits.timeout.min(time_left),
+            ..shared.limits
+        };
+        let ticks = limits.timeout.as_nanos() / shared.epoch_tick.as_nanos().max(1);
+        if ticks == 0 && limits.timeout < shared.limits.timeout {
+            return Err(CallFailure::DeadlineExceeded {
+                timeout: limits.timeout,
+            });
+        }
         // Taken before the store is made and so given back after it is
         // dropped: the store holds the pool slot until then.
         let _running = shared.ticker.start_call();
@@ -142,7 +171,6 @@ impl Plugin {
             },
         );
         store.limiter(|state| &mut state.limiter);
-        let ticks = shared.limits.timeout.as_nanos() / shared.epoch_tick.as_nanos().max(1);
         store.set_epoch_deadline(ticks.max(1) as u64);
         store.epoch_deadline_trap();
 
@@ -150,7 +178,7 @@ impl Plugin {
             .pre
             .instantiate(&mut store)
             .and_then(|plugin| f(&plugin, &mut store));
-        result.map_err(|e| classify(e, store.data_mut(), shared.limits))
+        result.map_err(|e| classify(e, store.data_mut(), limits))
     }
 }
 
