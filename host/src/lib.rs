@@ -14,6 +14,7 @@ pub mod node;
 pub mod plugin;
 pub mod render;
 pub mod template;
+pub mod text;
 pub mod validate;
 pub mod write;
 pub mod yaml;

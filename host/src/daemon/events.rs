@@ -136,11 +136,7 @@ fn truncate(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_string();
     }
-    let mut end = max - 3;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &text[..end])
+    format!("{}...", &text[..text.floor_char_boundary(max - 3)])
 }
 
 #[cfg(test)]

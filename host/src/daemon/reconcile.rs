@@ -504,7 +504,7 @@ impl Reconciler {
                 }
             }
             Err(mut failure) => {
-                failure.message = bounded(failure.message, MAX_FAILURE_MESSAGE);
+                failure.message = crate::text::cut(failure.message, MAX_FAILURE_MESSAGE);
                 self.metrics.render(RenderResult::Failed(failure.reason));
                 if entry.last_error.as_deref() == Some(failure.message.as_str()) {
                     tracing::debug!(template = %id, reason = failure.reason, "still failing: {}", failure.message);
@@ -652,22 +652,6 @@ pub fn render_timed(
     render_observed(template, node, chain, namespace, &mut |step, ok, took| {
         metrics.plugin_call(&step.name, ok, took)
     })
-}
-
-/// `text` if it is at most `max` bytes; else its start, cut at a char
-/// boundary, with how long it was.
-fn bounded(mut text: String, max: usize) -> String {
-    if text.len() <= max {
-        return text;
-    }
-    let original = text.len();
-    let mut cut = max;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    text.truncate(cut);
-    text.push_str(&format!("… (cut: {original} bytes in all)"));
-    text
 }
 
 /// A regular file's content, never through a symlink; None otherwise.

@@ -131,8 +131,11 @@ impl Plugin {
             }
             Ok(pod) => Ok(pod),
             Err(e) => Err(CallFailure::Rejected {
-                message: bound_error_text(e.message),
-                field: e.field.filter(|f| !f.is_empty()).map(bound_error_text),
+                message: crate::text::cut(e.message, MAX_ERROR_TEXT),
+                field: e
+                    .field
+                    .filter(|f| !f.is_empty())
+                    .map(|f| crate::text::cut(f, MAX_ERROR_TEXT)),
             }),
         }
     }
@@ -222,22 +225,6 @@ const MAX_LOG_LINES_PER_CALL: u32 = 64;
 /// logged, kept in the reconciler's state or queued as an Event.
 pub(super) const MAX_ERROR_TEXT: usize = 4096;
 
-/// `text` if it is at most [`MAX_ERROR_TEXT`] bytes; else its start, cut at
-/// a char boundary, with how long it was.
-fn bound_error_text(mut text: String) -> String {
-    if text.len() <= MAX_ERROR_TEXT {
-        return text;
-    }
-    let original = text.len();
-    let mut cut = MAX_ERROR_TEXT;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    text.truncate(cut);
-    text.push_str(&format!("… (cut: {original} bytes in all)"));
-    text
-}
-
 impl bindings::podstamp::plugin::types::Host for CallState {}
 
 impl bindings::podstamp::plugin::host::Host for CallState {
@@ -250,11 +237,7 @@ impl bindings::podstamp::plugin::host::Host for CallState {
             return;
         }
         if message.len() > MAX_LOG_LINE {
-            let mut cut = MAX_LOG_LINE;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
+            message.truncate(message.floor_char_boundary(MAX_LOG_LINE));
             message.push('…');
         }
         let (plugin, subject) = (&self.plugin, &self.subject);
