@@ -513,7 +513,12 @@ fn the_bootkube_discussion_template_renders_and_says_what_it_drops() {
 
 /// Renders the example chain with `--cache-dir cache`; returns the output.
 fn render_cached(cache: &std::path::Path) -> std::process::Output {
-    podstamp(&[
+    podstamp(&cached_args(cache))
+}
+
+/// The arguments of [`render_cached`].
+fn cached_args(cache: &std::path::Path) -> [&str; 8] {
+    [
         "render",
         CHECKPOINTER,
         "--node",
@@ -522,7 +527,7 @@ fn render_cached(cache: &std::path::Path) -> std::process::Output {
         "examples/podstamp.yaml",
         "--cache-dir",
         cache.to_str().unwrap(),
-    ])
+    ]
 }
 
 /// The cache entry of the built plugin `name`: named by its sha256.
@@ -552,16 +557,7 @@ fn an_unsafe_cache_dir_is_refused_with_what_to_do() {
     std::fs::create_dir(&shared).unwrap();
     chmod(&shared, 0o777);
     let cache = shared.join("cache");
-    let args = [
-        "render",
-        CHECKPOINTER,
-        "--node",
-        NODE,
-        "--config",
-        "examples/podstamp.yaml",
-        "--cache-dir",
-        cache.to_str().unwrap(),
-    ];
+    let args = cached_args(&cache);
     let err = fails(&args, None, 1);
     assert!(
         err.contains(&format!(
@@ -604,17 +600,7 @@ fn an_unsafe_cache_dir_is_refused_with_what_to_do() {
     chmod(&real, 0o700);
     let link = dir.path().join("link");
     std::os::unix::fs::symlink(&real, &link).unwrap();
-    let args = [
-        "render",
-        CHECKPOINTER,
-        "--node",
-        NODE,
-        "--config",
-        "examples/podstamp.yaml",
-        "--cache-dir",
-        link.to_str().unwrap(),
-    ];
-    let err = fails(&args, None, 1);
+    let err = fails(&cached_args(&link), None, 1);
     assert!(
         err.contains(&format!(
             "{} is a symbolic link, which the code cache does not follow",
