@@ -2123,10 +2123,29 @@ fn an_unreadable_template_file_is_retried_and_is_not_its_fault() {
     let good = identity(&manifest);
 
     // The idle daemon's lowest free descriptor becomes its limit: it can
-    // open nothing more, and the edit below cannot be read.
-    let used: Vec<u64> = open_fds(daemon.pid()).into_iter().map(|(n, _)| n).collect();
-    let lowest_free = (0..).find(|n| !used.contains(n)).unwrap();
-    let before = set_soft_file_limit(daemon.pid(), lowest_free);
+    // open nothing more, and the edit below cannot be read. A descriptor it
+    // closes meanwhile (the socket of the readiness check above) would leave
+    // room below the limit: lower it again until the free slot stays.
+    let lowest_free = || {
+        let used: Vec<u64> = open_fds(daemon.pid()).into_iter().map(|(n, _)| n).collect();
+        (0..).find(|n| !used.contains(n)).unwrap()
+    };
+    let mut limit = lowest_free();
+    let before = set_soft_file_limit(daemon.pid(), limit);
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        let free = lowest_free();
+        if free == limit {
+            break;
+        }
+        limit = free;
+        set_soft_file_limit(daemon.pid(), limit);
+    }
+    assert_eq!(
+        lowest_free(),
+        limit,
+        "the daemon's descriptors did not settle"
+    );
     e.put("edited.yaml", &template("edited", None, "edited:2"));
     let file = identity(&e.templates.join("edited.yaml"));
     let line = wait_logged(&daemon, "the read failure in the log", || {
