@@ -1422,14 +1422,7 @@ fn fields_the_kubelet_refuses_are_refused_naming_the_field() {
         let input = tmp.path().join(format!("{id}.json"));
         fs::write(&input, object.to_string()).unwrap();
         let output = tmp.path().join(format!("{id}.out.yaml"));
-        let out = common::podstamp(&[
-            "render",
-            input.to_str().unwrap(),
-            "--node-name",
-            "n1",
-            "-o",
-            output.to_str().unwrap(),
-        ]);
+        let out = render_to(&input, &output);
         let err = common::stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{id}: {err}");
         assert!(err.contains(fault.says), "{id}: {err}");
@@ -2743,14 +2736,7 @@ fn podstamp_render_refuses_a_manifest_over_the_size_limit() {
     )
     .unwrap();
     let output = tmp.path().join("big.out.yaml");
-    let out = common::podstamp(&[
-        "render",
-        input.to_str().unwrap(),
-        "--node-name",
-        "n1",
-        "-o",
-        output.to_str().unwrap(),
-    ]);
+    let out = render_to(&input, &output);
     let err = common::stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains(fault.says), "{err}");
@@ -2790,4 +2776,16 @@ fn a_name_too_long_for_the_kubelet_with_this_node_is_refused() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains(fault.says), "{err}");
     assert!(names_in(&bad_dir).is_empty());
+}
+
+/// `podstamp render INPUT --node-name n1 -o OUTPUT`.
+fn render_to(input: &Path, output: &Path) -> std::process::Output {
+    common::podstamp(&[
+        "render",
+        input.to_str().unwrap(),
+        "--node-name",
+        "n1",
+        "-o",
+        output.to_str().unwrap(),
+    ])
 }

@@ -146,17 +146,7 @@ fn growing_memory_past_the_cap_is_a_clean_error() {
         &runtime(),
         "(loop $more (drop (memory.grow (i32.const 16))) (br $more)) (unreachable)",
     );
-    let failure = call(&plugin).unwrap_err();
-    assert!(
-        matches!(failure, CallFailure::MemoryCapExceeded { limit, requested } if limit == 8 << 20 && requested > limit),
-        "{failure:?}"
-    );
-    assert!(
-        failure
-            .to_string()
-            .starts_with("memory cap of 8 MiB exceeded"),
-        "{failure}"
-    );
+    assert_over_the_8_mib_cap(call(&plugin).unwrap_err());
 }
 
 #[test]
@@ -292,17 +282,7 @@ fn memories_over_the_cap_together_are_stopped_though_each_is_under_it() {
         .unwrap(),
         pod()
     );
-    let failure = call(&plugin).unwrap_err();
-    assert!(
-        matches!(failure, CallFailure::MemoryCapExceeded { limit, requested } if limit == 8 << 20 && requested > limit),
-        "{failure:?}"
-    );
-    assert!(
-        failure
-            .to_string()
-            .starts_with("memory cap of 8 MiB exceeded"),
-        "{failure}"
-    );
+    assert_over_the_8_mib_cap(call(&plugin).unwrap_err());
 }
 
 /// Grows its memory to 256 KiB, looks at every byte above 32 KiB (its data,
@@ -524,5 +504,19 @@ fn a_cache_dir_others_can_write_is_refused() {
             dir.path().display()
         )),
         "{err}"
+    );
+}
+
+/// `failure` is the memory cap of [`runtime`] (8 MiB), hit by a larger request.
+fn assert_over_the_8_mib_cap(failure: CallFailure) {
+    assert!(
+        matches!(failure, CallFailure::MemoryCapExceeded { limit, requested } if limit == 8 << 20 && requested > limit),
+        "{failure:?}"
+    );
+    assert!(
+        failure
+            .to_string()
+            .starts_with("memory cap of 8 MiB exceeded"),
+        "{failure}"
     );
 }
