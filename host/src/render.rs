@@ -79,25 +79,12 @@ impl std::error::Error for RenderError {}
 /// render, which for a template of many megabytes holds the render thread
 /// many times longer than writing the JSON to count it.
 pub fn check_size(template: &Template, max_bytes: usize) -> Result<(), RenderError> {
-    /// Counts the bytes written to it.
-    struct Counter(usize);
-    impl std::io::Write for Counter {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut counter = Counter(0);
-    // Writing a `Value` to a sink that never fails cannot fail.
-    let _ = serde_json::to_writer(&mut counter, template.pod());
-    if counter.0 > max_bytes {
+    let size = template.pod_json_len();
+    if size > max_bytes {
         return Err(RenderError {
             template: template.id(),
             stage: Stage::TooLarge {
-                size: counter.0,
+                size,
                 limit: max_bytes,
             },
         });

@@ -79,6 +79,9 @@ pub struct Template {
     /// mean nothing for a static pod: dropped, and named once in a warning
     /// (see [`Template::ignored`]).
     ignored: Ignored,
+    /// The length of `pod` written as JSON, counted once when the template
+    /// is read: every render checks it against the manifest size limit.
+    pod_json_len: usize,
 }
 
 /// What [`Template::from_value`] dropped from `template.metadata`.
@@ -145,6 +148,11 @@ impl Template {
     /// The pod to render; it has the shape of a v1 Pod (types, no unknown fields).
     pub fn pod(&self) -> &Value {
         &self.pod
+    }
+
+    /// The length of the template's pod written as JSON, in bytes.
+    pub fn pod_json_len(&self) -> usize {
+        self.pod_json_len
     }
 
     /// `namespace/name`, how templates are named in logs and errors.
@@ -275,6 +283,7 @@ impl Template {
                 namespace,
                 name,
                 annotations,
+                pod_json_len: json_len(&pod),
                 pod,
                 ignored,
             })
@@ -282,6 +291,25 @@ impl Template {
             Err(Invalid(errors))
         }
     }
+}
+
+/// The length of `value` written as JSON, without keeping the text.
+fn json_len(value: &Value) -> usize {
+    /// Counts the bytes written to it.
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    // Writing a `Value` to a sink that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
 }
 
 /// Where a field of the template's pod lives in the PodTemplate object.
