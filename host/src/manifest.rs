@@ -5,11 +5,15 @@
 //! content. The daemon manages only files that carry them, and the hash tells
 //! a file podstamp wrote from one somebody edited since.
 //!
-//! A manifest is only ever made by [`finish`], which reads the bytes back
-//! with the reader [`ownership`] uses (the daemon's way of recognising its
-//! files at start) and refuses them unless they read back as exactly the pod
-//! it was given: a file podstamp could not read back would be called foreign
-//! after a restart and orphaned, or be refused by the kubelet.
+//! A [`Manifest`] is only ever made by reading its bytes back with the
+//! reader [`ownership`] uses (the daemon's way of recognising its files at
+//! start), refused unless they read back as exactly the pod it was given: a
+//! file podstamp could not read back would be called foreign after a restart
+//! and orphaned, or be refused by the kubelet. [`finish`] does it at once;
+//! [`finish_unverified`] leaves it to [`Unverified::verify`], so that the
+//! daemon pays for it only when the bytes are about to replace a file's
+//! (most renders find their manifest already in place, and the read back
+//! costs more than the rest of a render without plugins).
 
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -57,10 +61,38 @@ pub enum Unreadable {
     Differs(String),
 }
 
+/// A manifest whose bytes were not read back yet: it can be looked at and
+/// compared with what is on disk, but only [`Unverified::verify`] makes it a
+/// [`Manifest`] that can be written.
+#[derive(Debug, Clone)]
+pub struct Unverified {
+    manifest: Manifest,
+    /// What the bytes must read back as: the pod with its real hash.
+    pod: Value,
+}
+
+impl Unverified {
+    /// The manifest, for its name, source and bytes; not to be written.
+    pub fn peek(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Reads the bytes back (see [`read_back`]).
+    pub fn verify(self) -> Result<Manifest, Unreadable> {
+        read_back(&self.manifest.bytes, &self.pod)?;
+        Ok(self.manifest)
+    }
+}
+
 /// Sets the namespace and ownership annotations on a validated `pod` and
 /// writes it out. The output depends on nothing but the pod's content. Fails
 /// when the output does not read back as the pod (see [`read_back`]).
-pub fn finish(mut pod: Value, namespace: &str, source: &str) -> Result<Manifest, Unreadable> {
+pub fn finish(pod: Value, namespace: &str, source: &str) -> Result<Manifest, Unreadable> {
+    finish_unverified(pod, namespace, source).verify()
+}
+
+/// [`finish`], with the read back left to [`Unverified::verify`].
+pub fn finish_unverified(mut pod: Value, namespace: &str, source: &str) -> Unverified {
     let metadata = pod
         .as_object_mut()
         .expect("a validated pod is an object")
@@ -112,13 +144,15 @@ pub fn finish(mut pod: Value, namespace: &str, source: &str) -> Result<Manifest,
     text.replace_range(end - 1 - content_hash.len()..end - 1, &content_hash);
     // What the file must read back as: the pod with its real hash.
     pod["metadata"]["annotations"][HASH_ANNOTATION] = Value::String(content_hash.clone());
-    read_back(text.as_bytes(), &pod)?;
-    Ok(Manifest {
-        pod_name,
-        source: source.to_string(),
-        content_hash,
-        bytes: text.into_bytes(),
-    })
+    Unverified {
+        manifest: Manifest {
+            pod_name,
+            source: source.to_string(),
+            content_hash,
+            bytes: text.into_bytes(),
+        },
+        pod,
+    }
 }
 
 /// Checks that `bytes` read back, with the reader [`ownership`] uses, as

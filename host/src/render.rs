@@ -110,6 +110,43 @@ pub fn render_observed(
     namespace: &str,
     observe: &mut dyn FnMut(&Step, bool, Duration),
 ) -> Result<Manifest, RenderError> {
+    render_unverified(template, node, chain, namespace, observe)?.verify()
+}
+
+/// A rendered manifest whose bytes were not read back yet: the daemon
+/// compares them with the file on disk first, and reads back only bytes
+/// that are about to be written.
+#[derive(Debug, Clone)]
+pub struct Rendered {
+    template: String,
+    manifest: manifest::Unverified,
+}
+
+impl Rendered {
+    /// The manifest, for its name, source and bytes; not to be written.
+    pub fn peek(&self) -> &Manifest {
+        self.manifest.peek()
+    }
+
+    /// Reads the bytes back; a failure is the render's
+    /// ([`Stage::Manifest`]).
+    pub fn verify(self) -> Result<Manifest, RenderError> {
+        let template = self.template;
+        self.manifest.verify().map_err(|e| RenderError {
+            template,
+            stage: Stage::Manifest(e),
+        })
+    }
+}
+
+/// [`render_observed`] but for the read back, left to [`Rendered::verify`].
+pub fn render_unverified(
+    template: &Template,
+    node: &NodeContext,
+    chain: &Chain,
+    namespace: &str,
+    observe: &mut dyn FnMut(&Step, bool, Duration),
+) -> Result<Rendered, RenderError> {
     let id = template.id();
     let fail = |stage| RenderError {
         template: id.clone(),
@@ -153,5 +190,8 @@ pub fn render_observed(
             }]),
         }));
     }
-    manifest::finish(pod, namespace, &id).map_err(|e| fail(Stage::Manifest(e)))
+    Ok(Rendered {
+        manifest: manifest::finish_unverified(pod, namespace, &id),
+        template: id,
+    })
 }

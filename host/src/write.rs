@@ -113,6 +113,18 @@ fn temp_path(dir: &Path, file_name: &str) -> PathBuf {
 
 /// Whether the file at `path` (not followed if a symlink) holds exactly
 /// `bytes`; read in pieces, since it is usually compared and left alone.
+/// Whether `dir/file_name` is a regular file holding exactly `bytes` (then
+/// [`replace`] would leave it as it is). Any error reading it: no.
+pub fn already_holds(dir: &Path, file_name: &str, bytes: &[u8]) -> bool {
+    let path = dir.join(file_name);
+    match fs::symlink_metadata(&path) {
+        Ok(meta) if meta.is_file() && meta.len() == bytes.len() as u64 => {
+            holds(&path, bytes).unwrap_or(false)
+        }
+        _ => false,
+    }
+}
+
 fn holds(path: &Path, mut bytes: &[u8]) -> io::Result<bool> {
     let mut file = OpenOptions::new()
         .read(true)

@@ -33,9 +33,9 @@ use k8s_openapi::api::core::v1::ObjectReference;
 
 use crate::chain::Chain;
 use crate::config::Catalog;
-use crate::manifest::{self, Manifest};
+use crate::manifest;
 use crate::node::NodeContext;
-use crate::render::{RenderError, Stage, check_size, render_observed};
+use crate::render::{RenderError, Rendered, Stage, check_size, render_unverified};
 use crate::template::Template;
 use crate::write::{self, Outcome};
 
@@ -558,19 +558,21 @@ impl Reconciler {
                 plugin: None,
                 message: format!("PodTemplate {}: {e}", template.id()),
             })?;
-        let manifest = check_size(template, self.max_manifest_bytes)
+        let render_failed = |e: RenderError| {
+            let plugin = match &e.stage {
+                Stage::Plugin(f) => Some(f.step.clone()),
+                _ => None,
+            };
+            Failure {
+                reason: "RenderFailed",
+                plugin,
+                message: e.to_string(),
+            }
+        };
+        let rendered = check_size(template, self.max_manifest_bytes)
             .and_then(|()| render_timed(template, node, &chain, &self.namespace, &self.metrics))
-            .map_err(|e| {
-                let plugin = match &e.stage {
-                    Stage::Plugin(f) => Some(f.step.clone()),
-                    _ => None,
-                };
-                Failure {
-                    reason: "RenderFailed",
-                    plugin,
-                    message: e.to_string(),
-                }
-            })?;
+            .map_err(render_failed)?;
+        let manifest = rendered.peek();
         if manifest.bytes.len() > self.max_manifest_bytes {
             return Err(Failure {
                 reason: "RenderFailed",
@@ -628,28 +630,37 @@ impl Reconciler {
                 }
             }
         }
-        let outcome = write::replace(&self.dir, &file, &manifest.bytes).map_err(|e| Failure {
-            reason: "WriteFailed",
-            plugin: None,
-            message: format!("PodTemplate {}: {}: {e}", template.id(), file),
-        })?;
+        let source = manifest.source.clone();
+        // Bytes already on disk were read back when they were written; only
+        // new bytes are read back, just before they replace the file.
+        let outcome = if write::already_holds(&self.dir, &file, &manifest.bytes) {
+            Outcome::Unchanged
+        } else {
+            let manifest = rendered.verify().map_err(render_failed)?;
+            write::replace(&self.dir, &file, &manifest.bytes).map_err(|e| Failure {
+                reason: "WriteFailed",
+                plugin: None,
+                message: format!("PodTemplate {}: {}: {e}", template.id(), file),
+            })?
+        };
         if outcome == Outcome::Written {
             self.dir_unsynced = true;
         }
-        self.owned.insert(file.clone(), manifest.source.clone());
+        self.owned.insert(file.clone(), source);
         Ok((file, outcome))
     }
 }
 
-/// [`render`], with each plugin call timed for the metrics.
+/// [`crate::render::render`], with each plugin call timed for the metrics
+/// and the read back left to the caller ([`Rendered::verify`]).
 pub fn render_timed(
     template: &Template,
     node: &NodeContext,
     chain: &Chain,
     namespace: &str,
     metrics: &Metrics,
-) -> Result<Manifest, RenderError> {
-    render_observed(template, node, chain, namespace, &mut |step, ok, took| {
+) -> Result<Rendered, RenderError> {
+    render_unverified(template, node, chain, namespace, &mut |step, ok, took| {
         metrics.plugin_call(&step.name, ok, took)
     })
 }
