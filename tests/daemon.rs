@@ -1221,3 +1221,114 @@ fn the_bootkube_discussion_template_through_the_api_server() {
     );
     assert_eq!(logs.matches(&warning).count(), 1, "{logs}");
 }
+
+/// The catalog's ConfigMaps are watched one by one, by name, with the
+/// permissions of the `podstamp` user only on those names: what is known
+/// follows creation, update and deletion, each change is told once, and a
+/// ConfigMap the Role does not name is an error saying which permission to
+/// grant, not a wait.
+#[test]
+fn configmaps_are_watched_by_name_and_a_missing_permission_is_named() {
+    use podstamp::daemon::configmaps::{ConfigMapError, ConfigMapWatches};
+    use std::sync::{Arc, Mutex};
+
+    let server = shared_server();
+    let ns = unique("cm");
+    let kube = Kube::admin_with_namespace(server, &ns);
+    kube.create::<k8s_openapi::api::rbac::v1::Role>(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "podstamp"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                   "resourceNames": ["catalog"], "verbs": ["get", "list", "watch"]}]}));
+    kube.create::<k8s_openapi::api::rbac::v1::RoleBinding>(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "podstamp"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "podstamp"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "podstamp"}]}));
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt.block_on(client(&server.kubeconfig("podstamp")));
+    let told = Arc::new(Mutex::new(Vec::<String>::new()));
+    let watches = {
+        let told = told.clone();
+        ConfigMapWatches::new(
+            client,
+            ns.clone(),
+            Some(2),
+            rt.handle().clone(),
+            Arc::new(podstamp::daemon::metrics::Metrics::default()),
+            move |name| told.lock().unwrap().push(name.to_string()),
+        )
+    };
+    let wait = Duration::from_secs(10);
+    assert_eq!(
+        watches.get("catalog", wait).unwrap(),
+        None,
+        "not created yet"
+    );
+
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(kube.client.clone(), &ns);
+    let catalog = |version: &str| {
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "catalog"}, "data": {"catalog.yaml": version}}))
+        .unwrap()
+    };
+    kube.rt
+        .block_on(api.create(&PostParams::default(), &catalog("chain: []")))
+        .unwrap();
+    let data = |watches: &ConfigMapWatches| {
+        watches.get("catalog", wait).unwrap().map(|cm| {
+            cm["data"]["catalog.yaml"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+    };
+    wait_for("the created ConfigMap", CONVERGE, || {
+        (data(&watches).as_deref() == Some("chain: []")).then_some(())
+    });
+    kube.rt
+        .block_on(api.replace("catalog", &PostParams::default(), &{
+            let mut current = kube.rt.block_on(api.get("catalog")).unwrap();
+            current.data = Some([("catalog.yaml".to_string(), "chain: [a]".to_string())].into());
+            current
+        }))
+        .unwrap();
+    wait_for("the updated ConfigMap", CONVERGE, || {
+        (data(&watches).as_deref() == Some("chain: [a]")).then_some(())
+    });
+    // Renewed watches (a 2 s timeout) tell nothing new.
+    std::thread::sleep(Duration::from_secs(5));
+    let catalog_told = |told: &Arc<Mutex<Vec<String>>>| {
+        told.lock()
+            .unwrap()
+            .iter()
+            .filter(|n| *n == "catalog")
+            .count()
+    };
+    assert_eq!(catalog_told(&told), 3, "absent, created, updated: {told:?}");
+
+    // A name the Role does not grant: refused at once, naming what to do.
+    let e = watches.get("other", wait).unwrap_err();
+    match &e {
+        ConfigMapError::Refused { name, message, .. } => {
+            assert_eq!(name, "other");
+            assert!(message.contains("resourceNames"), "{message}");
+            assert!(message.contains("configmaps"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(e.to_string().lines().count(), 1, "{e}");
+
+    kube.rt
+        .block_on(api.delete("catalog", &DeleteParams::default()))
+        .unwrap();
+    wait_for("the deleted ConfigMap", CONVERGE, || {
+        (data(&watches).is_none()).then_some(())
+    });
+    watches.keep([]);
+}

@@ -10,6 +10,7 @@
 //! errors are logged and the daemon keeps going (it never exits because the
 //! API server is down); 0 after SIGTERM or SIGINT.
 
+pub mod configmaps;
 pub mod events;
 pub mod metrics;
 pub mod raw;

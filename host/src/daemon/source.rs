@@ -32,7 +32,7 @@ use crate::node::NodeContext;
 use crate::template::{Template, parse_document};
 
 /// Exponential backoff with jitter between watch restarts.
-struct Backoff {
+pub(super) struct Backoff {
     next: Duration,
 }
 
@@ -40,14 +40,14 @@ const BACKOFF_MIN: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(8);
 
 impl Backoff {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Backoff { next: BACKOFF_MIN }
     }
-    fn reset(&mut self) {
+    pub(super) fn reset(&mut self) {
         self.next = BACKOFF_MIN;
     }
     /// A delay in [next/2, next), then doubles next (up to the maximum).
-    fn delay(&mut self) -> Duration {
+    pub(super) fn delay(&mut self) -> Duration {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
@@ -79,7 +79,7 @@ pub fn incoming_from_api(object: &Raw<PodTemplate>) -> Incoming {
 
 /// Logs a watch error; a forbidden one says which permission is missing
 /// (the API server's message names the verb, the resource and the namespace).
-fn log_watch_error(watch: &str, error: &watcher::Error) {
+pub(super) fn log_watch_error(watch: &str, error: &watcher::Error) {
     let source = match error {
         watcher::Error::InitialListFailed(e)
         | watcher::Error::WatchStartFailed(e)
