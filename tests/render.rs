@@ -548,6 +548,52 @@ fn chmod(path: &std::path::Path, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
+/// A node whose plugins come from the API starts, with the API server
+/// down, from the compiled code of the pinned digests alone: the cache
+/// hands a plugin back by its sha256 (any case), with no bytes to compile,
+/// and only for a digest it holds code of.
+#[test]
+fn a_cached_plugin_loads_by_its_digest_alone() {
+    use podstamp::plugin::{Limits, Runtime};
+    use sha2::Digest;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let bytes = std::fs::read(plugin("identity")).unwrap();
+    let sha = hex::encode(sha2::Sha256::digest(&bytes));
+    let runtime = Runtime::new(Limits::default(), Some(&cache)).unwrap();
+    assert!(
+        runtime.load_cached(&sha, "identity").unwrap().is_none(),
+        "nothing compiled yet"
+    );
+    let loaded = runtime.load_bytes(&bytes, "identity").unwrap();
+    drop(runtime);
+
+    // A new runtime, as after a restart.
+    let runtime = Runtime::new(Limits::default(), Some(&cache)).unwrap();
+    let cached = runtime
+        .load_cached(&sha.to_uppercase(), "identity")
+        .unwrap()
+        .expect("the entry written by the first load");
+    assert_eq!(cached.info(), loaded.info());
+    let node = podstamp::plugin::WitNode::from(&podstamp::node::NodeContext::named("n1"));
+    let pod = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"}}"#;
+    assert_eq!(
+        cached.transform(pod, &node, "{}", "t").unwrap(),
+        loaded.transform(pod, &node, "{}", "t").unwrap()
+    );
+    let other = hex::encode(sha2::Sha256::digest(b"another component"));
+    assert!(runtime.load_cached(&other, "other").unwrap().is_none());
+    assert!(
+        runtime
+            .load_cached("not-a-digest", "other")
+            .unwrap()
+            .is_none()
+    );
+    // No cache: nothing to start from.
+    let uncached = Runtime::new(Limits::default(), None).unwrap();
+    assert!(uncached.load_cached(&sha, "identity").unwrap().is_none());
+}
+
 #[test]
 fn an_unsafe_cache_dir_is_refused_with_what_to_do() {
     let dir = tempfile::tempdir().unwrap();

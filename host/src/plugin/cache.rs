@@ -395,7 +395,7 @@ impl CodeCache {
         bytes: &[u8],
         sha256: &str,
     ) -> wasmtime::Result<Component> {
-        let name = format!("{sha256}-{}.cwasm", hex::encode(&self.engine_key[..8]));
+        let name = self.entry_name(sha256);
         match self.read_entry(engine, &name, sha256) {
             Ok(Some(component)) => return Ok(component),
             Ok(None) => {}
@@ -412,6 +412,31 @@ impl CodeCache {
             );
         }
         Ok(component)
+    }
+
+    /// The compiled code of component `sha256` alone, when the cache has a
+    /// sound entry for it (one that fails its checks is None, with a
+    /// warning: the caller has no bytes to compile instead).
+    pub(super) fn cached(&self, engine: &Engine, sha256: &str) -> Option<Component> {
+        if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let sha256 = sha256.to_ascii_lowercase();
+        let name = self.entry_name(&sha256);
+        match self.read_entry(engine, &name, &sha256) {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(
+                    entry = %self.path.join(&name).display(),
+                    "not using cached plugin code: {e}"
+                );
+                None
+            }
+        }
+    }
+
+    fn entry_name(&self, sha256: &str) -> String {
+        format!("{sha256}-{}.cwasm", hex::encode(&self.engine_key[..8]))
     }
 
     /// The entry `name` for component `sha256`, None when there is none.

@@ -218,6 +218,36 @@ impl Runtime {
                 .map_err(compile_error)?,
             None => Component::new(&shared.engine, bytes).map_err(compile_error)?,
         };
+        self.ready(component, sha256, origin)
+    }
+
+    /// The plugin whose component has this sha256, from the compiled-code
+    /// cache alone, without the component's bytes: how a node whose
+    /// plugins come from the API starts while the API server is down. None
+    /// when there is no cache or no entry for it (an entry that fails its
+    /// checks is None too, with a warning, as in [`Runtime::load_bytes`]).
+    pub fn load_cached(&self, sha256: &str, origin: &str) -> Result<Option<Plugin>, LoadError> {
+        let shared = &self.shared;
+        let Some(cache) = &shared.cache else {
+            return Ok(None);
+        };
+        match cache.cached(&shared.engine, sha256) {
+            Some(component) => self
+                .ready(component, sha256.to_ascii_lowercase(), origin)
+                .map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// A compiled component made into a plugin: its interface checked,
+    /// linked, and its `info()` read.
+    fn ready(
+        &self,
+        component: Component,
+        sha256: String,
+        origin: &str,
+    ) -> Result<Plugin, LoadError> {
+        let shared = &self.shared;
         check_interface(&shared.engine, &component, origin)?;
         let pre = shared
             .linker
