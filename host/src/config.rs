@@ -40,6 +40,7 @@ use serde_json::Value;
 
 use crate::chain::{Chain, Step};
 use crate::plugin::{Limits, Runtime};
+use crate::reason::Reason;
 use crate::template::parse_document;
 use crate::validate::join_key;
 
@@ -232,10 +233,10 @@ pub struct AnnotationError(pub ChainError);
 
 impl AnnotationError {
     /// The failure reason reported for the template (metrics, log, Event).
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self.0 {
-            ChainError::Unknown { .. } => "UnknownPlugin",
-            ChainError::Repeated { .. } | ChainError::TooLong { .. } => "InvalidChain",
+            ChainError::Unknown { .. } => Reason::UnknownPlugin,
+            ChainError::Repeated { .. } | ChainError::TooLong { .. } => Reason::InvalidChain,
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod daemon;
 pub mod manifest;
 pub mod node;
 pub mod plugin;
+pub mod reason;
 pub mod render;
 pub mod template;
 pub mod text;

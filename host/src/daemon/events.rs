@@ -20,6 +20,7 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::{Receiver, Sender, channel};
 
 use super::metrics::Metrics;
+use crate::reason::Reason;
 
 /// The controller name on podstamp's Events.
 pub const REPORTING_CONTROLLER: &str = "podstamp.io/podstamp";
@@ -36,7 +37,7 @@ const DROP_WARNING_EVERY: Duration = Duration::from_secs(60);
 pub struct Report {
     pub reference: ObjectReference,
     /// `RenderFailed`, `InvalidTemplate`, `UnknownPlugin`, `NameConflict`, ...
-    pub reason: &'static str,
+    pub reason: Reason,
     /// Names the node, the plugin and the error.
     pub note: String,
 }
@@ -78,7 +79,7 @@ impl EventSink {
             return;
         }
         tracing::warn!(
-            reason = report.reason,
+            reason = report.reason.as_str(),
             dropped = drops.unwarned,
             "the queue of Events to the API server is full ({QUEUE}); dropping new ones (see podstamp_events_dropped_total); the log still has every failure"
         );
@@ -125,7 +126,7 @@ async fn publish(recorder: Recorder, mut rx: Receiver<Report>) {
         if let Err(e) = recorder.publish(&event, &report.reference).await {
             tracing::warn!(
                 template = %format!("{}/{}", report.reference.namespace.as_deref().unwrap_or(""), report.reference.name.as_deref().unwrap_or("")),
-                reason = report.reason,
+                reason = report.reason.as_str(),
                 "cannot publish Event: {e}"
             );
         }
@@ -146,7 +147,7 @@ mod tests {
     fn report(note: String) -> Report {
         Report {
             reference: ObjectReference::default(),
-            reason: "RenderFailed",
+            reason: Reason::RenderFailed,
             note,
         }
     }

@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::reason::Reason;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{self, AbortHandle, JoinError, JoinSet};
 
@@ -33,7 +35,7 @@ struct Histogram {
 #[derive(Default)]
 struct Inner {
     renders: BTreeMap<&'static str, u64>,
-    failures: BTreeMap<&'static str, u64>,
+    failures: BTreeMap<Reason, u64>,
     plugin_calls: BTreeMap<(String, &'static str), Histogram>,
     managed: usize,
     templates: usize,
@@ -59,7 +61,7 @@ pub enum RenderResult {
     /// The manifest was rendered to the bytes already on disk.
     Unchanged,
     /// The render or the write failed; the last good manifest stays.
-    Failed(&'static str),
+    Failed(Reason),
 }
 
 impl Metrics {
@@ -160,7 +162,7 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "podstamp_render_failures_total{{reason=\"{}\"}} {n}",
-                escape(reason)
+                escape(reason.as_str())
             );
         }
         let _ = writeln!(
@@ -393,7 +395,7 @@ mod tests {
     fn exposition_has_every_family() {
         let m = Metrics::default();
         m.render(RenderResult::Written);
-        m.render(RenderResult::Failed("RenderFailed"));
+        m.render(RenderResult::Failed(Reason::RenderFailed));
         m.plugin_call("node-env", true, Duration::from_micros(700));
         m.watch_restart("node");
         let text = m.exposition();

@@ -35,6 +35,7 @@ use crate::chain::Chain;
 use crate::config::Catalog;
 use crate::manifest;
 use crate::node::NodeContext;
+use crate::reason::Reason;
 use crate::render::{RenderError, Rendered, Stage, check_size, render_unverified};
 use crate::template::Template;
 use crate::write::{self, Outcome};
@@ -100,10 +101,10 @@ pub enum SourceError {
 
 impl SourceError {
     /// The failure reason reported for it.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            SourceError::Invalid(_) => "InvalidTemplate",
-            SourceError::Unreadable(_) => "ReadFailed",
+            SourceError::Invalid(_) => Reason::InvalidTemplate,
+            SourceError::Unreadable(_) => Reason::ReadFailed,
         }
     }
 }
@@ -123,7 +124,7 @@ struct Entry {
 
 /// A failed render, as reported.
 struct Failure {
-    reason: &'static str,
+    reason: Reason,
     plugin: Option<String>,
     message: String,
 }
@@ -507,10 +508,10 @@ impl Reconciler {
                 failure.message = crate::text::cut(failure.message, MAX_FAILURE_MESSAGE);
                 self.metrics.render(RenderResult::Failed(failure.reason));
                 if entry.last_error.as_deref() == Some(failure.message.as_str()) {
-                    tracing::debug!(template = %id, reason = failure.reason, "still failing: {}", failure.message);
+                    tracing::debug!(template = %id, reason = %failure.reason, "still failing: {}", failure.message);
                     return;
                 }
-                tracing::warn!(template = %id, node = %node.name, reason = failure.reason,
+                tracing::warn!(template = %id, node = %node.name, reason = %failure.reason,
                     plugin = failure.plugin.as_deref().unwrap_or(""),
                     "{}; the last good manifest stays", failure.message);
                 entry.last_error = Some(failure.message.clone());
@@ -533,7 +534,7 @@ impl Reconciler {
     fn try_render(&mut self, key: &str, node: &NodeContext) -> Result<(String, Outcome), Failure> {
         let entry = &self.entries[key];
         let invalid = |message: String| Failure {
-            reason: "InvalidTemplate",
+            reason: Reason::InvalidTemplate,
             plugin: None,
             message,
         };
@@ -564,7 +565,7 @@ impl Reconciler {
                 _ => None,
             };
             Failure {
-                reason: "RenderFailed",
+                reason: Reason::RenderFailed,
                 plugin,
                 message: e.to_string(),
             }
@@ -575,7 +576,7 @@ impl Reconciler {
         let manifest = rendered.peek();
         if manifest.bytes.len() > self.max_manifest_bytes {
             return Err(Failure {
-                reason: "RenderFailed",
+                reason: Reason::RenderFailed,
                 plugin: None,
                 message: format!(
                     "PodTemplate {}: the manifest is {} bytes, over the limit of {} (limits.maxManifestSize)",
@@ -587,7 +588,7 @@ impl Reconciler {
         }
         let file = manifest.file_name();
         let conflict = |message: String| Failure {
-            reason: "NameConflict",
+            reason: Reason::NameConflict,
             plugin: None,
             message,
         };
@@ -618,7 +619,7 @@ impl Reconciler {
                         .is_some_and(|o| o.source == manifest.source);
                     if !ours {
                         return Err(Failure {
-                            reason: "ForeignFile",
+                            reason: Reason::ForeignFile,
                             plugin: None,
                             message: format!(
                                 "PodTemplate {}: {} exists and is not podstamp's; it is left alone",
@@ -638,7 +639,7 @@ impl Reconciler {
         } else {
             let manifest = rendered.verify().map_err(render_failed)?;
             write::replace(&self.dir, &file, &manifest.bytes).map_err(|e| Failure {
-                reason: "WriteFailed",
+                reason: Reason::WriteFailed,
                 plugin: None,
                 message: format!("PodTemplate {}: {}: {e}", template.id(), file),
             })?

@@ -1,0 +1,51 @@
+//! Why a template's manifest was not written: one closed list, the same
+//! words in the log (`reason=`), the metrics
+//! (`podstamp_render_failures_total{reason}`) and the Events' reason, so
+//! that an alert, a dashboard and `kubectl get events` agree. Adding a
+//! reason is adding a variant here (and a row to docs/daemon.md's table).
+
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Reason {
+    /// The template does not parse, or is not a valid PodTemplate.
+    InvalidTemplate,
+    /// The template could not be read (an I/O error); not its fault.
+    ReadFailed,
+    /// `podstamp.io/plugins` names a plugin the catalog does not have.
+    UnknownPlugin,
+    /// `podstamp.io/plugins` repeats a plugin or is longer than the catalog.
+    InvalidChain,
+    /// `podstamp.io/settings` is not settings the template may give.
+    InvalidSettings,
+    /// A plugin failed, the rendered pod is invalid or too large.
+    RenderFailed,
+    /// Another template already produces this pod name.
+    NameConflict,
+    /// The manifest's file exists and is not podstamp's.
+    ForeignFile,
+    /// The manifest could not be written.
+    WriteFailed,
+}
+
+impl Reason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Reason::InvalidTemplate => "InvalidTemplate",
+            Reason::ReadFailed => "ReadFailed",
+            Reason::UnknownPlugin => "UnknownPlugin",
+            Reason::InvalidChain => "InvalidChain",
+            Reason::InvalidSettings => "InvalidSettings",
+            Reason::RenderFailed => "RenderFailed",
+            Reason::NameConflict => "NameConflict",
+            Reason::ForeignFile => "ForeignFile",
+            Reason::WriteFailed => "WriteFailed",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
