@@ -508,10 +508,10 @@ impl Reconciler {
                 failure.message = crate::text::cut(failure.message, MAX_FAILURE_MESSAGE);
                 self.metrics.render(RenderResult::Failed(failure.reason));
                 if entry.last_error.as_deref() == Some(failure.message.as_str()) {
-                    tracing::debug!(template = %id, reason = %failure.reason, "still failing: {}", failure.message);
+                    tracing::debug!(template = %id, reason = failure.reason.as_str(), "still failing: {}", failure.message);
                     return;
                 }
-                tracing::warn!(template = %id, node = %node.name, reason = %failure.reason,
+                tracing::warn!(template = %id, node = %node.name, reason = failure.reason.as_str(),
                     plugin = failure.plugin.as_deref().unwrap_or(""),
                     "{}; the last good manifest stays", failure.message);
                 entry.last_error = Some(failure.message.clone());
