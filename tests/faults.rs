@@ -596,6 +596,15 @@ const FAULTS: &[Fault] = &[
         test: "an_unreadable_template_file_is_retried_and_is_not_its_fault",
     },
     Fault {
+        id: "daemon-template-dir-gone",
+        area: "daemon",
+        fault: "the template directory of the `dir:` source moved away, then back with an edited template",
+        kept: "every manifest, untouched while the directory is gone (nothing is garbage-collected without a complete listing); the directory is watched and listed again with backoff, and the edit is rendered once it is back",
+        reported: "log",
+        says: "the template directory went away; keeping the manifests as they are, and trying again",
+        test: "a_template_directory_that_goes_away_and_comes_back_is_followed_again",
+    },
+    Fault {
         id: "api-401",
         area: "API server",
         fault: "a bearer token the API server does not know (401)",
@@ -2102,6 +2111,50 @@ fn set_soft_file_limit(pid: u32, soft: u64) -> u64 {
     let r = unsafe { libc::prlimit(pid as i32, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) };
     assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
     old.rlim_cur
+}
+
+#[test]
+fn a_template_directory_that_goes_away_and_comes_back_is_followed_again() {
+    let fault = row("daemon-template-dir-gone");
+    let e = env();
+    e.put("a.yaml", &template("a", None, "a:1"));
+    e.put("b.yaml", &template("b", None, "b:1"));
+    let daemon = e.start(&[], "dir-gone.log");
+    wait_content(&daemon, &e.manifest("a"), "image: a:1");
+    wait_content(&daemon, &e.manifest("b"), "image: b:1");
+    daemon.wait_ready(CONVERGE);
+    let (a, b) = (identity(&e.manifest("a")), identity(&e.manifest("b")));
+
+    let away = e.tmp.path().join("templates.away");
+    fs::rename(&e.templates, &away).unwrap();
+    wait_logged(&daemon, "the directory gone, in the log", || {
+        daemon
+            .logs()
+            .lines()
+            .find(|l| l.contains("ERROR") && l.contains(fault.says))
+            .map(str::to_string)
+    });
+    // Tried again while it is gone: still nothing removed.
+    std::thread::sleep(Duration::from_secs(2));
+    daemon.assert_running();
+    assert_eq!(identity(&e.manifest("a")), a);
+    assert_eq!(identity(&e.manifest("b")), b);
+
+    // Back, with one template edited while away: followed again.
+    let edited = away.join(".a.yaml.tmp");
+    fs::write(&edited, template("a", None, "a:2")).unwrap();
+    fs::rename(&edited, away.join("a.yaml")).unwrap();
+    fs::rename(&away, &e.templates).unwrap();
+    wait_content(&daemon, &e.manifest("a"), "image: a:2");
+    assert_eq!(
+        identity(&e.manifest("b")),
+        b,
+        "the other one is not rewritten"
+    );
+    // And watched again: a later edit is applied too.
+    e.put("b.yaml", &template("b", None, "b:2"));
+    wait_content(&daemon, &e.manifest("b"), "image: b:2");
+    assert!(daemon.stop().success());
 }
 
 #[test]

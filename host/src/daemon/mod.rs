@@ -370,11 +370,7 @@ async fn run(
                 (dir.clone(), settings.namespace.clone(), inputs.clone());
             let spawned = std::thread::Builder::new()
                 .name("dir-source".into())
-                .spawn(move || {
-                    if let Err(e) = source::watch_dir(dir.clone(), namespace, inputs) {
-                        tracing::error!(dir = %dir.display(), "template directory: {e}; keeping the manifests as they are");
-                    }
-                });
+                .spawn(move || source::run_dir_source(dir, namespace, inputs));
             if let Err(e) = spawned {
                 return usage(format!("cannot start the directory source: {e}"));
             }

@@ -388,16 +388,55 @@ fn wait_readable(fd: &impl AsRawFd, timeout: Option<Duration>) -> std::io::Resul
     Ok(())
 }
 
+/// Runs the directory source on the calling thread until `inputs` closes.
+/// A directory that cannot be watched or listed (it went away, was moved,
+/// or the process is out of file descriptors) is tried again with backoff,
+/// and meanwhile nothing changes on disk: only a complete listing tells the
+/// reconciler which templates are gone.
+pub fn run_dir_source(dir: PathBuf, namespace: String, inputs: Sender<Input>) {
+    let mut backoff = Backoff::new();
+    let mut last_problem = None;
+    loop {
+        let problem = match watch_dir(&dir, &namespace, &inputs, &mut backoff) {
+            Ok(DirEnd::Closed) => return,
+            Ok(DirEnd::Gone) => "the template directory went away".to_string(),
+            Err(e) => format!("the template directory cannot be watched or listed: {e}"),
+        };
+        let delay = backoff.delay();
+        if last_problem.as_ref() != Some(&problem) {
+            tracing::error!(dir = %dir.display(),
+                "{problem}; keeping the manifests as they are, and trying again (every {:?} at most)", BACKOFF_MAX);
+            last_problem = Some(problem);
+        } else {
+            tracing::debug!(dir = %dir.display(), "{problem}; trying again in {delay:?}");
+        }
+        std::thread::sleep(delay);
+    }
+}
+
+/// Why [`watch_dir`] returned.
+enum DirEnd {
+    /// The reconciler is gone: the daemon is stopping.
+    Closed,
+    /// The directory was removed or moved away.
+    Gone,
+}
+
 /// Watches `dir` for PodTemplate files (`*.yaml`, `*.yml`, `*.json`, not
-/// dot-files) with inotify, on the calling thread, until `inputs` closes.
-/// A file that cannot be read is read again with backoff until it can be,
-/// with or without a change to it.
-pub fn watch_dir(dir: PathBuf, namespace: String, inputs: Sender<Input>) -> std::io::Result<()> {
+/// dot-files) with inotify, after one complete listing, until `inputs`
+/// closes or the directory goes away. A file that cannot be read is read
+/// again with backoff until it can be, with or without a change to it.
+fn watch_dir(
+    dir: &Path,
+    namespace: &str,
+    inputs: &Sender<Input>,
+    backoff: &mut Backoff,
+) -> std::io::Result<DirEnd> {
     use inotify::{Inotify, WatchMask};
     let mut inotify = Inotify::init()?;
     // Watch before listing, so that no change falls in between.
     inotify.watches().add(
-        &dir,
+        dir,
         WatchMask::CLOSE_WRITE
             | WatchMask::MOVED_TO
             | WatchMask::MOVED_FROM
@@ -407,25 +446,26 @@ pub fn watch_dir(dir: PathBuf, namespace: String, inputs: Sender<Input>) -> std:
     )?;
     let send = |input| inputs.send(input).is_ok();
     let mut unreadable = Unreadable::default();
-    let mut names: Vec<_> = std::fs::read_dir(&dir)?
+    let mut names: Vec<_> = std::fs::read_dir(dir)?
         .filter_map(Result::ok)
         .filter(|e| is_template_file(&e.file_name()) && e.path().is_file())
         .map(|e| e.file_name())
         .collect();
     names.sort();
     if !send(Input::ListStarted) {
-        return Ok(());
+        return Ok(DirEnd::Closed);
     }
     for name in names {
-        let incoming = incoming_from_file(&dir.join(&name), &namespace);
+        let incoming = incoming_from_file(&dir.join(&name), namespace);
         unreadable.note(&name, &incoming);
         if !send(Input::Listed(incoming)) {
-            return Ok(());
+            return Ok(DirEnd::Closed);
         }
     }
     if !send(Input::ListDone) {
-        return Ok(());
+        return Ok(DirEnd::Closed);
     }
+    backoff.reset();
     let mut buffer = vec![0u8; 64 * 1024];
     loop {
         wait_readable(&inotify, unreadable.wait())?;
@@ -440,8 +480,7 @@ pub fn watch_dir(dir: PathBuf, namespace: String, inputs: Sender<Input>) -> std:
                 .mask
                 .intersects(inotify::EventMask::DELETE_SELF | inotify::EventMask::MOVE_SELF)
             {
-                tracing::error!(dir = %dir.display(), "the template directory went away; keeping the manifests as they are");
-                return Ok(());
+                return Ok(DirEnd::Gone);
             }
             if let Some(name) = event.name
                 && is_template_file(name)
@@ -463,12 +502,12 @@ pub fn watch_dir(dir: PathBuf, namespace: String, inputs: Sender<Input>) -> std:
                     key: name.to_string_lossy().into_owned(),
                 }
             } else {
-                let incoming = incoming_from_file(&path, &namespace);
+                let incoming = incoming_from_file(&path, namespace);
                 unreadable.note(&name, &incoming);
                 Input::Applied(incoming)
             };
             if !send(input) {
-                return Ok(());
+                return Ok(DirEnd::Closed);
             }
         }
     }
