@@ -594,6 +594,55 @@ fn a_cached_plugin_loads_by_its_digest_alone() {
     assert!(uncached.load_cached(&sha, "identity").unwrap().is_none());
 }
 
+/// The record a node keeps to start without the API server (its last
+/// catalog) lives in the cache with the cache's guarantees: written whole,
+/// and never read from a link or a file another user could have written.
+#[test]
+fn a_record_in_the_cache_is_read_back_only_when_sound() {
+    use podstamp::plugin::{Limits, Runtime};
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let runtime = Runtime::new(Limits::default(), Some(&cache)).unwrap();
+    assert_eq!(runtime.recall("last-catalog"), None);
+    assert!(runtime.remember("last-catalog", b"chain: [a]").unwrap());
+    assert!(runtime.remember("last-catalog", b"chain: [b]").unwrap());
+    let again = Runtime::new(Limits::default(), Some(&cache)).unwrap();
+    assert_eq!(
+        again.recall("last-catalog").as_deref(),
+        Some(&b"chain: [b]"[..])
+    );
+
+    // Replaced by a link to a file of the same content: not read.
+    let entry = cache.join("record-last-catalog");
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::copy(&entry, &elsewhere).unwrap();
+    std::fs::remove_file(&entry).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &entry).unwrap();
+    assert_eq!(
+        again.recall("last-catalog"),
+        None,
+        "a symlink is not followed"
+    );
+    // A copy anyone may write: not read.
+    std::fs::remove_file(&entry).unwrap();
+    std::fs::copy(&elsewhere, &entry).unwrap();
+    chmod(&entry, 0o666);
+    assert_eq!(
+        again.recall("last-catalog"),
+        None,
+        "a writable record is not read"
+    );
+    // Bytes without the record header (a file put there by hand): not read.
+    std::fs::remove_file(&entry).unwrap();
+    std::fs::write(&entry, b"chain: [c]").unwrap();
+    chmod(&entry, 0o600);
+    assert_eq!(again.recall("last-catalog"), None);
+
+    let uncached = Runtime::new(Limits::default(), None).unwrap();
+    assert!(!uncached.remember("last-catalog", b"x").unwrap());
+    assert_eq!(uncached.recall("last-catalog"), None);
+}
+
 #[test]
 fn an_unsafe_cache_dir_is_refused_with_what_to_do() {
     let dir = tempfile::tempdir().unwrap();

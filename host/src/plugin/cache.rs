@@ -62,6 +62,8 @@ const ROOT_DEFAULT: &str = "/var/cache/podstamp";
 /// engine key (32 bytes each).
 const MAGIC: &[u8; 16] = b"podstamp-cwasm\x00\x01";
 const HEADER_LEN: usize = MAGIC.len() + 32 + 32;
+/// What every record starts with (records hold data, never code).
+const RECORD_MAGIC: &[u8; 16] = b"podstamp-record\x01";
 
 /// The built-in cache directory: `/var/cache/podstamp` for root (whatever
 /// `$HOME` says, so `sudo -E` does not use the invoking user's cache), else
@@ -439,13 +441,10 @@ impl CodeCache {
         format!("{sha256}-{}.cwasm", hex::encode(&self.engine_key[..8]))
     }
 
-    /// The entry `name` for component `sha256`, None when there is none.
-    fn read_entry(
-        &self,
-        engine: &Engine,
-        name: &str,
-        sha256: &str,
-    ) -> Result<Option<Component>, EntryError> {
+    /// The bytes of the entry `name`, read through a handle checked to be
+    /// a regular file of ours that no one else can write; None when there
+    /// is no such entry.
+    fn read_checked(&self, name: &str) -> Result<Option<Vec<u8>>, EntryError> {
         // O_NONBLOCK: a FIFO put here must not hang the open; it is then
         // refused as not a regular file. It changes nothing for a file.
         let mut file = match open_at(
@@ -475,8 +474,51 @@ impl CodeCache {
                 mode: meta.mode() & 0o7777,
             });
         }
-        let mut code = Vec::with_capacity(meta.len() as usize);
-        file.read_to_end(&mut code)?;
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        file.read_to_end(&mut bytes)?;
+        Ok(Some(bytes))
+    }
+
+    /// A record: what the daemon keeps next to the compiled code so that it
+    /// can start without the API server (the last catalog it used). Read
+    /// with the same checks as code; None when there is none or it fails
+    /// them (with a warning).
+    pub(super) fn record(&self, key: &str) -> Option<Vec<u8>> {
+        let name = format!("record-{key}");
+        match self.read_checked(&name) {
+            Ok(Some(bytes)) => match bytes.strip_prefix(RECORD_MAGIC.as_slice()) {
+                Some(content) => Some(content.to_vec()),
+                None => {
+                    tracing::warn!(entry = %self.path.join(&name).display(), "not using this record: {}", EntryError::NoHeader);
+                    None
+                }
+            },
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(entry = %self.path.join(&name).display(), "not using this record: {e}");
+                None
+            }
+        }
+    }
+
+    /// Writes the record `key` whole (a reader sees the old one or this one).
+    pub(super) fn store_record(&self, key: &str, content: &[u8]) -> io::Result<()> {
+        let mut entry = Vec::with_capacity(RECORD_MAGIC.len() + content.len());
+        entry.extend_from_slice(RECORD_MAGIC);
+        entry.extend_from_slice(content);
+        self.write_whole(&format!("record-{key}"), &entry)
+    }
+
+    /// The entry `name` for component `sha256`, None when there is none.
+    fn read_entry(
+        &self,
+        engine: &Engine,
+        name: &str,
+        sha256: &str,
+    ) -> Result<Option<Component>, EntryError> {
+        let Some(code) = self.read_checked(name)? else {
+            return Ok(None);
+        };
         let header = code.get(..HEADER_LEN).ok_or(EntryError::NoHeader)?;
         let (magic, rest) = header.split_at(MAGIC.len());
         let (component, engine_key) = rest.split_at(32);
@@ -510,6 +552,15 @@ impl CodeCache {
         entry.extend_from_slice(&hex::decode(sha256)?);
         entry.extend_from_slice(&self.engine_key);
         entry.extend_from_slice(&code);
+        self.write_whole(name, &entry)?;
+        // The directory is not fsynced: a rename lost in a crash only means
+        // compiling once more.
+        Ok(())
+    }
+
+    /// Writes the entry `name` through the directory's handle: a new
+    /// dot-file, fsynced, renamed over the entry.
+    fn write_whole(&self, name: &str, entry: &[u8]) -> io::Result<()> {
         let tmp = format!(".{name}.{}.tmp", std::process::id());
         let create = || {
             open_at(
@@ -528,15 +579,13 @@ impl CodeCache {
             other => other?,
         };
         let written = file
-            .write_all(&entry)
+            .write_all(entry)
             .and_then(|()| file.sync_all())
             .and_then(|()| self.rename(&tmp, name));
         if let Err(e) = written {
             self.unlink(&tmp);
-            return Err(e.into());
+            return Err(e);
         }
-        // The directory is not fsynced: a rename lost in a crash only means
-        // compiling once more.
         Ok(())
     }
 

@@ -239,6 +239,25 @@ impl Runtime {
         }
     }
 
+    /// The record `key` kept in the compiled-code cache (see
+    /// [`Runtime::remember`]); None without a cache, or when there is none.
+    pub fn recall(&self, key: &str) -> Option<Vec<u8>> {
+        check_record_key(key);
+        self.shared.cache.as_ref()?.record(key)
+    }
+
+    /// Keeps `content` as the record `key` in the compiled-code cache, with
+    /// the cache's guarantees (written whole, read only through checked
+    /// handles): what a node needs to start again without the API server,
+    /// next to the code it needs. Without a cache, nothing is kept (false).
+    pub fn remember(&self, key: &str, content: &[u8]) -> std::io::Result<bool> {
+        check_record_key(key);
+        match &self.shared.cache {
+            Some(cache) => cache.store_record(key, content).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
     /// A compiled component made into a plugin: its interface checked,
     /// linked, and its `info()` read.
     fn ready(
@@ -290,4 +309,16 @@ impl Runtime {
             exports: ty.exports(engine).map(|(n, _)| n.to_string()).collect(),
         })
     }
+}
+
+/// Record keys are podstamp's own words, never user input: a key that is
+/// not one (a path, a dot-file) is a bug.
+fn check_record_key(key: &str) {
+    assert!(
+        !key.is_empty()
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+        "record key {key:?}: lower-case letters, digits and dashes only"
+    );
 }
