@@ -46,7 +46,7 @@ pub use config_maps::{ConfigMapError, ConfigMapSet, ConfigMaps, NoConfigMaps};
 pub use settings::{SETTINGS_ANNOTATION, SettingsError, merge_patch};
 pub use spec::{
     CATALOG_KEY, CatalogRef, CatalogSpec, ConfigMapSource, DEFAULT_COMPONENT_KEY, PluginEntry,
-    check_config_map_key,
+    Source, check_config_map_key,
 };
 
 /// The default render budget, in per-call timeouts: room for a chain of ten
