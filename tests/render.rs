@@ -847,7 +847,7 @@ fn a_plugin_from_a_configmap_renders_as_from_its_path() {
     assert_eq!(
         snippet,
         format!(
-            "  node-env:\n    configMap: {{name: podstamp-plugin-node-env}}\n    sha256: {sha}\n"
+            "  \"node-env\":\n    configMap: {{name: \"podstamp-plugin-node-env\"}}\n    sha256: {sha}\n"
         )
     );
     let gzip_cm = files.put("gzip.yaml", &printed);
@@ -1161,7 +1161,7 @@ fn a_catalog_from_a_configmap_renders_like_the_file() {
     );
     let in_other_namespace = files.put(
         "other-ns.yaml",
-        printed.replace("namespace: kube-system", "namespace: default"),
+        printed.replace("namespace: \"kube-system\"", "namespace: \"default\""),
     );
     let err = render_with_fails(&config, &[&in_other_namespace], 2);
     assert!(

@@ -482,7 +482,8 @@ fn run_configmap(args: &ConfigMapArgs) -> Result<(), Failure> {
             bytes.len()
         )));
     }
-    let encoded = match serde_json::to_value(k8s_openapi::ByteString(compressed.clone())) {
+    let compressed_len = compressed.len();
+    let encoded = match serde_json::to_value(k8s_openapi::ByteString(compressed)) {
         Ok(serde_json::Value::String(text)) => text,
         _ => return Err(Failure::Render("base64: cannot encode".into())),
     };
@@ -491,10 +492,11 @@ fn run_configmap(args: &ConfigMapArgs) -> Result<(), Failure> {
     let key_field = if args.key == podstamp::catalog::DEFAULT_COMPONENT_KEY {
         String::new()
     } else {
-        format!(", key: {}", args.key)
+        format!(", key: \"{}\"", args.key)
     };
-    // Hand-written so that the order reads well; every value was checked
-    // above to need no quoting but the ones quoted.
+    // Hand-written so that the order reads well. Every string is quoted:
+    // valid names such as `null`, `yes` or `1.0` are not strings to YAML.
+    // None holds a quote or a backslash (checked above), nor does base64.
     let text = format!(
         "# podstamp plugin configmap: {info}, {} bytes, {} gzip-compressed\n\
          # Apply with `kubectl apply --server-side -f -` (client-side apply copies the\n\
@@ -502,21 +504,21 @@ fn run_configmap(args: &ConfigMapArgs) -> Result<(), Failure> {
          apiVersion: v1\n\
          kind: ConfigMap\n\
          metadata:\n\
-         \x20 name: {name}\n\
-         \x20 namespace: {namespace}\n\
+         \x20 name: \"{name}\"\n\
+         \x20 namespace: \"{namespace}\"\n\
          \x20 labels:\n\
          \x20   app.kubernetes.io/part-of: podstamp\n\
          \x20   podstamp.io/plugin: \"{entry}\"\n\
          \x20 annotations:\n\
          \x20   podstamp.io/sha256: \"{sha256}\"\n\
          binaryData:\n\
-         \x20 {key}: {encoded}\n\
+         \x20 \"{key}\": {encoded}\n\
          # The catalog entry that uses it (under plugins: in the catalog):\n\
-         #   {entry}:\n\
-         #     configMap: {{name: {name}{key_field}}}\n\
+         #   \"{entry}\":\n\
+         #     configMap: {{name: \"{name}\"{key_field}}}\n\
          #     sha256: {sha256}\n",
         bytes.len(),
-        compressed.len(),
+        compressed_len,
         name = args.name,
         namespace = args.namespace,
         key = args.key,
