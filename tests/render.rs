@@ -4,6 +4,8 @@
 //! message and exit code.
 
 mod common;
+#[path = "daemon/support.rs"]
+mod support;
 
 use common::{golden, plugin, podstamp, podstamp_in, stderr, stdout};
 
@@ -1420,4 +1422,64 @@ fn a_catalog_reloaded_with_the_same_components_compiles_nothing() {
         first.digest(),
         "the digest depends on content only"
     );
+}
+
+/// What `plugin configmap` prints goes through the real kube-apiserver as
+/// is, and what the server gives back (as `kubectl get -o json` would)
+/// renders like the plugin's file; the 1 MiB the command allows (gzip bytes)
+/// is what the server allows.
+#[test]
+fn the_api_server_stores_the_printed_configmap_and_what_it_returns_renders() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    let files = Files::new();
+    let server = support::ApiServer::start(&files.0.path().join("apiserver"));
+    let wasm = plugin("node-env");
+    let printed = plugin_configmap(&[wasm.to_str().unwrap(), "--name", "podstamp-plugin-node-env"]);
+    let object: ConfigMap = serde_norway::from_str(&printed).unwrap();
+    let sized = |size: usize| ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(format!("size-{size}")),
+            ..Default::default()
+        },
+        binary_data: Some([("k".to_string(), k8s_openapi::ByteString(vec![7; size]))].into()),
+        ..Default::default()
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (stored, at_limit, over_limit) = runtime.block_on(async {
+        let api: kube::Api<ConfigMap> = kube::Api::namespaced(server.admin().await, "kube-system");
+        let post = kube::api::PostParams::default();
+        api.create(&post, &object).await.unwrap();
+        let stored = api.get("podstamp-plugin-node-env").await.unwrap();
+        // The values together (keys are not counted): 1 MiB is accepted,
+        // one byte more is not. Only the errors are kept: an object's Debug
+        // is a megabyte.
+        let at_limit = api.create(&post, &sized(1 << 20)).await.map(drop);
+        let over_limit = api.create(&post, &sized((1 << 20) + 1)).await.map(drop);
+        (stored, at_limit, over_limit)
+    });
+    assert!(at_limit.is_ok(), "{at_limit:?}");
+    let refused = over_limit.expect_err("over 1 MiB").to_string();
+    assert!(refused.contains("1048576"), "{refused}");
+
+    let stored_json = files.put("stored.json", serde_json::to_string(&stored).unwrap());
+    let catalog = files.put(
+        "c.yaml",
+        format!(
+            "plugins:\n{}{NODE_ENV_SETTINGS}chain: [node-env]\n",
+            snippet_of(&printed)
+        ),
+    );
+    let by_path = files.put(
+        "p.yaml",
+        format!(
+            "plugins:\n  node-env:\n    path: {}\n{NODE_ENV_SETTINGS}chain: [node-env]\n",
+            wasm.display()
+        ),
+    );
+    let from_api = render_with(&catalog, &[&stored_json]);
+    assert!(from_api.status.success(), "{}", stderr(&from_api));
+    let from_path = render_with(&by_path, &[]);
+    assert!(from_path.status.success(), "{}", stderr(&from_path));
+    assert_eq!(stdout(&from_api), stdout(&from_path));
 }

@@ -435,8 +435,9 @@ fn run_inspect(path: &Path) -> Result<(), Failure> {
     Ok(())
 }
 
-/// What a ConfigMap may hold: its data and binaryData together, in bytes
-/// (the API server's limit, as for a Secret).
+/// What a ConfigMap may hold: the values of its data and binaryData
+/// together, in bytes (the API server's limit, as for a Secret; keys are not
+/// counted).
 const CONFIG_MAP_MAX_BYTES: usize = 1 << 20;
 
 fn run_configmap(args: &ConfigMapArgs) -> Result<(), Failure> {
@@ -474,8 +475,7 @@ fn run_configmap(args: &ConfigMapArgs) -> Result<(), Failure> {
         ))
     })?;
     let compressed = gzip::compress(&bytes);
-    let stored = compressed.len() + args.key.len();
-    if stored > CONFIG_MAP_MAX_BYTES {
+    if compressed.len() > CONFIG_MAP_MAX_BYTES {
         return Err(Failure::Render(format!(
             "{origin}: gzip-compressed, the component is {} bytes ({} uncompressed), over the {CONFIG_MAP_MAX_BYTES} bytes (1 MiB) a ConfigMap holds: make the plugin smaller (e.g. opt-level = \"s\", strip = true), or ship it by path on the node",
             compressed.len(),
