@@ -191,6 +191,114 @@ const FAULTS: &[Fault] = &[
         test: "tests/sandbox.rs: a_call_never_sees_what_an_earlier_call_left_in_memory",
     },
     Fault {
+        id: "catalog-configmap-digest-mismatch",
+        area: "catalog",
+        fault: "a plugin ConfigMap (plain or gzip), or a component file, holding another component than the catalog's `sha256` pins",
+        kept: "the catalog is refused whole: nothing is rendered with it (`podstamp render --configmap` exits 1)",
+        reported: "one line naming the catalog entry, the ConfigMap (namespace/name) and key or the file, and both digests",
+        says: "but the catalog pins",
+        test: "tests/render.rs: a_bad_plugin_configmap_is_refused_in_one_line_naming_configmap_key_and_digests",
+    },
+    Fault {
+        id: "catalog-configmap-gzip-truncated",
+        area: "catalog",
+        fault: "a plugin ConfigMap whose gzip component is cut short",
+        kept: "the catalog is refused whole (`podstamp render --configmap` exits 1)",
+        reported: "one line naming the entry, ConfigMap and key",
+        says: "truncated gzip (the stream ends early: ",
+        test: "tests/render.rs: a_bad_plugin_configmap_is_refused_in_one_line_naming_configmap_key_and_digests",
+    },
+    Fault {
+        id: "catalog-configmap-gzip-corrupt",
+        area: "catalog",
+        fault: "a plugin ConfigMap whose gzip component fails its CRC",
+        kept: "the catalog is refused whole (`podstamp render --configmap` exits 1)",
+        reported: "one line naming the entry, ConfigMap and key",
+        says: "corrupt gzip (",
+        test: "tests/render.rs: a_bad_plugin_configmap_is_refused_in_one_line_naming_configmap_key_and_digests",
+    },
+    Fault {
+        id: "catalog-configmap-gzip-bomb",
+        area: "catalog",
+        fault: "a plugin ConfigMap holding a gzip bomb (64 MiB + 1 of zeros, ~65 KiB compressed)",
+        kept: "inflating stops at 64 MiB; the catalog is refused whole (`podstamp render --configmap` exits 1)",
+        reported: "one line naming the entry, ConfigMap, key and the limit",
+        says: "refused as a gzip bomb",
+        test: "tests/render.rs: a_bad_plugin_configmap_is_refused_in_one_line_naming_configmap_key_and_digests",
+    },
+    Fault {
+        id: "catalog-configmap-key-missing",
+        area: "catalog",
+        fault: "a plugin ConfigMap without the key the catalog names",
+        kept: "the catalog is refused whole (`podstamp render --configmap` exits 1)",
+        reported: "one line naming the entry, ConfigMap and key, and the keys it has",
+        says: "missing (binaryData has: other.wasm)",
+        test: "tests/render.rs: a_bad_plugin_configmap_is_refused_in_one_line_naming_configmap_key_and_digests",
+    },
+    Fault {
+        id: "catalog-configmap-key-in-data",
+        area: "catalog",
+        fault: "a plugin ConfigMap with the component under `data` instead of `binaryData`",
+        kept: "the catalog is refused whole (`podstamp render --configmap` exits 1)",
+        reported: "one line naming the entry, ConfigMap and key, and the fix",
+        says: "is under data, but a component is binary",
+        test: "tests/render.rs: a_bad_plugin_configmap_is_refused_in_one_line_naming_configmap_key_and_digests",
+    },
+    Fault {
+        id: "catalog-configmap-missing",
+        area: "catalog",
+        fault: "the plugin ConfigMap the catalog names does not exist (or `podstamp render` was given no --configmap)",
+        kept: "the catalog is refused whole (`podstamp render` exits 1; 2 without any --configmap)",
+        reported: "one line naming the entry and the ConfigMap, and how to create it",
+        says: "does not exist: create it (`podstamp plugin configmap FILE.wasm --name pn` prints it)",
+        test: "tests/render.rs: a_bad_plugin_configmap_is_refused_in_one_line_naming_configmap_key_and_digests",
+    },
+    Fault {
+        id: "catalog-configmap-not-a-component",
+        area: "catalog",
+        fault: "a plugin ConfigMap holding pinned bytes that are no WebAssembly component",
+        kept: "the catalog is refused whole (`podstamp render --configmap` exits 1)",
+        reported: "one line naming the entry, ConfigMap and key",
+        says: "not a valid WebAssembly component",
+        test: "tests/render.rs: a_bad_plugin_configmap_is_refused_in_one_line_naming_configmap_key_and_digests",
+    },
+    Fault {
+        id: "catalog-configmap-unpinned",
+        area: "catalog",
+        fault: "a catalog entry from a ConfigMap without `sha256`, with both `path` and `configMap`, with neither, or a pin that is not 64 hex digits",
+        kept: "refused before anything is read or compiled (exit 2)",
+        reported: "one line naming the entry and the fix",
+        says: "must be pinned; add sha256:",
+        test: "tests/render.rs: a_catalog_entry_names_one_pinned_source",
+    },
+    Fault {
+        id: "catalog-configmap-catalog-invalid",
+        area: "catalog",
+        fault: "a catalog ConfigMap (`daemon.catalog.configMap`) that is missing, has an unknown field, a relative `path` or a `settingsFile`; or a file that gives both `daemon.catalog` and `plugins`/`chain`; or a ConfigMap given from another namespace",
+        kept: "refused (exit 2)",
+        reported: "one line naming the ConfigMap and key (or the file) and the field",
+        says: "is relative, but a catalog in a ConfigMap has no directory",
+        test: "tests/render.rs: a_catalog_from_a_configmap_renders_like_the_file",
+    },
+    Fault {
+        id: "catalog-configmap-dir-source",
+        area: "catalog",
+        fault: "`podstamp run --source dir:` with `daemon.catalog.configMap` or a plugin from a ConfigMap",
+        kept: "refused at start (exit 2), before the manifest directory is touched",
+        reported: "one line naming the field",
+        says: "a ConfigMap is read from the API, but the source is dir:",
+        test: "tests/render.rs: a_catalog_from_a_configmap_renders_like_the_file",
+    },
+    Fault {
+        id: "catalog-plugin-configmap-too-big",
+        area: "catalog",
+        fault: "`podstamp plugin configmap` of a file that is no plugin, or of a plugin whose gzip does not fit a ConfigMap (1 MiB)",
+        kept: "nothing printed on stdout (exit 1)",
+        reported: "one line naming the file and the sizes",
+        says: "a ConfigMap holds: make the plugin smaller",
+        test: "tests/render.rs: plugin_configmap_refuses_what_is_no_plugin_or_does_not_fit",
+    },
+    Fault {
         id: "template-name-dotdot",
         area: "template",
         fault: "name `../escape`",
@@ -441,6 +549,24 @@ const FAULTS: &[Fault] = &[
         reported: "not a failure (without `mandatory`, the template's choice wins: plugins are transforms, not a policy)",
         says: "image: policy:1",
         test: "mandatory_plugins_run_last_whatever_the_template_picks",
+    },
+    Fault {
+        id: "template-settings-not-in-chain",
+        area: "template",
+        fault: "a `podstamp.io/settings` annotation with settings for a plugin that is not in the template's chain",
+        kept: "last good manifest, unchanged (same inode and mtime); other templates keep rendering; fixed, it renders again",
+        reported: "InvalidSettings",
+        says: "metadata.annotations[\"podstamp.io/settings\"].loop: plugin \"loop\" is not in this template's chain (identity)",
+        test: "a_bad_settings_annotation_fails_its_template_only",
+    },
+    Fault {
+        id: "template-settings-invalid",
+        area: "template",
+        fault: "a `podstamp.io/settings` annotation that is not YAML, not a mapping, names an unknown plugin, one not in the chain, or a `mandatory` one (`podstamp render`)",
+        kept: "nothing rendered for that template; `podstamp render` exits 1 (the daemon: as the row above)",
+        reported: "one line naming the template, the annotation, the plugin and the field",
+        says: "is mandatory: its settings are the platform's (the catalog's) and a template cannot change them",
+        test: "tests/render.rs: a_bad_settings_annotation_names_the_annotation_the_plugin_and_the_field",
     },
     Fault {
         id: "disk-dir-missing",
@@ -1730,6 +1856,46 @@ fn mandatory_plugins_run_last_whatever_the_template_picks() {
         assert!(err.contains(says), "{chain}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{chain}: one line: {err}");
     }
+}
+
+#[test]
+fn a_bad_settings_annotation_fails_its_template_only() {
+    let fault = row("template-settings-not-in-chain");
+    let e = env();
+    let with_settings = |name: &str, settings: &str, image: &str| {
+        template(name, None, image).replace(
+            &format!("name: {name}\n"),
+            &format!(
+                "name: {name}\n  annotations: {{podstamp.io/settings: {}}}\n",
+                serde_json::Value::from(settings)
+            ),
+        )
+    };
+    e.put(
+        "s.yaml",
+        &with_settings("s", "identity: {any: 1}", "good:1"),
+    );
+    e.put("control.yaml", &template("control", None, "control:1"));
+    let daemon = e.start(&[], "settings.log");
+    daemon.wait_ready(CONVERGE);
+    wait_content(&daemon, &e.manifest("s"), "image: good:1");
+    wait_content(&daemon, &e.manifest("control"), "image: control:1");
+    let was = identity(&e.manifest("s"));
+
+    e.put("s.yaml", &with_settings("s", "loop: {x: 1}", "bad:1"));
+    expect_failure(&daemon, "s", fault);
+    assert_eq!(
+        identity(&e.manifest("s")),
+        was,
+        "the last good manifest was touched"
+    );
+
+    e.put("control.yaml", &template("control", None, "control:2"));
+    wait_content(&daemon, &e.manifest("control"), "image: control:2");
+    e.put("s.yaml", &with_settings("s", "identity: null", "good:2"));
+    wait_content(&daemon, &e.manifest("s"), "image: good:2");
+    kubelet_accepts_dir(&e.manifests);
+    assert!(daemon.stop().success());
 }
 
 // ---------------------------------------------------------------- disk

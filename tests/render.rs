@@ -4,6 +4,10 @@
 //! message and exit code.
 
 mod common;
+// For the harness's kube-apiserver; this file takes the rest from `common`.
+#[allow(unused_imports)]
+#[path = "daemon/support.rs"]
+mod support;
 
 use common::{golden, plugin, podstamp, podstamp_in, stderr, stdout};
 
@@ -784,4 +788,795 @@ fn root_never_uses_the_invoking_users_cache() {
         !root,
         "root's default cache is /var/cache/podstamp; a user's is under $XDG_CACHE_HOME"
     );
+}
+
+// ------------------------------------------- plugins and catalogs from ConfigMaps
+
+/// sha256 of `bytes`, hex.
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// base64, as binaryData holds it.
+fn base64(bytes: &[u8]) -> String {
+    match serde_json::to_value(k8s_openapi::ByteString(bytes.to_vec())).unwrap() {
+        serde_json::Value::String(text) => text,
+        other => panic!("{other}"),
+    }
+}
+
+/// A v1 ConfigMap named `name` with these `binaryData` and `data` entries.
+fn config_map(name: &str, binary: &[(&str, &[u8])], data: &[(&str, &str)]) -> String {
+    let binary: serde_json::Map<String, serde_json::Value> = binary
+        .iter()
+        .map(|(k, v)| (k.to_string(), base64(v).into()))
+        .collect();
+    let data: serde_json::Map<String, serde_json::Value> = data
+        .iter()
+        .map(|(k, v)| (k.to_string(), (*v).into()))
+        .collect();
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name},
+        "binaryData": binary,
+        "data": data,
+    })
+    .to_string()
+}
+
+/// `podstamp plugin configmap` of a built plugin, expecting success.
+fn plugin_configmap(args: &[&str]) -> String {
+    let mut all = vec!["plugin", "configmap"];
+    all.extend_from_slice(args);
+    let out = podstamp(&all);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stderr(&out), "");
+    stdout(&out)
+}
+
+/// The catalog entry `plugin configmap` prints as a comment, uncommented.
+fn snippet_of(printed: &str) -> String {
+    let (_, snippet) = printed
+        .split_once("# The catalog entry that uses it (under plugins: in the catalog):\n")
+        .unwrap_or_else(|| panic!("no catalog snippet in\n{printed}"));
+    snippet
+        .lines()
+        .map(|l| format!("{}\n", l.strip_prefix("# ").unwrap()))
+        .collect()
+}
+
+/// A directory holding files; `path` gives a file's path in it as text.
+struct Files(tempfile::TempDir);
+
+impl Files {
+    fn new() -> Files {
+        Files(tempfile::tempdir().unwrap())
+    }
+    fn put(&self, name: &str, content: impl AsRef<[u8]>) -> String {
+        let path = self.0.path().join(name);
+        std::fs::write(&path, content).unwrap();
+        path.display().to_string()
+    }
+}
+
+/// The example node-env settings, as a catalog entry's `settings:`.
+const NODE_ENV_SETTINGS: &str = "    settings: {containers: [pod-checkpointer], labels: {NODE_ZONE: topology.kubernetes.io/zone}}\n";
+
+/// Renders the checkpointer for the example node with `config` and these
+/// --configmap files; the output.
+fn render_with(config: &str, config_maps: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "render",
+        CHECKPOINTER,
+        "--node",
+        NODE,
+        "--config",
+        config,
+        "--no-cache",
+    ];
+    for file in config_maps {
+        args.extend(["--configmap", file]);
+    }
+    podstamp(&args)
+}
+
+/// [`render_with`], expecting failure with `code` and one line; the line.
+fn render_with_fails(config: &str, config_maps: &[&str], code: i32) -> String {
+    let mut args = vec![
+        "render",
+        CHECKPOINTER,
+        "--node",
+        NODE,
+        "--config",
+        config,
+        "--no-cache",
+    ];
+    for file in config_maps {
+        args.extend(["--configmap", file]);
+    }
+    fails(&args, None, code)
+}
+
+#[test]
+fn a_plugin_from_a_configmap_renders_as_from_its_path() {
+    let wasm = plugin("node-env");
+    let bytes = std::fs::read(&wasm).unwrap();
+    let sha = sha256_hex(&bytes);
+    let files = Files::new();
+    let by_path = files.put(
+        "path.yaml",
+        format!(
+            "plugins:\n  node-env:\n    path: {}\n    sha256: {sha}\n{NODE_ENV_SETTINGS}chain: [node-env]\n",
+            wasm.display()
+        ),
+    );
+    let out = render_with(&by_path, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let expected = stdout(&out);
+    assert!(expected.contains("value: eu-west-1b"), "{expected}");
+
+    // gzip, as `plugin configmap` prints it; the catalog entry it prints.
+    let printed = plugin_configmap(&[wasm.to_str().unwrap(), "--name", "podstamp-plugin-node-env"]);
+    assert_eq!(
+        printed,
+        plugin_configmap(&[wasm.to_str().unwrap(), "--name", "podstamp-plugin-node-env"]),
+        "the same component gives the same bytes"
+    );
+    let object: serde_json::Value = serde_norway::from_str(&printed).unwrap();
+    assert_eq!(object["kind"], "ConfigMap");
+    assert_eq!(object["metadata"]["namespace"], "kube-system");
+    assert_eq!(
+        object["metadata"]["annotations"]["podstamp.io/sha256"],
+        sha.as_str()
+    );
+    assert_eq!(
+        object["metadata"]["labels"]["podstamp.io/plugin"],
+        "node-env"
+    );
+    let stored = serde_json::from_value::<k8s_openapi::ByteString>(
+        object["binaryData"]["plugin.wasm"].clone(),
+    )
+    .unwrap()
+    .0;
+    assert_eq!(&stored[..2], &[0x1f, 0x8b], "gzip");
+    assert!(stored.len() < bytes.len() / 2, "{} bytes", stored.len());
+    let snippet = snippet_of(&printed);
+    assert_eq!(
+        snippet,
+        format!(
+            "  \"node-env\":\n    configMap: {{name: \"podstamp-plugin-node-env\"}}\n    sha256: {sha}\n"
+        )
+    );
+    let gzip_cm = files.put("gzip.yaml", &printed);
+    let by_config_map = files.put(
+        "cm.yaml",
+        format!("plugins:\n{snippet}{NODE_ENV_SETTINGS}chain: [node-env]\n"),
+    );
+    let out = render_with(&by_config_map, &[&gzip_cm]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), expected, "gzip ConfigMap");
+
+    // Plain binaryData, in JSON, under another key and name.
+    let plain_cm = files.put(
+        "plain.json",
+        config_map("plain", &[("node-env.wasm", &bytes)], &[]),
+    );
+    let plain = files.put(
+        "plain-catalog.yaml",
+        format!(
+            "plugins:\n  node-env:\n    configMap: {{name: plain, key: node-env.wasm}}\n    sha256: {sha}\n{NODE_ENV_SETTINGS}chain: [node-env]\n"
+        ),
+    );
+    let out = render_with(&plain, &[&plain_cm]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), expected, "plain ConfigMap");
+}
+
+/// A catalog of node-env from ConfigMap `name` (key `key`), pinned to `sha`.
+fn config_map_catalog(name: &str, key: &str, sha: &str) -> String {
+    format!(
+        "plugins:\n  node-env:\n    configMap: {{name: {name}, key: {key}}}\n    sha256: {sha}\n{NODE_ENV_SETTINGS}chain: [node-env]\n"
+    )
+}
+
+#[test]
+fn a_bad_plugin_configmap_is_refused_in_one_line_naming_configmap_key_and_digests() {
+    let bytes = std::fs::read(plugin("node-env")).unwrap();
+    let sha = sha256_hex(&bytes);
+    let gz = podstamp::catalog::gzip::compress(&bytes);
+    let files = Files::new();
+    let catalog = files.put("c.yaml", config_map_catalog("pn", "plugin.wasm", &sha));
+    let refused = |binary: &[(&str, &[u8])], data: &[(&str, &str)]| {
+        let cm = files.put("cm.json", config_map("pn", binary, data));
+        render_with_fails(&catalog, &[&cm], 1)
+    };
+    let at = "plugins.node-env: ConfigMap kube-system/pn key plugin.wasm";
+
+    // Another component than the pinned one: plain and gzip alike.
+    let identity = std::fs::read(plugin("identity")).unwrap();
+    let other = sha256_hex(&identity);
+    let mismatch = format!("{at}: sha256 is {other}, but the catalog pins {sha}");
+    assert_eq!(refused(&[("plugin.wasm", &identity)], &[]), mismatch);
+    let identity_gz = podstamp::catalog::gzip::compress(&identity);
+    assert_eq!(refused(&[("plugin.wasm", &identity_gz)], &[]), mismatch);
+
+    let err = refused(&[("plugin.wasm", &gz[..gz.len() / 2])], &[]);
+    assert!(
+        err.starts_with(&format!("{at}: truncated gzip (the stream ends early: ")),
+        "{err}"
+    );
+    let mut corrupt = gz.clone();
+    let crc = corrupt.len() - 8;
+    corrupt[crc] ^= 0xff;
+    let err = refused(&[("plugin.wasm", &corrupt)], &[]);
+    assert!(err.starts_with(&format!("{at}: corrupt gzip (")), "{err}");
+
+    // 64 MiB and one byte of zeros, ~65 KiB compressed.
+    let bomb = podstamp::catalog::gzip::compress(&vec![0; (64 << 20) + 1]);
+    assert_eq!(
+        refused(&[("plugin.wasm", &bomb)], &[]),
+        format!(
+            "{at}: gzip inflates to more than 67108864 bytes (the limit for a component, 64 MiB): refused as a gzip bomb"
+        )
+    );
+
+    assert_eq!(
+        refused(&[("other.wasm", &gz)], &[]),
+        format!(
+            "{at}: missing (binaryData has: other.wasm); give configMap.key, or put the component there"
+        )
+    );
+    assert_eq!(
+        refused(&[], &[("plugin.wasm", "not binary")]),
+        format!(
+            "{at}: is under data, but a component is binary: put it under binaryData (`podstamp plugin configmap` does)"
+        )
+    );
+
+    let elsewhere = files.put(
+        "other-cm.json",
+        config_map("other", &[("plugin.wasm", &gz)], &[]),
+    );
+    assert_eq!(
+        render_with_fails(&catalog, &[&elsewhere], 1),
+        "plugins.node-env: ConfigMap kube-system/pn does not exist: create it (`podstamp plugin configmap FILE.wasm --name pn` prints it)"
+    );
+    assert_eq!(
+        render_with_fails(&catalog, &[], 2),
+        "plugins.node-env: ConfigMap kube-system/pn: cannot be read here: ConfigMaps are read from the API by podstamp run, and from --configmap FILE by podstamp render"
+    );
+
+    // Pinned bytes that are no component.
+    let yaml = std::fs::read(common::repo().join(NODE)).unwrap();
+    let not_wasm = files.put(
+        "not-wasm.yaml",
+        config_map_catalog("pn", "plugin.wasm", &sha256_hex(&yaml)),
+    );
+    let cm = files.put(
+        "yaml-cm.json",
+        config_map("pn", &[("plugin.wasm", &yaml)], &[]),
+    );
+    let err = render_with_fails(&not_wasm, &[&cm], 1);
+    assert!(
+        err.starts_with(&format!("{at}: not a valid WebAssembly component")),
+        "{err}"
+    );
+
+    // A file pinned to another digest.
+    let path = files.put(
+        "path-pin.yaml",
+        format!(
+            "plugins:\n  node-env:\n    path: {}\n    sha256: {other}\n{NODE_ENV_SETTINGS}chain: [node-env]\n",
+            plugin("node-env").display()
+        ),
+    );
+    assert_eq!(
+        render_with_fails(&path, &[], 1),
+        format!(
+            "plugins.node-env: {}: sha256 is {sha}, but the catalog pins {other}",
+            plugin("node-env").display()
+        )
+    );
+}
+
+#[test]
+fn a_catalog_entry_names_one_pinned_source() {
+    let files = Files::new();
+    let sha = "ab".repeat(32);
+    let unpinned = files.put(
+        "unpinned.yaml",
+        "plugins:\n  node-env:\n    configMap: {name: pn}\nchain: [node-env]\n",
+    );
+    assert_eq!(
+        render_with_fails(&unpinned, &[], 2),
+        "plugins.node-env: configMap \"pn\" has no sha256: a component from a ConfigMap must be pinned; add sha256: (printed by `podstamp plugin configmap`, or `sha256sum` of the .wasm)"
+    );
+    let both = files.put(
+        "both.yaml",
+        format!("plugins:\n  node-env:\n    path: x.wasm\n    configMap: {{name: pn}}\n    sha256: {sha}\n"),
+    );
+    assert_eq!(
+        render_with_fails(&both, &[], 2),
+        "plugins.node-env: give path or configMap, not both (one entry, one component)"
+    );
+    let neither = files.put("neither.yaml", "plugins:\n  node-env: {settings: {}}\n");
+    assert_eq!(
+        render_with_fails(&neither, &[], 2),
+        "plugins.node-env: no component: give path (a file on the node) or configMap: {name, key}"
+    );
+    let bad_pin = files.put(
+        "bad-pin.yaml",
+        "plugins:\n  node-env:\n    configMap: {name: pn}\n    sha256: 3f1c\n",
+    );
+    assert_eq!(
+        render_with_fails(&bad_pin, &[], 2),
+        "plugins.node-env.sha256: \"3f1c\" is not a sha256: expected 64 hex digits (`sha256sum plugin.wasm`)"
+    );
+}
+
+/// `bytes` as an unsigned LEB128.
+fn leb128(mut value: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let byte = (value & 0x7f) as u8;
+        value >>= 7;
+        if value == 0 {
+            out.push(byte);
+            return out;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+#[test]
+fn plugin_configmap_refuses_what_is_no_plugin_or_does_not_fit() {
+    let err = fails(&["plugin", "configmap", NODE, "--name", "x"], None, 1);
+    assert!(
+        err.starts_with("examples/node.yaml: not a valid WebAssembly component"),
+        "{err}"
+    );
+    // node-env with a custom section of 1.2 MB that gzip cannot shrink: still
+    // a plugin, too big for a ConfigMap.
+    let mut bytes = std::fs::read(plugin("node-env")).unwrap();
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let noise: Vec<u8> = (0..1_200_000)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    let name = b"noise";
+    let mut section = leb128(name.len());
+    section.extend_from_slice(name);
+    section.extend_from_slice(&noise);
+    bytes.push(0);
+    bytes.extend(leb128(section.len()));
+    bytes.extend(section);
+    let files = Files::new();
+    let big = files.put("big.wasm", &bytes);
+    let inspect = podstamp(&["plugin", "inspect", &big]);
+    assert!(
+        inspect.status.success(),
+        "still a plugin: {}",
+        stderr(&inspect)
+    );
+    let err = fails(&["plugin", "configmap", &big, "--name", "big"], None, 1);
+    let gz = podstamp::catalog::gzip::compress(&bytes);
+    assert_eq!(
+        err,
+        format!(
+            "{big}: gzip-compressed, the component is {} bytes ({} uncompressed), over the 1048576 bytes (1 MiB) a ConfigMap holds: make the plugin smaller (e.g. opt-level = \"s\", strip = true), or ship it by path on the node",
+            gz.len(),
+            bytes.len()
+        )
+    );
+    let err = fails(
+        &[
+            "plugin",
+            "configmap",
+            plugin("identity").to_str().unwrap(),
+            "--name",
+            "Not_A_Name",
+        ],
+        None,
+        2,
+    );
+    assert!(err.starts_with("--name \"Not_A_Name\": "), "{err}");
+}
+
+#[test]
+fn a_catalog_from_a_configmap_renders_like_the_file() {
+    let files = Files::new();
+    let bytes = std::fs::read(plugin("node-env")).unwrap();
+    let sha = sha256_hex(&bytes);
+    let printed = plugin_configmap(&[
+        plugin("node-env").to_str().unwrap(),
+        "--name",
+        "podstamp-plugin-node-env",
+    ]);
+    let plugin_cm = files.put("plugin-cm.yaml", &printed);
+    let by_file = files.put(
+        "file.yaml",
+        format!(
+            "plugins:\n{}{NODE_ENV_SETTINGS}chain: [node-env]\n",
+            snippet_of(&printed)
+        ),
+    );
+    let out = render_with(&by_file, &[&plugin_cm]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let expected = stdout(&out);
+
+    let catalog_text = format!(
+        "plugins:\n  node-env:\n    configMap: {{name: podstamp-plugin-node-env}}\n    sha256: {sha}\n{NODE_ENV_SETTINGS}  identity:\n    path: {}\nchain: [node-env]\n",
+        plugin("identity").display()
+    );
+    let catalog_cm = |text: &str| {
+        files.put(
+            "catalog-cm.json",
+            config_map("podstamp-catalog", &[], &[("catalog.yaml", text)]),
+        )
+    };
+    let config = files.put(
+        "config.yaml",
+        "namespace: kube-system\ndaemon:\n  catalog: {configMap: podstamp-catalog}\n",
+    );
+    let out = render_with(&config, &[&plugin_cm, &catalog_cm(&catalog_text)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), expected);
+
+    let at = "ConfigMap kube-system/podstamp-catalog key catalog.yaml";
+    let relative = catalog_text.replace(&plugin("identity").display().to_string(), "identity.wasm");
+    assert_eq!(
+        render_with_fails(&config, &[&plugin_cm, &catalog_cm(&relative)], 2),
+        format!(
+            "{at}: plugins.identity.path: \"identity.wasm\" is relative, but a catalog in a ConfigMap has no directory: give an absolute path on the node"
+        )
+    );
+    let settings_file =
+        format!("{catalog_text}  extra:\n    path: /x.wasm\n    settingsFile: x.yaml\n")
+            .replace("chain: [node-env]\n", "")
+            + "chain: [node-env]\n";
+    assert_eq!(
+        render_with_fails(&config, &[&plugin_cm, &catalog_cm(&settings_file)], 2),
+        format!(
+            "{at}: plugins.extra.settingsFile: a catalog in a ConfigMap has no file to read settings from: give settings inline"
+        )
+    );
+    assert_eq!(
+        render_with_fails(
+            &config,
+            &[&plugin_cm, &catalog_cm("plugins: {}\nchian: []\n")],
+            2
+        ),
+        format!("{at}: chian: unknown field `chian`, expected `plugins` or `chain`")
+    );
+    assert_eq!(
+        render_with_fails(&config, &[&plugin_cm], 2),
+        "daemon.catalog.configMap: ConfigMap kube-system/podstamp-catalog does not exist: create it (its key catalog.yaml holds plugins and chain)"
+    );
+    let in_other_namespace = files.put(
+        "other-ns.yaml",
+        printed.replace("namespace: \"kube-system\"", "namespace: \"default\""),
+    );
+    let err = render_with_fails(&config, &[&in_other_namespace], 2);
+    assert!(
+        err.ends_with("ConfigMap default/podstamp-plugin-node-env: metadata.namespace: is \"default\", but podstamp reads ConfigMaps from namespace \"kube-system\" (its namespace): move it there or drop the field"),
+        "{err}"
+    );
+
+    // One or the other: the file's own catalog, or the ConfigMap's.
+    let both = files.put(
+        "both.yaml",
+        "daemon:\n  catalog: {configMap: podstamp-catalog}\nchain: []\nplugins:\n  a: {path: a.wasm}\n",
+    );
+    assert_eq!(
+        render_with_fails(&both, &[], 2),
+        format!(
+            "{both}: daemon.catalog: the catalog comes from ConfigMap \"podstamp-catalog\", so plugins and chain must not be given here too: give one or the other"
+        )
+    );
+
+    // The daemon cannot read it from a directory source.
+    let manifests = files.0.path().join("manifests");
+    let templates = files.0.path().join("templates");
+    std::fs::create_dir(&templates).unwrap();
+    let source = format!("dir:{}", templates.display());
+    let err = fails(
+        &[
+            "run",
+            "--config",
+            &config,
+            "--source",
+            &source,
+            "--node-name",
+            "n1",
+            "--manifest-dir",
+            manifests.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        None,
+        2,
+    );
+    assert_eq!(
+        err,
+        "daemon.catalog.configMap: a ConfigMap is read from the API, but the source is dir:; with --source dir: give plugins by path and the catalog in the configuration file"
+    );
+}
+
+// ------------------------------------------------- the settings annotation
+
+/// The checkpointer template with these annotations.
+fn checkpointer_annotated(annotations: &[(&str, &str)]) -> String {
+    let yaml = std::fs::read_to_string(common::repo().join(CHECKPOINTER)).unwrap();
+    let mut block = String::from("  annotations:\n");
+    for (key, value) in annotations {
+        block.push_str(&format!("    {key}: {}\n", serde_json::Value::from(*value)));
+    }
+    yaml.replace(
+        "  labels:\n    podstamp.io/enabled: \"true\"\n",
+        &format!("  labels:\n    podstamp.io/enabled: \"true\"\n{block}"),
+    )
+}
+
+/// Renders the annotated checkpointer with `config`; the output.
+fn render_annotated(config: &str, annotations: &[(&str, &str)]) -> std::process::Output {
+    let args = [
+        "render",
+        "-",
+        "--node",
+        NODE,
+        "--config",
+        config,
+        "--no-cache",
+    ];
+    podstamp_in(&args, Some(checkpointer_annotated(annotations).as_bytes()))
+}
+
+const SETTINGS: &str = "podstamp.io/settings";
+
+#[test]
+fn the_settings_annotation_is_merged_over_the_catalogs() {
+    let config = "examples/podstamp.yaml";
+    let plain = render_annotated(config, &[]);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    let plain = stdout(&plain);
+    assert!(plain.contains("name: NODE_ZONE"), "{plain}");
+
+    // A key replaced deep inside, a key removed (null), a key added; the
+    // rest of the catalog's settings kept.
+    let out = render_annotated(
+        config,
+        &[(
+            SETTINGS,
+            "arch-image: {images: {pod-checkpointer: {arm64: registry.example/cp:arm64}}}\n\
+             node-env:\n  labels: {NODE_ZONE: null, NODE_REGION: topology.kubernetes.io/region}\n",
+        )],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let merged = stdout(&out);
+    assert!(
+        merged.contains("image: registry.example/cp:arm64"),
+        "{merged}"
+    );
+    assert!(merged.contains("name: NODE_REGION"), "{merged}");
+    assert!(merged.contains("value: eu-west-1\n"), "{merged}");
+    assert!(
+        !merged.contains("NODE_ZONE"),
+        "null removes the key: {merged}"
+    );
+    assert!(
+        merged.contains("name: NODE_IP"),
+        "containers kept: {merged}"
+    );
+
+    // JSON too; null removes the arm64 image, the amd64 one stays.
+    let args = [
+        "render",
+        "-",
+        "--node",
+        NODE,
+        "--config",
+        config,
+        "--no-cache",
+    ];
+    let template = checkpointer_annotated(&[(
+        SETTINGS,
+        r#"{"arch-image": {"images": {"pod-checkpointer": {"arm64": null}}}}"#,
+    )]);
+    assert_eq!(
+        fails(&args, Some(&template), 1),
+        "PodTemplate kube-system/pod-checkpointer: plugin 1 of 3 `arch-image` (arch-image 0.1.0): spec.containers[0].image: no image for architecture arm64 (have amd64)"
+    );
+}
+
+#[test]
+fn a_bad_settings_annotation_names_the_annotation_the_plugin_and_the_field() {
+    let files = Files::new();
+    let path = |name: &str| plugin(name).display().to_string();
+    let mandatory = files.put(
+        "mandatory.yaml",
+        format!(
+            "plugins:\n  arch-image:\n    path: {}\n    settingsFile: {}\n  identity:\n    path: {}\n  substitute:\n    path: {}\n    mandatory: true\nchain: [arch-image, substitute]\n",
+            path("arch-image"),
+            common::repo().join("tests/fixtures/arch-image.yaml").display(),
+            path("identity"),
+            path("substitute"),
+        ),
+    );
+    let args = [
+        "render",
+        "-",
+        "--node",
+        NODE,
+        "--config",
+        &mandatory,
+        "--no-cache",
+    ];
+    let refused = |text: &str| fails(&args, Some(&checkpointer_annotated(&[(SETTINGS, text)])), 1);
+    let at =
+        r#"PodTemplate kube-system/pod-checkpointer: metadata.annotations["podstamp.io/settings"]"#;
+    assert_eq!(
+        refused("[arch-image]"),
+        format!(
+            "{at}: is a list, but it must be a mapping of plugin name to settings, e.g. `node-env: {{labels: {{ZONE: topology.kubernetes.io/zone}}}}`"
+        )
+    );
+    assert_eq!(
+        refused("arch-image: {images: ["),
+        format!(
+            "{at}:2:1: did not find expected node content; write a mapping of plugin name to settings, in YAML or JSON"
+        )
+    );
+    assert_eq!(
+        refused("nope: {}"),
+        format!(
+            "{at}: unknown plugin \"nope\" (the catalog has: arch-image, identity, substitute)"
+        )
+    );
+    assert_eq!(
+        refused("identity: {x: 1}"),
+        format!(
+            "{at}.identity: plugin \"identity\" is not in this template's chain (arch-image, substitute), so its settings would never be used: remove them, or add \"identity\" to podstamp.io/plugins"
+        )
+    );
+    assert_eq!(
+        refused("substitute: {x: 1}"),
+        format!(
+            "{at}.substitute: plugin \"substitute\" is mandatory: its settings are the platform's (the catalog's) and a template cannot change them; remove them from the annotation"
+        )
+    );
+    // A chain the template picks is the one its settings are checked against.
+    let picked = checkpointer_annotated(&[
+        ("podstamp.io/plugins", "identity"),
+        (SETTINGS, "arch-image: {}"),
+    ]);
+    assert_eq!(
+        fails(&args, Some(&picked), 1),
+        format!(
+            "{at}.arch-image: plugin \"arch-image\" is not in this template's chain (identity, substitute), so its settings would never be used: remove them, or add \"arch-image\" to podstamp.io/plugins"
+        )
+    );
+}
+
+// ------------------------------------------------- reuse by digest
+
+#[test]
+fn a_catalog_reloaded_with_the_same_components_compiles_nothing() {
+    use podstamp::catalog::{Catalog, CatalogSpec, ConfigMapSet};
+    use podstamp::plugin::{Limits, Runtime};
+
+    let bytes = std::fs::read(plugin("node-env")).unwrap();
+    let sha = sha256_hex(&bytes);
+    let mut config_maps = ConfigMapSet::new("kube-system");
+    let cm: serde_json::Value = serde_json::from_str(&config_map(
+        "pn",
+        &[("plugin.wasm", &podstamp::catalog::gzip::compress(&bytes))],
+        &[],
+    ))
+    .unwrap();
+    config_maps.insert(cm, "test").unwrap();
+    let spec = |zone: &str| -> CatalogSpec {
+        let text = format!(
+            "plugins:\n  node-env:\n    configMap: {{name: pn}}\n    sha256: {sha}\n    settings: {{labels: {{NODE_ZONE: {zone}}}}}\n  identity:\n    path: {}\nchain: [node-env]\n",
+            plugin("identity").display()
+        );
+        serde_norway::from_str(&text).unwrap()
+    };
+    let runtime = Runtime::new(Limits::default(), None).unwrap();
+    let budget = std::time::Duration::from_secs(1);
+    let load = |spec: &CatalogSpec, reuse: Option<&Catalog>| {
+        Catalog::load_spec(spec, "", &runtime, &config_maps, reuse, budget).unwrap()
+    };
+    let first = load(&spec("a"), None);
+    assert_eq!(runtime.components_loaded(), 2, "node-env and identity");
+
+    let again = load(&spec("a"), Some(&first));
+    assert_eq!(
+        runtime.components_loaded(),
+        2,
+        "the same spec: nothing compiled"
+    );
+    assert_eq!(again.digest(), first.digest());
+
+    let settings_only = load(&spec("b"), Some(&again));
+    assert_eq!(
+        runtime.components_loaded(),
+        2,
+        "a settings change: nothing compiled"
+    );
+    assert_ne!(settings_only.digest(), first.digest());
+
+    // Without a catalog to reuse, every component is loaded again.
+    let cold = load(&spec("a"), None);
+    assert_eq!(runtime.components_loaded(), 4);
+    assert_eq!(
+        cold.digest(),
+        first.digest(),
+        "the digest depends on content only"
+    );
+}
+
+/// What `plugin configmap` prints goes through the real kube-apiserver as
+/// is, and what the server gives back (as `kubectl get -o json` would)
+/// renders like the plugin's file; the 1 MiB the command allows (gzip bytes)
+/// is what the server allows.
+#[test]
+fn the_api_server_stores_the_printed_configmap_and_what_it_returns_renders() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    let files = Files::new();
+    let server = support::ApiServer::start(&files.0.path().join("apiserver"));
+    let wasm = plugin("node-env");
+    let printed = plugin_configmap(&[wasm.to_str().unwrap(), "--name", "podstamp-plugin-node-env"]);
+    let object: ConfigMap = serde_norway::from_str(&printed).unwrap();
+    let sized = |size: usize| ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(format!("size-{size}")),
+            ..Default::default()
+        },
+        binary_data: Some([("k".to_string(), k8s_openapi::ByteString(vec![7; size]))].into()),
+        ..Default::default()
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (stored, at_limit, over_limit) = runtime.block_on(async {
+        let api: kube::Api<ConfigMap> = kube::Api::namespaced(server.admin().await, "kube-system");
+        let post = kube::api::PostParams::default();
+        api.create(&post, &object).await.unwrap();
+        let stored = api.get("podstamp-plugin-node-env").await.unwrap();
+        // The values together (keys are not counted): 1 MiB is accepted,
+        // one byte more is not. Only the errors are kept: an object's Debug
+        // is a megabyte.
+        let at_limit = api.create(&post, &sized(1 << 20)).await.map(drop);
+        let over_limit = api.create(&post, &sized((1 << 20) + 1)).await.map(drop);
+        (stored, at_limit, over_limit)
+    });
+    assert!(at_limit.is_ok(), "{at_limit:?}");
+    let refused = over_limit.expect_err("over 1 MiB").to_string();
+    assert!(refused.contains("1048576"), "{refused}");
+
+    let stored_json = files.put("stored.json", serde_json::to_string(&stored).unwrap());
+    let catalog = files.put(
+        "c.yaml",
+        format!(
+            "plugins:\n{}{NODE_ENV_SETTINGS}chain: [node-env]\n",
+            snippet_of(&printed)
+        ),
+    );
+    let by_path = files.put(
+        "p.yaml",
+        format!(
+            "plugins:\n  node-env:\n    path: {}\n{NODE_ENV_SETTINGS}chain: [node-env]\n",
+            wasm.display()
+        ),
+    );
+    let from_api = render_with(&catalog, &[&stored_json]);
+    assert!(from_api.status.success(), "{}", stderr(&from_api));
+    let from_path = render_with(&by_path, &[]);
+    assert!(from_path.status.success(), "{}", stderr(&from_path));
+    assert_eq!(stdout(&from_api), stdout(&from_path));
 }

@@ -15,37 +15,26 @@
 //! cacheDir: /var/cache/podstamp  # compiled plugin code; omit for the default
 //! ```
 //!
-//! A template picks its own chain from the catalog with the annotation
-//! `podstamp.io/plugins: node-env,substitute` (empty: no plugins).
-//!
-//! The rules a chain keeps, whoever wrote it (the configuration's `chain` or a
-//! template's annotation):
-//! * it names catalog plugins only, each at most once, so no chain is longer
-//!   than the catalog: one annotation cannot make a render run a plugin
-//!   thousands of times;
-//! * a plugin marked `mandatory: true` is in every chain: the default chain
-//!   ends with the mandatory plugins, and a template's own chain is followed
-//!   by them (in the default chain's order) whether it names them or not.
-//!   They run last so that no plugin a template picks can undo what they do;
-//! * a render has a total time budget (`limits.renderTimeout`, default
-//!   [`RENDER_BUDGET_CALLS`] times the per-call timeout), enforced by the chain.
+//! The catalog (`plugins`, `chain`; or `daemon.catalog: {configMap: NAME}`
+//! instead of both) is described and loaded by [`crate::catalog`]; this
+//! module reads the file, resolves its relative paths and its limits.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::chain::{Chain, Step};
-use crate::plugin::{Limits, Runtime};
-use crate::reason::Reason;
+use crate::plugin::Limits;
 use crate::template::parse_document;
-use crate::validate::join_key;
 
-/// The PodTemplate annotation with which a template picks its chain.
-pub const PLUGINS_ANNOTATION: &str = "podstamp.io/plugins";
+// The catalog lived here; its callers keep their paths.
+pub use crate::catalog::{
+    AnnotationError, Catalog, CatalogError, CatalogRef, CatalogSpec, ChainError,
+    PLUGINS_ANNOTATION, PluginEntry, RENDER_BUDGET_CALLS, default_render_budget,
+};
+
 pub const DEFAULT_NAMESPACE: &str = "kube-system";
 
 /// The configuration file, as written.
@@ -81,17 +70,8 @@ pub struct DaemonEntry {
     pub listen: Option<String>,
     /// How often every template is rendered again, e.g. `5m`.
     pub resync: Option<String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct PluginEntry {
-    pub path: PathBuf,
-    pub settings: Option<Value>,
-    pub settings_file: Option<PathBuf>,
-    /// Runs for every template, whatever its `podstamp.io/plugins` says.
-    #[serde(default)]
-    pub mandatory: bool,
+    /// The catalog from a ConfigMap instead of `plugins` and `chain`.
+    pub catalog: Option<CatalogRef>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -123,8 +103,22 @@ impl ConfigFile {
             .map_err(|e| ConfigError(format!("{origin}: {}: {}", e.path(), e.inner())))?;
         // Paths in the file are relative to the file.
         let base = path.parent().unwrap_or(Path::new("."));
+        if let Some(catalog) = &config.daemon.catalog
+            && (!config.plugins.is_empty() || !config.chain.is_empty())
+        {
+            return Err(ConfigError(format!(
+                "{origin}: daemon.catalog: the catalog comes from ConfigMap {:?}, so plugins and chain must not be given here too: give one or the other",
+                catalog.config_map
+            )));
+        }
+        if let Some(catalog) = &config.daemon.catalog {
+            crate::validate::check_dns_subdomain(&catalog.config_map)
+                .map_err(|e| ConfigError(format!("{origin}: daemon.catalog.configMap: {e}")))?;
+        }
         for entry in config.plugins.values_mut() {
-            entry.path = base.join(&entry.path);
+            if let Some(path) = &mut entry.path {
+                *path = base.join(&*path);
+            }
             if let Some(file) = &mut entry.settings_file {
                 *file = base.join(&*file);
             }
@@ -154,6 +148,14 @@ impl ConfigFile {
         Ok(config)
     }
 
+    /// The file's own catalog: its `plugins` and `chain`.
+    pub fn catalog_spec(&self) -> CatalogSpec {
+        CatalogSpec {
+            plugins: self.plugins.clone(),
+            chain: self.chain.clone(),
+        }
+    }
+
     pub fn sandbox_limits(&self) -> Result<Limits, ConfigError> {
         let mut limits = Limits::default();
         let field = |name: &str| ConfigError(format!("limits.{name}"));
@@ -181,233 +183,6 @@ impl ConfigFile {
             }
             None => Ok(default_render_budget(timeout)),
         }
-    }
-}
-
-/// The default render budget, in per-call timeouts: room for a chain of ten
-/// plugins that each run close to their own deadline, so that no sane chain
-/// meets it (real plugins take well under a millisecond on a 50 KiB pod, see
-/// docs/performance.md), while one template can hold the render thread for
-/// at most this long (1 s with the default 100 ms timeout). It follows the
-/// timeout, so raising the timeout alone never cuts a single call short.
-pub const RENDER_BUDGET_CALLS: u32 = 10;
-
-/// [`RENDER_BUDGET_CALLS`] times the per-call `timeout`.
-pub fn default_render_budget(timeout: Duration) -> Duration {
-    timeout.saturating_mul(RENDER_BUDGET_CALLS)
-}
-
-/// Why a catalog could not be loaded: its configuration, or a plugin in it.
-#[derive(Debug, thiserror::Error)]
-pub enum CatalogError {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// A plugin failed to load; the message names its catalog entry.
-    #[error("{0}")]
-    Plugin(String),
-}
-
-/// Why a list of plugin names is not a chain that can run.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ChainError {
-    #[error("unknown plugin {name:?} (the catalog has: {known})")]
-    Unknown { name: String, known: String },
-    #[error(
-        "names plugin {name:?} more than once; a chain runs each plugin at most once: list it once"
-    )]
-    Repeated { name: String },
-    #[error(
-        "names {count} plugins, but a chain runs each catalog plugin at most once and the catalog has {catalog}: list each plugin once (the catalog has: {known})"
-    )]
-    TooLong {
-        count: usize,
-        catalog: usize,
-        known: String,
-    },
-}
-
-/// A template's `podstamp.io/plugins` annotation names a chain that cannot run.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {0}", field = join_key("metadata.annotations", PLUGINS_ANNOTATION))]
-pub struct AnnotationError(pub ChainError);
-
-impl AnnotationError {
-    /// The failure reason reported for the template (metrics, log, Event).
-    pub fn reason(&self) -> Reason {
-        match self.0 {
-            ChainError::Unknown { .. } => Reason::UnknownPlugin,
-            ChainError::Repeated { .. } | ChainError::TooLong { .. } => Reason::InvalidChain,
-        }
-    }
-}
-
-/// Loaded plugins by catalog name, and the chain used by default.
-pub struct Catalog {
-    steps: BTreeMap<String, Arc<Step>>,
-    default_chain: Chain,
-    /// The mandatory plugins, in the default chain's order: the tail of
-    /// every chain.
-    mandatory: Vec<Arc<Step>>,
-    /// The time budget of one render, given to every chain.
-    budget: Duration,
-}
-
-impl Catalog {
-    /// Loads every plugin of the catalog and resolves the default chain.
-    pub fn load(config: &ConfigFile, runtime: &Runtime) -> Result<Catalog, CatalogError> {
-        let budget = config.render_budget(runtime.limits().timeout)?;
-        let mut steps = BTreeMap::new();
-        for (name, entry) in &config.plugins {
-            let field = join_key("plugins", name);
-            let settings = match (&entry.settings, &entry.settings_file) {
-                (Some(_), Some(_)) => {
-                    return Err(ConfigError(format!(
-                        "{field}: give settings or settingsFile, not both"
-                    ))
-                    .into());
-                }
-                (Some(inline), None) => inline.clone(),
-                (None, Some(file)) => read_settings(file)?,
-                (None, None) => Value::Object(Default::default()),
-            };
-            let plugin = runtime
-                .load(&entry.path)
-                .map_err(|e| CatalogError::Plugin(format!("{field}: {e}")))?;
-            steps.insert(
-                name.clone(),
-                Arc::new(Step::new(name.clone(), plugin, &settings)),
-            );
-        }
-        let mut catalog = Catalog {
-            steps,
-            default_chain: Chain::default(),
-            mandatory: Vec::new(),
-            budget,
-        };
-        let default_chain = catalog
-            .checked(config.chain.iter().map(String::as_str))
-            .map_err(|e| ConfigError(format!("chain: {e}")))?;
-        // Mandatory plugins end the default chain, so that a template without
-        // the annotation runs them where every other template does: last.
-        let is_mandatory = |name: &str| config.plugins.get(name).is_some_and(|p| p.mandatory);
-        for (name, entry) in &config.plugins {
-            if entry.mandatory && !config.chain.contains(name) {
-                return Err(ConfigError(format!(
-                    "{}: is mandatory, so it must be in chain (it runs after every template's own plugins); add it at the end of chain",
-                    join_key("plugins", name)
-                ))
-                .into());
-            }
-        }
-        if let Some(window) = config
-            .chain
-            .windows(2)
-            .find(|w| is_mandatory(&w[0]) && !is_mandatory(&w[1]))
-        {
-            return Err(ConfigError(format!(
-                "chain: {:?} is mandatory and {:?} is not, but mandatory plugins run last, after a template's own plugins: put {:?} before {:?}",
-                window[0], window[1], window[1], window[0]
-            ))
-            .into());
-        }
-        catalog.mandatory = default_chain
-            .iter()
-            .filter(|s| is_mandatory(&s.name))
-            .cloned()
-            .collect();
-        catalog.default_chain = Chain::new(default_chain).with_budget(budget);
-        Ok(catalog)
-    }
-
-    /// A catalog of exactly these steps, run in this order by default, none
-    /// mandatory, with the default render budget for the default timeout.
-    pub fn from_steps(steps: Vec<Step>) -> Catalog {
-        let steps: Vec<Arc<Step>> = steps.into_iter().map(Arc::new).collect();
-        let budget = default_render_budget(crate::plugin::Limits::default().timeout);
-        Catalog {
-            default_chain: Chain::new(steps.clone()).with_budget(budget),
-            steps: steps.into_iter().map(|s| (s.name.clone(), s)).collect(),
-            mandatory: Vec::new(),
-            budget,
-        }
-    }
-
-    /// This catalog, with every render given `budget`.
-    pub fn with_render_budget(mut self, budget: Duration) -> Catalog {
-        self.budget = budget;
-        self.default_chain = self.default_chain.with_budget(budget);
-        self
-    }
-
-    fn known(&self) -> String {
-        if self.steps.is_empty() {
-            "none".to_string()
-        } else {
-            let known: Vec<&str> = self.steps.keys().map(String::as_str).collect();
-            known.join(", ")
-        }
-    }
-
-    /// The steps `names` name: catalog plugins only, each at most once.
-    fn checked<'a>(
-        &self,
-        names: impl ExactSizeIterator<Item = &'a str>,
-    ) -> Result<Vec<Arc<Step>>, ChainError> {
-        let count = names.len();
-        let mut chain: Vec<Arc<Step>> = Vec::new();
-        // Past the catalog's size a name is unknown or a repeat, so this
-        // stops by then, however many names there are.
-        for name in names {
-            let Some(step) = self.steps.get(name) else {
-                return Err(ChainError::Unknown {
-                    name: name.to_string(),
-                    known: self.known(),
-                });
-            };
-            if chain.iter().any(|s| s.name == name) {
-                // Thousands of names say more about the list than its
-                // first repeat does.
-                return Err(if count > self.steps.len() {
-                    ChainError::TooLong {
-                        count,
-                        catalog: self.steps.len(),
-                        known: self.known(),
-                    }
-                } else {
-                    ChainError::Repeated {
-                        name: name.to_string(),
-                    }
-                });
-            }
-            chain.push(step.clone());
-        }
-        Ok(chain)
-    }
-
-    /// The chain for a template: the one its `podstamp.io/plugins`
-    /// annotation names, from this catalog only, each plugin at most once,
-    /// followed by the mandatory plugins; else the default chain.
-    pub fn chain_for(
-        &self,
-        template_annotations: &BTreeMap<String, String>,
-    ) -> Result<Chain, AnnotationError> {
-        let Some(list) = template_annotations.get(PLUGINS_ANNOTATION) else {
-            return Ok(self.default_chain.clone());
-        };
-        let names: Vec<&str> = list
-            .split(',')
-            .map(str::trim)
-            .filter(|n| !n.is_empty())
-            .collect();
-        let mut chain = self.checked(names.into_iter()).map_err(AnnotationError)?;
-        // Named or not, the mandatory plugins run last, once, in their order.
-        chain.retain(|s| !self.mandatory.iter().any(|m| m.name == s.name));
-        chain.extend(self.mandatory.iter().cloned());
-        Ok(Chain::new(chain).with_budget(self.budget))
-    }
-
-    pub fn default_chain(&self) -> &Chain {
-        &self.default_chain
     }
 }
 

@@ -6,6 +6,7 @@
 //! [`write`] (atomic file replacement). [`render`] ties them together and
 //! [`config`] describes a chain the way the daemon and the CLI share.
 
+pub mod catalog;
 pub mod chain;
 pub mod config;
 pub mod daemon;

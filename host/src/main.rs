@@ -10,6 +10,9 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use podstamp::catalog::{
+    ComponentError, ConfigMapError, ConfigMapSet, ConfigMaps, NoConfigMaps, PluginError, gzip,
+};
 use podstamp::chain::Step;
 use podstamp::config::{self, Catalog, CatalogError, ConfigFile};
 use podstamp::node::{NodeAddress, NodeContext};
@@ -58,6 +61,26 @@ enum PluginCommand {
         /// The plugin component (.wasm).
         path: PathBuf,
     },
+    /// Print a ConfigMap holding the plugin (gzip, pinned by sha256), for `kubectl apply --server-side -f -`, and the catalog entry that uses it.
+    Configmap(ConfigMapArgs),
+}
+
+#[derive(Args)]
+struct ConfigMapArgs {
+    /// The plugin component (.wasm).
+    path: PathBuf,
+    /// The ConfigMap's name.
+    #[arg(long)]
+    name: String,
+    /// The ConfigMap's namespace: the one the daemon serves.
+    #[arg(long, default_value = config::DEFAULT_NAMESPACE)]
+    namespace: String,
+    /// The binaryData key holding the component.
+    #[arg(long, default_value = podstamp::catalog::DEFAULT_COMPONENT_KEY)]
+    key: String,
+    /// The plugin's name in the catalog [default: the name the plugin gives itself].
+    #[arg(long, value_name = "PLUGIN_NAME")]
+    plugin: Option<String>,
 }
 
 #[derive(Args)]
@@ -95,6 +118,10 @@ struct RenderArgs {
     /// A plugin to run, in order (repeatable): PATH or PATH,settings=FILE.
     #[arg(long, value_name = "PATH[,settings=FILE]")]
     plugin: Vec<String>,
+    /// A ConfigMap (YAML or JSON; repeatable) holding a plugin or the catalog
+    /// that --config names, as the daemon would read it from its namespace.
+    #[arg(long, value_name = "FILE", requires = "config")]
+    configmap: Vec<PathBuf>,
     /// Namespace written into the manifest [default: the config's, else kube-system].
     #[arg(long)]
     namespace: Option<String>,
@@ -127,6 +154,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Render(args) => run_render(args),
         Command::Plugin(PluginCommand::Inspect { path }) => run_inspect(&path),
+        Command::Plugin(PluginCommand::Configmap(args)) => run_configmap(&args),
         Command::Run(args) => return podstamp::daemon::main(args),
     };
     match result {
@@ -203,7 +231,15 @@ fn run_render(args: RenderArgs) -> Result<(), Failure> {
         config.cache_dir.as_deref(),
     );
     let max_manifest = limits.max_output_bytes;
-    let catalog = load_catalog(&args, &config, limits, cache_dir.as_deref())?;
+    // Without --configmap, a ConfigMap source says where it would come from.
+    let config_maps: Box<dyn ConfigMaps> = if args.configmap.is_empty() {
+        Box::new(NoConfigMaps {
+            namespace: namespace.clone(),
+        })
+    } else {
+        Box::new(read_config_maps(&args.configmap, &namespace)?)
+    };
+    let catalog = load_catalog(&args, &config, &*config_maps, limits, cache_dir.as_deref())?;
     let chain = catalog
         .chain_for(&template.annotations)
         .map_err(|e| Failure::Render(format!("PodTemplate {}: {e}", template.id())))?;
@@ -243,9 +279,33 @@ fn run_render(args: RenderArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The ConfigMaps given with --configmap: each file one ConfigMap, or a v1
+/// List of them.
+fn read_config_maps(files: &[PathBuf], namespace: &str) -> Result<ConfigMapSet, Failure> {
+    let usage = Failure::Usage;
+    let mut set = ConfigMapSet::new(namespace);
+    for file in files {
+        let origin = format!("--configmap {}", file.display());
+        let bytes = std::fs::read(file).map_err(|e| usage(format!("{origin}: {e}")))?;
+        let value = parse_document(&bytes, &origin).map_err(|e| usage(e.to_string()))?;
+        let objects = match (
+            value.get("kind").and_then(|k| k.as_str()),
+            value.get("items"),
+        ) {
+            (Some("List"), Some(serde_json::Value::Array(items))) => items.clone(),
+            _ => vec![value],
+        };
+        for object in objects {
+            set.insert(object, &origin).map_err(usage)?;
+        }
+    }
+    Ok(set)
+}
+
 fn load_catalog(
     args: &RenderArgs,
     config: &ConfigFile,
+    config_maps: &dyn ConfigMaps,
     limits: Limits,
     cache_dir: Option<&Path>,
 ) -> Result<Catalog, Failure> {
@@ -254,9 +314,16 @@ fn load_catalog(
     }
     let runtime = Runtime::new(limits, cache_dir).map_err(|e| Failure::Render(e.to_string()))?;
     if args.config.is_some() {
-        return Catalog::load(config, &runtime).map_err(|e| match e {
+        return Catalog::load_config(config, &runtime, config_maps, None).map_err(|e| match e {
             CatalogError::Config(e) => Failure::Usage(e.to_string()),
-            CatalogError::Plugin(e) => Failure::Render(e),
+            // No --configmap for a ConfigMap source: the command line lacks it.
+            CatalogError::Plugin(
+                e @ PluginError {
+                    source: ComponentError::ConfigMap(ConfigMapError::Unavailable { .. }),
+                    ..
+                },
+            ) => Failure::Usage(e.to_string()),
+            CatalogError::Plugin(e) => Failure::Render(e.to_string()),
         });
     }
     let mut steps = Vec::new();
@@ -366,6 +433,119 @@ fn run_inspect(path: &Path) -> Result<(), Failure> {
     println!("plugin:  {}", plugin.info());
     println!("wit:     {WIT_PACKAGE} (matches this podstamp)");
     Ok(())
+}
+
+/// What a ConfigMap may hold: the values of its data and binaryData
+/// together, in bytes (the API server's limit, as for a Secret; keys are not
+/// counted).
+const CONFIG_MAP_MAX_BYTES: usize = 1 << 20;
+
+fn run_configmap(args: &ConfigMapArgs) -> Result<(), Failure> {
+    let usage = Failure::Usage;
+    podstamp::validate::check_dns_subdomain(&args.name)
+        .map_err(|e| usage(format!("--name {:?}: {e}", args.name)))?;
+    podstamp::validate::check_dns_label(&args.namespace)
+        .map_err(|e| usage(format!("--namespace {:?}: {e}", args.namespace)))?;
+    podstamp::catalog::check_config_map_key(&args.key).map_err(|e| usage(format!("--key: {e}")))?;
+    let path = &args.path;
+    let origin = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| usage(format!("{origin}: {e}")))?;
+    // The same check as `plugin inspect`: a component of this podstamp's WIT
+    // that loads and says who it is.
+    let runtime =
+        Runtime::new(Limits::default(), None).map_err(|e| Failure::Render(e.to_string()))?;
+    let interface = runtime
+        .describe(&bytes)
+        .map_err(|e| Failure::Render(format!("{origin}: {e}")))?;
+    let plugin = runtime
+        .load_bytes(&bytes, &origin)
+        .map_err(|e| Failure::Render(e.to_string()))?;
+    let entry = args
+        .plugin
+        .clone()
+        .unwrap_or_else(|| plugin.info().name.clone());
+    check_label_value(&entry).map_err(|e| {
+        usage(format!(
+            "{} {entry:?}: {e}; name the catalog entry with --plugin NAME",
+            if args.plugin.is_some() {
+                "--plugin"
+            } else {
+                "the plugin's own name"
+            }
+        ))
+    })?;
+    let compressed = gzip::compress(&bytes);
+    if compressed.len() > CONFIG_MAP_MAX_BYTES {
+        return Err(Failure::Render(format!(
+            "{origin}: gzip-compressed, the component is {} bytes ({} uncompressed), over the {CONFIG_MAP_MAX_BYTES} bytes (1 MiB) a ConfigMap holds: make the plugin smaller (e.g. opt-level = \"s\", strip = true), or ship it by path on the node",
+            compressed.len(),
+            bytes.len()
+        )));
+    }
+    let compressed_len = compressed.len();
+    let encoded = match serde_json::to_value(k8s_openapi::ByteString(compressed)) {
+        Ok(serde_json::Value::String(text)) => text,
+        _ => return Err(Failure::Render("base64: cannot encode".into())),
+    };
+    let sha256 = &interface.sha256;
+    let info = plugin.info().to_string().replace(['\n', '\r'], " ");
+    let key_field = if args.key == podstamp::catalog::DEFAULT_COMPONENT_KEY {
+        String::new()
+    } else {
+        format!(", key: \"{}\"", args.key)
+    };
+    // Hand-written so that the order reads well. Every string is quoted:
+    // valid names such as `null`, `yes` or `1.0` are not strings to YAML.
+    // None holds a quote or a backslash (checked above), nor does base64.
+    let text = format!(
+        "# podstamp plugin configmap: {info}, {} bytes, {} gzip-compressed\n\
+         # Apply with `kubectl apply --server-side -f -` (client-side apply copies the\n\
+         # object into an annotation, which is capped at 256 KiB), or `kubectl create -f -`.\n\
+         apiVersion: v1\n\
+         kind: ConfigMap\n\
+         metadata:\n\
+         \x20 name: \"{name}\"\n\
+         \x20 namespace: \"{namespace}\"\n\
+         \x20 labels:\n\
+         \x20   app.kubernetes.io/part-of: podstamp\n\
+         \x20   podstamp.io/plugin: \"{entry}\"\n\
+         \x20 annotations:\n\
+         \x20   podstamp.io/sha256: \"{sha256}\"\n\
+         binaryData:\n\
+         \x20 \"{key}\": {encoded}\n\
+         # The catalog entry that uses it (under plugins: in the catalog):\n\
+         #   \"{entry}\":\n\
+         #     configMap: {{name: \"{name}\"{key_field}}}\n\
+         #     sha256: {sha256}\n",
+        bytes.len(),
+        compressed_len,
+        name = args.name,
+        namespace = args.namespace,
+        key = args.key,
+    );
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+        .map_err(|e| Failure::Render(format!("stdout: {e}")))
+}
+
+/// A Kubernetes label value: at most 63 characters, alphanumeric at both
+/// ends, `-`, `_`, `.` between.
+fn check_label_value(value: &str) -> Result<(), String> {
+    let bytes = value.as_bytes();
+    let ok = !value.is_empty()
+        && value.len() <= 63
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err("not a valid label value (at most 63 letters, digits, '-', '_', '.', alphanumeric at both ends)".into())
+    }
 }
 
 fn list_or_none(items: &[String]) -> String {

@@ -176,6 +176,18 @@ fn settings(args: &RunArgs, config: &ConfigFile) -> Result<Settings, String> {
     })
 }
 
+/// The first field of the configuration that reads a ConfigMap.
+fn config_map_field(config: &ConfigFile) -> Option<String> {
+    if config.daemon.catalog.is_some() {
+        return Some("daemon.catalog.configMap".into());
+    }
+    config
+        .plugins
+        .iter()
+        .find(|(_, entry)| entry.config_map.is_some())
+        .map(|(name, _)| format!("{}.configMap", crate::validate::join_key("plugins", name)))
+}
+
 fn read_node_file(path: &Path, node_name: &str) -> Result<NodeContext, String> {
     let mut context = crate::node::read_node_file(path)?;
     context.name = node_name.to_string();
@@ -231,6 +243,16 @@ pub fn main(args: RunArgs) -> ExitCode {
         args.cache_dir.as_deref(),
         config.cache_dir.as_deref(),
     );
+    if let Some(field) = config_map_field(&config) {
+        return usage(match settings.source {
+            Source::Dir(_) => format!(
+                "{field}: a ConfigMap is read from the API, but the source is dir:; with --source dir: give plugins by path and the catalog in the configuration file"
+            ),
+            Source::Api { .. } => format!(
+                "{field}: reading the catalog or plugins from the API is wired in podstamp run by a later change; give plugins by path and the catalog in the configuration file"
+            ),
+        });
+    }
     let catalog = match Runtime::new(limits, cache_dir.as_deref()) {
         Ok(runtime) => match Catalog::load(&config, &runtime) {
             Ok(c) => c,

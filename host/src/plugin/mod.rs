@@ -19,6 +19,7 @@
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -101,6 +102,9 @@ struct Shared {
     cache: Option<CodeCache>,
     ticker: Arc<Ticker>,
     ticker_thread: Option<JoinHandle<()>>,
+    /// How many components were compiled or read from the code cache: what
+    /// a catalog that reuses loaded plugins saves, made observable.
+    components_loaded: AtomicU64,
 }
 
 impl Drop for Shared {
@@ -185,12 +189,19 @@ impl Runtime {
                 cache,
                 ticker,
                 ticker_thread: Some(ticker_thread),
+                components_loaded: AtomicU64::new(0),
             }),
         })
     }
 
     pub fn limits(&self) -> Limits {
         self.shared.limits
+    }
+
+    /// How many components this runtime has compiled (or read compiled
+    /// from the code cache) so far.
+    pub fn components_loaded(&self) -> u64 {
+        self.shared.components_loaded.load(Ordering::Relaxed)
     }
 
     /// Loads the plugin component at `path`.
@@ -267,6 +278,7 @@ impl Runtime {
         origin: &str,
     ) -> Result<Plugin, LoadError> {
         let shared = &self.shared;
+        shared.components_loaded.fetch_add(1, Ordering::Relaxed);
         check_interface(&shared.engine, &component, origin)?;
         let pre = shared
             .linker

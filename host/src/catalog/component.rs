@@ -1,0 +1,157 @@
+//! The bytes of one catalog entry's component: read from its file or its
+//! ConfigMap, inflated when gzip, and checked against the entry's pin.
+//!
+//! Invariants: the digest is of the uncompressed component (the same pin
+//! for a file, a plain ConfigMap and a gzip one); a pinned component whose
+//! bytes differ is never loaded; every refusal names the ConfigMap (with
+//! its namespace) and the key, or the file, and the digests when they
+//! differ, in one line.
+
+use std::path::Path;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::config_maps::{ConfigMapError, ConfigMaps};
+use super::gzip::{GzipError, MAX_COMPONENT_BYTES, inflate, is_gzip};
+use super::spec::{ConfigMapSource, Source};
+use crate::plugin::LoadError;
+
+/// A component's bytes, uncompressed, and where they came from.
+pub struct ComponentBytes {
+    pub bytes: Vec<u8>,
+    /// sha256 of `bytes`, lowercase hex.
+    pub sha256: String,
+    /// The file, or `ConfigMap NS/NAME key KEY`: names it in errors and logs.
+    pub origin: String,
+}
+
+/// Why a catalog entry's component could not be had or loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ComponentError {
+    #[error(transparent)]
+    ConfigMap(#[from] ConfigMapError),
+    #[error(
+        "ConfigMap {namespace}/{name} does not exist: create it (`podstamp plugin configmap FILE.wasm --name {name}` prints it)"
+    )]
+    MissingConfigMap { namespace: String, name: String },
+    #[error(
+        "{origin}: missing (binaryData has: {keys}); give configMap.key, or put the component there"
+    )]
+    MissingKey { origin: String, keys: String },
+    #[error(
+        "{origin}: is under data, but a component is binary: put it under binaryData (`podstamp plugin configmap` does)"
+    )]
+    KeyInData { origin: String },
+    #[error("{origin}: not base64 ({detail}); binaryData values are base64")]
+    NotBase64 { origin: String, detail: String },
+    #[error("{origin}: {source}")]
+    Gzip {
+        origin: String,
+        #[source]
+        source: GzipError,
+    },
+    #[error("{origin}: sha256 is {actual}, but the catalog pins {expected}")]
+    Digest {
+        origin: String,
+        expected: String,
+        actual: String,
+    },
+    /// Read, compiled or checked against the WIT: the message names the origin.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+}
+
+/// A catalog entry's component that could not be had or loaded.
+#[derive(Debug, thiserror::Error)]
+#[error("{entry}: {source}")]
+pub struct PluginError {
+    /// `plugins.NAME`.
+    pub entry: String,
+    #[source]
+    pub source: ComponentError,
+}
+
+/// The uncompressed component of `source`, checked against `pin`.
+pub fn component_bytes(
+    source: &Source<'_>,
+    pin: Option<&str>,
+    config_maps: &dyn ConfigMaps,
+) -> Result<ComponentBytes, ComponentError> {
+    let (bytes, origin) = match source {
+        Source::Path(path) => (read_file(path)?, path.display().to_string()),
+        Source::ConfigMap(source) => from_config_map(source, config_maps)?,
+    };
+    let sha256 = hex::encode(Sha256::digest(&bytes));
+    if let Some(expected) = pin
+        && expected != sha256
+    {
+        return Err(ComponentError::Digest {
+            origin,
+            expected: expected.to_string(),
+            actual: sha256,
+        });
+    }
+    Ok(ComponentBytes {
+        bytes,
+        sha256,
+        origin,
+    })
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, LoadError> {
+    std::fs::read(path).map_err(|source| LoadError::Read {
+        origin: path.display().to_string(),
+        source,
+    })
+}
+
+/// The bytes under `binaryData[key]` of the ConfigMap, inflated if gzip.
+fn from_config_map(
+    source: &ConfigMapSource,
+    config_maps: &dyn ConfigMaps,
+) -> Result<(Vec<u8>, String), ComponentError> {
+    let namespace = config_maps.namespace().to_string();
+    let key = source.key();
+    let origin = format!("ConfigMap {namespace}/{} key {key}", source.name);
+    let object =
+        config_maps
+            .get(&source.name)?
+            .ok_or_else(|| ComponentError::MissingConfigMap {
+                namespace,
+                name: source.name.clone(),
+            })?;
+    let binary = object.get("binaryData").and_then(Value::as_object);
+    let Some(encoded) = binary.and_then(|b| b.get(key)) else {
+        if object.pointer("/data").and_then(|d| d.get(key)).is_some() {
+            return Err(ComponentError::KeyInData { origin });
+        }
+        let keys: Vec<&str> = binary
+            .map(|b| b.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        return Err(ComponentError::MissingKey {
+            origin,
+            keys: if keys.is_empty() {
+                "nothing".into()
+            } else {
+                keys.join(", ")
+            },
+        });
+    };
+    // k8s-openapi decodes binaryData's base64 exactly as the API server does.
+    let raw = serde_json::from_value::<k8s_openapi::ByteString>(encoded.clone())
+        .map_err(|e| ComponentError::NotBase64 {
+            origin: origin.clone(),
+            detail: e.to_string(),
+        })?
+        .0;
+    let bytes = if is_gzip(&raw) {
+        inflate(&raw, MAX_COMPONENT_BYTES).map_err(|source| ComponentError::Gzip {
+            origin: origin.clone(),
+            source,
+        })?
+    } else {
+        raw
+    };
+    Ok((bytes, origin))
+}

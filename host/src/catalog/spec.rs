@@ -1,0 +1,222 @@
+//! The catalog as written: plugin entries and the default chain, in the
+//! configuration file or in a ConfigMap (key `catalog.yaml`), one schema.
+//!
+//! ```yaml
+//! plugins:
+//!   node-env:
+//!     path: /usr/lib/podstamp/plugins/node-env.wasm   # a file on the node, or
+//!     configMap: {name: podstamp-plugin-node-env, key: node-env.wasm}
+//!     sha256: 3f1c…        # of the uncompressed component; required for configMap
+//!     settings: {…}        # or settingsFile: (file catalog only)
+//!     mandatory: false
+//! chain: [node-env]
+//! ```
+//!
+//! Invariants: an entry names exactly one component source; a ConfigMap
+//! source is always pinned by digest (what the API holds can change under
+//! the daemon; the pin says which component the catalog means); a ConfigMap
+//! catalog refers to nothing relative to a file (no `settingsFile`, absolute
+//! paths only), since it has no file to be relative to.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::config_maps::ConfigMaps;
+use crate::config::ConfigError;
+use crate::template::parse_document;
+use crate::validate::join_key;
+
+/// The key of a catalog ConfigMap that holds the catalog.
+pub const CATALOG_KEY: &str = "catalog.yaml";
+/// The key a component is read from when `configMap.key` is not given.
+pub const DEFAULT_COMPONENT_KEY: &str = "plugin.wasm";
+
+/// The catalog: plugins by name, and the chain run by default.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CatalogSpec {
+    #[serde(default)]
+    pub plugins: BTreeMap<String, PluginEntry>,
+    #[serde(default)]
+    pub chain: Vec<String>,
+}
+
+/// One catalog plugin: where its component is, its pin and its settings.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PluginEntry {
+    /// A component file on the node.
+    pub path: Option<PathBuf>,
+    /// A component in a ConfigMap of the daemon's namespace.
+    pub config_map: Option<ConfigMapSource>,
+    /// The sha256 of the uncompressed component, hex.
+    pub sha256: Option<String>,
+    pub settings: Option<Value>,
+    pub settings_file: Option<PathBuf>,
+    /// Runs for every template, whatever its `podstamp.io/plugins` says.
+    #[serde(default)]
+    pub mandatory: bool,
+}
+
+/// `configMap: {name, key}`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigMapSource {
+    pub name: String,
+    pub key: Option<String>,
+}
+
+impl ConfigMapSource {
+    /// The `binaryData` key holding the component.
+    pub fn key(&self) -> &str {
+        self.key.as_deref().unwrap_or(DEFAULT_COMPONENT_KEY)
+    }
+}
+
+/// Where an entry's component comes from, once checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source<'a> {
+    Path(&'a std::path::Path),
+    ConfigMap(&'a ConfigMapSource),
+}
+
+/// `daemon.catalog`: where the daemon reads its catalog from, instead of
+/// the file's `plugins` and `chain`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CatalogRef {
+    /// A ConfigMap of the daemon's namespace, key `catalog.yaml`.
+    pub config_map: String,
+}
+
+impl PluginEntry {
+    /// The component source and the pin, checked: exactly one source, a
+    /// ConfigMap source pinned, the pin 64 hex digits. `field` is the
+    /// entry's (`plugins.NAME`).
+    pub fn source(&self, field: &str) -> Result<(Source<'_>, Option<String>), ConfigError> {
+        let pin = match &self.sha256 {
+            Some(pin) => Some(
+                check_sha256(pin)
+                    .map_err(|e| ConfigError(format!("{}: {e}", join_key(field, "sha256"))))?,
+            ),
+            None => None,
+        };
+        let source = match (&self.path, &self.config_map) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError(format!(
+                    "{field}: give path or configMap, not both (one entry, one component)"
+                )));
+            }
+            (None, None) => {
+                return Err(ConfigError(format!(
+                    "{field}: no component: give path (a file on the node) or configMap: {{name, key}}"
+                )));
+            }
+            (Some(path), None) => Source::Path(path),
+            (None, Some(config_map)) => {
+                let at = join_key(field, "configMap");
+                crate::validate::check_dns_subdomain(&config_map.name)
+                    .map_err(|e| ConfigError(format!("{}: {e}", join_key(&at, "name"))))?;
+                check_config_map_key(config_map.key())
+                    .map_err(|e| ConfigError(format!("{}: {e}", join_key(&at, "key"))))?;
+                if pin.is_none() {
+                    return Err(ConfigError(format!(
+                        "{field}: configMap {:?} has no sha256: a component from a ConfigMap must be pinned; add sha256: (printed by `podstamp plugin configmap`, or `sha256sum` of the .wasm)",
+                        config_map.name
+                    )));
+                }
+                Source::ConfigMap(config_map)
+            }
+        };
+        Ok((source, pin))
+    }
+}
+
+/// A pin, lowercased: 64 hex digits.
+fn check_sha256(pin: &str) -> Result<String, String> {
+    if pin.len() == 64 && pin.bytes().all(|c| c.is_ascii_hexdigit()) {
+        Ok(pin.to_ascii_lowercase())
+    } else {
+        Err(format!(
+            "{pin:?} is not a sha256: expected 64 hex digits (`sha256sum plugin.wasm`)"
+        ))
+    }
+}
+
+/// A ConfigMap key, as the API server checks it.
+pub fn check_config_map_key(key: &str) -> Result<(), String> {
+    let ok = !key.is_empty()
+        && key.len() <= 253
+        && key
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{key:?} is not a ConfigMap key (letters, digits, '-', '_', '.'; at most 253)"
+        ))
+    }
+}
+
+impl CatalogSpec {
+    /// The catalog held by the ConfigMap `name` (key `catalog.yaml`), and the
+    /// origin naming it in errors.
+    pub fn from_config_map(
+        config_maps: &dyn ConfigMaps,
+        name: &str,
+    ) -> Result<(CatalogSpec, String), ConfigError> {
+        let namespace = config_maps.namespace();
+        let origin = format!("ConfigMap {namespace}/{name} key {CATALOG_KEY}");
+        let object = config_maps
+            .get(name)
+            .map_err(|e| ConfigError(format!("daemon.catalog.configMap: {e}")))?
+            .ok_or_else(|| {
+                ConfigError(format!(
+                    "daemon.catalog.configMap: ConfigMap {namespace}/{name} does not exist: create it (its key {CATALOG_KEY} holds plugins and chain)"
+                ))
+            })?;
+        let text = match object.pointer(&format!("/data/{CATALOG_KEY}")) {
+            Some(Value::String(text)) => text,
+            _ if object
+                .pointer(&format!("/binaryData/{CATALOG_KEY}"))
+                .is_some() =>
+            {
+                return Err(ConfigError(format!(
+                    "{origin}: is under binaryData; the catalog is text: put it under data"
+                )));
+            }
+            _ => {
+                return Err(ConfigError(format!(
+                    "{origin}: missing: the catalog ConfigMap holds plugins and chain under data.{CATALOG_KEY}"
+                )));
+            }
+        };
+        let value =
+            parse_document(text.as_bytes(), &origin).map_err(|e| ConfigError(e.to_string()))?;
+        let spec: CatalogSpec = serde_path_to_error::deserialize(value)
+            .map_err(|e| ConfigError(format!("{origin}: {}: {}", e.path(), e.inner())))?;
+        for (plugin, entry) in &spec.plugins {
+            let field = join_key("plugins", plugin);
+            if entry.settings_file.is_some() {
+                return Err(ConfigError(format!(
+                    "{origin}: {}: a catalog in a ConfigMap has no file to read settings from: give settings inline",
+                    join_key(&field, "settingsFile")
+                )));
+            }
+            if let Some(path) = &entry.path
+                && !path.is_absolute()
+            {
+                return Err(ConfigError(format!(
+                    "{origin}: {}: {:?} is relative, but a catalog in a ConfigMap has no directory: give an absolute path on the node",
+                    join_key(&field, "path"),
+                    path.display()
+                )));
+            }
+        }
+        Ok((spec, origin))
+    }
+}
