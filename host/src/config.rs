@@ -408,6 +408,11 @@ impl Catalog {
     pub fn default_chain(&self) -> &Chain {
         &self.default_chain
     }
+
+    /// Every plugin of the catalog, by name (for the catalog's digest).
+    pub fn steps(&self) -> impl Iterator<Item = &Step> {
+        self.steps.values().map(|s| &**s)
+    }
 }
 
 /// Reads a settings file (YAML or JSON) into a JSON value.
