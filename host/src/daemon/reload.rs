@@ -136,7 +136,7 @@ impl Loader {
         let result = match self.source.load(&self.runtime, &self.current) {
             Err(e) => {
                 tracing::error!(config = %origin, catalog = %self.digest,
-                    "{origin}: the new plugin catalog is refused, the one in use keeps serving: {}",
+                    "{origin}: the new plugin catalog is refused: {}; the one in use keeps serving until a fixed one loads",
                     e.to_string().replace('\n', " "));
                 ReloadResult::Refused
             }
