@@ -82,10 +82,8 @@ pub fn catalog_digest(catalog: &Catalog) -> String {
     }
     field(&catalog.default_chain().fingerprint());
     // An empty chain annotation leaves just the mandatory plugins.
-    let mandatory = std::collections::BTreeMap::from([(
-        PLUGINS_ANNOTATION.to_string(),
-        String::new(),
-    )]);
+    let mandatory =
+        std::collections::BTreeMap::from([(PLUGINS_ANNOTATION.to_string(), String::new())]);
     match catalog.chain_for(&mandatory) {
         Ok(chain) => field(&chain.fingerprint()),
         Err(e) => field(e.to_string().as_bytes()),

@@ -100,7 +100,10 @@ pub fn watch(path: PathBuf, seen: Content, triggers: Sender<Trigger>) -> std::io
                 return Ok(());
             }
         }
-        if !wait_readable(&inotify, next_periodic.saturating_duration_since(Instant::now()))? {
+        if !wait_readable(
+            &inotify,
+            next_periodic.saturating_duration_since(Instant::now()),
+        )? {
             continue;
         }
         // Something happened in the directory: read every event until it
