@@ -187,7 +187,15 @@ impl Loader {
 pub fn spawn(loader: Loader, triggers: Receiver<Trigger>) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("catalog-loader".into())
-        .spawn(move || loader.run(triggers))
+        .spawn(move || {
+            let run = std::panic::AssertUnwindSafe(|| loader.run(triggers));
+            if std::panic::catch_unwind(run).is_err() {
+                // The catalog in use keeps serving; only reloading stops.
+                tracing::error!(
+                    "the catalog loader panicked; the catalog in use keeps serving, but a change to the configuration now needs a restart"
+                );
+            }
+        })
         .map(drop)
 }
 
