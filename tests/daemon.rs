@@ -1332,3 +1332,326 @@ fn configmaps_are_watched_by_name_and_a_missing_permission_is_named() {
     });
     watches.keep([]);
 }
+
+// ------------------------------------------------------------------ reload
+
+/// A template reading `substitute`'s settings (the default chain).
+const RELOAD_A: &str = "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: a}\ntemplate:\n  spec:\n    containers:\n    - name: main\n      image: IMAGE\n      command: [run, \"--say=${var.greeting}\"]\n";
+/// A template with its own chain, `node-env` alone: `substitute`'s settings
+/// are nothing to it.
+const RELOAD_B: &str = "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: b, annotations: {podstamp.io/plugins: node-env}}\ntemplate:\n  spec:\n    containers:\n    - name: main\n      image: b:1\n      command: [run]\n";
+
+/// The configuration for the reload tests: `substitute` says `greeting`;
+/// `extra` is appended as is.
+fn reload_config(greeting: &str, extra: &str) -> String {
+    use common::plugin;
+    format!(
+        "plugins:\n  substitute:\n    path: {}\n    settings: {{vars: {{greeting: {greeting}}}}}\n  node-env:\n    path: {}\n    settings: {{nodeIP: \"\", labels: {{ZONE: zone}}}}\nchain: [substitute, node-env]\nlimits: {{timeout: 2s}}\n{extra}",
+        plugin("substitute").display(),
+        plugin("node-env").display(),
+    )
+}
+
+/// Templates `a` and `b` in a directory, and a node file.
+struct ReloadSetup {
+    tmp: tempfile::TempDir,
+    templates: PathBuf,
+    node_file: PathBuf,
+    manifests: PathBuf,
+}
+
+fn reload_setup() -> ReloadSetup {
+    let tmp = tempfile::tempdir().unwrap();
+    let templates = tmp.path().join("templates");
+    let manifests = tmp.path().join("manifests");
+    fs::create_dir(&templates).unwrap();
+    fs::create_dir(&manifests).unwrap();
+    fs::write(templates.join("a.yaml"), RELOAD_A.replace("IMAGE", "a:1")).unwrap();
+    fs::write(templates.join("b.yaml"), RELOAD_B).unwrap();
+    let node_file = tmp.path().join("node.yaml");
+    fs::write(
+        &node_file,
+        "apiVersion: v1\nkind: Node\nmetadata: {name: ignored, labels: {zone: lab}}\n",
+    )
+    .unwrap();
+    ReloadSetup {
+        tmp,
+        templates,
+        node_file,
+        manifests,
+    }
+}
+
+impl ReloadSetup {
+    /// `podstamp run` on the directory source with `config`; waits until
+    /// both manifests are written and the daemon is ready.
+    fn start(&self, config: &Path) -> Daemon {
+        let daemon = Daemon::start(
+            &[
+                "--config",
+                config.to_str().unwrap(),
+                "--source",
+                &format!("dir:{}", self.templates.display()),
+                "--node-name",
+                "laptop",
+                "--node-file",
+                self.node_file.to_str().unwrap(),
+                "--manifest-dir",
+                self.manifests.to_str().unwrap(),
+            ],
+            self.tmp.path().join(format!("{}.log", unique("podstamp"))),
+        );
+        wait_content(&daemon, &self.a(), &["--say=hello"]);
+        wait_content(&daemon, &self.b(), &["value: lab"]);
+        daemon.wait_ready(CONVERGE);
+        daemon
+    }
+
+    fn a(&self) -> PathBuf {
+        self.manifests.join("a.yaml")
+    }
+
+    fn b(&self) -> PathBuf {
+        self.manifests.join("b.yaml")
+    }
+}
+
+/// The digest of the catalog in use, from `podstamp_catalog_info`.
+fn catalog_in_use(daemon: &Daemon) -> String {
+    let (_, body) = daemon.get("/metrics").unwrap_or_default();
+    let digests: Vec<&str> = body
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("podstamp_catalog_info{digest=\"")?
+                .strip_suffix("\"} 1")
+        })
+        .collect();
+    assert_eq!(digests.len(), 1, "one catalog in use:\n{body}");
+    digests[0].to_string()
+}
+
+/// Waits until `podstamp_config_reloads_total{result}` is `n`.
+fn wait_reloads(daemon: &Daemon, result: &str, n: u32) {
+    let sample = format!("podstamp_config_reloads_total{{result=\"{result}\"}}");
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(&format!("{sample} to be {n}"), CONVERGE, || {
+            daemon.assert_running();
+            (daemon.metric(&sample) == f64::from(n)).then_some(())
+        })
+    }));
+    if found.is_err() {
+        panic!(
+            "timed out waiting for {sample} to be {n}; it is {}; podstamp's log:\n{}",
+            daemon.metric(&sample),
+            daemon.logs()
+        );
+    }
+}
+
+const REFUSED: &str = "the new plugin catalog is refused";
+const NEEDS_RESTART: &str = "needs a restart to take effect; still using";
+
+#[test]
+fn a_settings_change_in_the_config_file_rewrites_only_the_affected_manifest() {
+    let s = reload_setup();
+    let config = s.tmp.path().join("podstamp.yaml");
+    fs::write(&config, reload_config("hello", "")).unwrap();
+    let daemon = s.start(&config);
+    let first = catalog_in_use(&daemon);
+    let b = identity(&s.b());
+    let unchanged = "podstamp_renders_total{result=\"unchanged\"}";
+    let renders = daemon.metric(unchanged);
+
+    // Edited in place: only `a` goes through `substitute`.
+    fs::write(&config, reload_config("bonjour", "")).unwrap();
+    wait_content(&daemon, &s.a(), &["--say=bonjour"]);
+    wait_reloads(&daemon, "applied", 1);
+    assert_eq!(identity(&s.b()), b, "b's chain did not change");
+    assert_eq!(
+        daemon.metric(unchanged),
+        renders,
+        "b was not even rendered again"
+    );
+    let second = catalog_in_use(&daemon);
+    assert_ne!(second, first);
+
+    // Broken three ways: each refused whole, nothing rewritten.
+    let not_a_component = s.tmp.path().join("not-a-component.wasm");
+    fs::write(&not_a_component, b"\0asm but not really").unwrap();
+    let good = reload_config("bonjour", "");
+    let broken = [
+        (
+            "plugins: [substitute\n".to_string(),
+            "did not find expected ',' or ']'",
+        ),
+        (
+            good.replace(
+                common::plugin("substitute").to_str().unwrap(),
+                "/nonexistent/substitute.wasm",
+            ),
+            "plugins.substitute: /nonexistent/substitute.wasm: cannot read plugin: No such file or directory",
+        ),
+        (
+            good.replace(
+                common::plugin("substitute").to_str().unwrap(),
+                not_a_component.to_str().unwrap(),
+            ),
+            "plugins.substitute: NOT_A_COMPONENT: not a valid WebAssembly component",
+        ),
+    ];
+    let manifests = (identity(&s.a()), identity(&s.b()));
+    for (n, (text, names)) in broken.iter().enumerate() {
+        fs::write(&config, text).unwrap();
+        wait_reloads(&daemon, "refused", n as u32 + 1);
+        let logs = daemon.logs();
+        let line = logs
+            .lines()
+            .filter(|l| l.contains(REFUSED))
+            .nth(n)
+            .unwrap_or_else(|| panic!("no refusal #{n} in the log:\n{logs}"));
+        let says = names.replace("NOT_A_COMPONENT", not_a_component.to_str().unwrap());
+        assert!(line.contains(&says), "{says:?} not in {line}");
+        assert_eq!(catalog_in_use(&daemon), second);
+        assert_eq!((identity(&s.a()), identity(&s.b())), manifests);
+    }
+    // The old catalog still serves a template that changes meanwhile.
+    write_atomically(
+        &s.templates.join("a.yaml"),
+        &RELOAD_A.replace("IMAGE", "a:2"),
+    );
+    wait_content(&daemon, &s.a(), &["image: a:2", "--say=bonjour"]);
+    let b = identity(&s.b());
+
+    // Fixed: applied.
+    fs::write(&config, reload_config("salut", "")).unwrap();
+    wait_content(&daemon, &s.a(), &["--say=salut"]);
+    wait_reloads(&daemon, "applied", 2);
+    assert_eq!(identity(&s.b()), b);
+    let third = catalog_in_use(&daemon);
+
+    // A node-local setting: reported as needing a restart, once; not used.
+    let a = identity(&s.a());
+    fs::write(&config, reload_config("salut", "namespace: elsewhere\n")).unwrap();
+    wait_reloads(&daemon, "unchanged", 1);
+    fs::write(
+        &config,
+        reload_config("salut", "namespace: elsewhere\n# same again\n"),
+    )
+    .unwrap();
+    wait_reloads(&daemon, "unchanged", 2);
+    let logs = daemon.logs();
+    let said: Vec<&str> = logs.lines().filter(|l| l.contains(NEEDS_RESTART)).collect();
+    assert_eq!(said.len(), 1, "said once:\n{logs}");
+    assert!(
+        said[0].contains("namespace changed to \"elsewhere\"")
+            && said[0].contains("still using kube-system"),
+        "{}",
+        said[0]
+    );
+    assert_eq!(catalog_in_use(&daemon), third);
+    assert_eq!((identity(&s.a()), identity(&s.b())), (a, b));
+    write_atomically(
+        &s.templates.join("a.yaml"),
+        &RELOAD_A.replace("IMAGE", "a:3"),
+    );
+    wait_content(
+        &daemon,
+        &s.a(),
+        &["image: a:3", "--say=salut", "namespace: kube-system"],
+    );
+    assert!(daemon.stop().success());
+}
+
+/// Lays `files` out in `dir` as the kubelet's AtomicWriter does for a
+/// mounted ConfigMap: the files in a new `..<timestamp>.<random>` directory,
+/// each visible as `NAME -> ..data/NAME`, and `..data` pointing at the new
+/// directory through a `..data_tmp` symlink renamed over it; then the old
+/// directory goes.
+fn kubelet_atomic_write(dir: &Path, files: &[(&str, &str)]) {
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    let data = dir.join("..data");
+    let old = fs::read_link(&data).ok();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let secs = now.as_secs();
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (H. Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let ts = format!(
+        "..{year:04}_{month:02}_{day:02}_{:02}_{:02}_{:02}.{}",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60,
+        now.subsec_nanos()
+    );
+    let ts_dir = dir.join(&ts);
+    fs::create_dir(&ts_dir).unwrap();
+    fs::set_permissions(&ts_dir, fs::Permissions::from_mode(0o755)).unwrap();
+    for (name, text) in files {
+        fs::write(ts_dir.join(name), text).unwrap();
+        fs::set_permissions(ts_dir.join(name), fs::Permissions::from_mode(0o644)).unwrap();
+        let visible = dir.join(name);
+        if fs::symlink_metadata(&visible).is_err() {
+            symlink(Path::new("..data").join(name), &visible).unwrap();
+        }
+    }
+    let tmp = dir.join("..data_tmp");
+    symlink(&ts, &tmp).unwrap();
+    fs::rename(&tmp, &data).unwrap();
+    if let Some(old) = old {
+        fs::remove_dir_all(dir.join(old)).unwrap();
+    }
+}
+
+#[test]
+fn the_config_file_reloads_when_renamed_into_place_or_swapped_by_the_kubelet() {
+    // Replaced by rename, as `kubectl cp`, an editor or a config tool does.
+    let s = reload_setup();
+    let config = s.tmp.path().join("podstamp.yaml");
+    fs::write(&config, reload_config("hello", "")).unwrap();
+    let daemon = s.start(&config);
+    let b = identity(&s.b());
+    write_atomically(&config, &reload_config("renamed", ""));
+    wait_content(&daemon, &s.a(), &["--say=renamed"]);
+    wait_reloads(&daemon, "applied", 1);
+    assert_eq!(identity(&s.b()), b);
+    assert!(daemon.stop().success());
+
+    // A ConfigMap mounted by the kubelet, updated by its `..data` swap.
+    let s = reload_setup();
+    let mounted = s.tmp.path().join("configmap");
+    fs::create_dir(&mounted).unwrap();
+    kubelet_atomic_write(&mounted, &[("config.yaml", &reload_config("hello", ""))]);
+    let config = mounted.join("config.yaml");
+    assert!(fs::symlink_metadata(&config).unwrap().is_symlink());
+    let daemon = s.start(&config);
+    let b = identity(&s.b());
+    kubelet_atomic_write(&mounted, &[("config.yaml", &reload_config("swapped", ""))]);
+    wait_content(&daemon, &s.a(), &["--say=swapped"]);
+    wait_reloads(&daemon, "applied", 1);
+    assert_eq!(identity(&s.b()), b);
+    // Broken, then fixed, the same way.
+    let a = identity(&s.a());
+    kubelet_atomic_write(&mounted, &[("config.yaml", "chain: [nope]\n")]);
+    wait_reloads(&daemon, "refused", 1);
+    let logs = daemon.logs();
+    assert!(
+        logs.contains(REFUSED) && logs.contains(r#"chain: unknown plugin "nope""#),
+        "{logs}"
+    );
+    assert_eq!((identity(&s.a()), identity(&s.b())), (a, b));
+    kubelet_atomic_write(&mounted, &[("config.yaml", &reload_config("fixed", ""))]);
+    wait_content(&daemon, &s.a(), &["--say=fixed"]);
+    wait_reloads(&daemon, "applied", 2);
+    assert_eq!(identity(&s.b()), b);
+    assert!(daemon.stop().success());
+}

@@ -45,6 +45,9 @@ struct Fault {
 
 const PLUGIN_KEPT: &str = "last good manifest, unchanged (same inode and mtime); the daemon stays up; other templates keep rendering";
 
+const RELOAD_KEPT: &str = "the catalog in use keeps serving (same `podstamp_catalog_info` digest; a template changed meanwhile renders with it); every manifest unchanged (same inode and mtime)";
+const RELOAD_REFUSED: &str = "not a render failure: `podstamp_config_reloads_total{result=\"refused\"}` and an error in the log naming the file and the field";
+
 const FAULTS: &[Fault] = &[
     Fault {
         id: "plugin-infinite-loop",
@@ -729,6 +732,51 @@ const FAULTS: &[Fault] = &[
         reported: "log",
         says: "the template directory went away; keeping the manifests as they are, and trying again",
         test: "a_template_directory_that_goes_away_and_comes_back_is_followed_again",
+    },
+    Fault {
+        id: "reload-config-bad-yaml",
+        area: "daemon",
+        fault: "the configuration file of a running daemon edited in place into YAML that does not parse",
+        kept: RELOAD_KEPT,
+        reported: RELOAD_REFUSED,
+        says: "did not find expected ',' or ']'",
+        test: "tests/daemon.rs: a_settings_change_in_the_config_file_rewrites_only_the_affected_manifest",
+    },
+    Fault {
+        id: "reload-plugin-missing",
+        area: "daemon",
+        fault: "a catalog entry's `path` changed, in a running daemon's configuration file, to a file that does not exist",
+        kept: RELOAD_KEPT,
+        reported: RELOAD_REFUSED,
+        says: "cannot read plugin: No such file or directory",
+        test: "tests/daemon.rs: a_settings_change_in_the_config_file_rewrites_only_the_affected_manifest",
+    },
+    Fault {
+        id: "reload-plugin-not-a-component",
+        area: "daemon",
+        fault: "a catalog entry's `path` changed, in a running daemon's configuration file, to a file that is not a WebAssembly component",
+        kept: RELOAD_KEPT,
+        reported: RELOAD_REFUSED,
+        says: "not a valid WebAssembly component",
+        test: "tests/daemon.rs: a_settings_change_in_the_config_file_rewrites_only_the_affected_manifest",
+    },
+    Fault {
+        id: "reload-configmap-swap-bad-chain",
+        area: "daemon",
+        fault: "the configuration file mounted from a ConfigMap, swapped by the kubelet (`..data`) to a catalog whose chain names an unknown plugin",
+        kept: RELOAD_KEPT,
+        reported: RELOAD_REFUSED,
+        says: "chain: unknown plugin \"nope\"",
+        test: "tests/daemon.rs: the_config_file_reloads_when_renamed_into_place_or_swapped_by_the_kubelet",
+    },
+    Fault {
+        id: "reload-node-local-setting",
+        area: "daemon",
+        fault: "a node-local setting (`namespace`) changed in a running daemon's configuration file",
+        kept: "the value in use (manifests keep `namespace: kube-system`); the catalog in use and every manifest unchanged",
+        reported: "a warning in the log, once per new value; `podstamp_config_reloads_total{result=\"unchanged\"}`",
+        says: "needs a restart to take effect; still using",
+        test: "tests/daemon.rs: a_settings_change_in_the_config_file_rewrites_only_the_affected_manifest",
     },
     Fault {
         id: "api-401",

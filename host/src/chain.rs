@@ -122,6 +122,32 @@ impl Chain {
         self.steps.is_empty()
     }
 
+    /// The identity of what this chain does: sha256 over each step's name,
+    /// component sha256 and settings JSON, in order, and the render budget.
+    /// Two chains that render the same way have the same fingerprint, so a
+    /// new catalog re-renders only the templates whose fingerprint changed.
+    /// Every field is length-prefixed: no two different chains hash the same
+    /// bytes.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        let mut field = |bytes: &[u8]| {
+            hash.update((bytes.len() as u64).to_le_bytes());
+            hash.update(bytes);
+        };
+        field(&(self.steps.len() as u64).to_le_bytes());
+        for step in &self.steps {
+            field(step.name.as_bytes());
+            field(step.plugin.sha256().as_bytes());
+            field(step.settings_json.as_bytes());
+        }
+        match self.budget {
+            Some(budget) => field(&budget.as_nanos().to_le_bytes()),
+            None => field(b"no budget"),
+        }
+        hash.finalize().into()
+    }
+
     /// Runs every step over `pod`. `subject` names the render in plugin logs.
     pub fn apply(
         &self,

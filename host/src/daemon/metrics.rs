@@ -44,6 +44,9 @@ struct Inner {
     watch_restarts: BTreeMap<&'static str, u64>,
     removed: u64,
     events_dropped: u64,
+    reloads: BTreeMap<&'static str, u64>,
+    /// The digest of the catalog in use; None until one is.
+    catalog: Option<String>,
 }
 
 /// Everything `/metrics` and `/readyz` report; shared by the daemon's parts.
@@ -51,6 +54,27 @@ struct Inner {
 pub struct Metrics {
     inner: Mutex<Inner>,
     ready: AtomicBool,
+}
+
+/// How one reload of the catalog ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReloadResult {
+    /// A new catalog was loaded and handed to the reconciler.
+    Applied,
+    /// The new catalog failed; the one in use keeps serving.
+    Refused,
+    /// The source changed but the catalog it gives is the one in use.
+    Unchanged,
+}
+
+impl ReloadResult {
+    pub fn label(self) -> &'static str {
+        match self {
+            ReloadResult::Applied => "applied",
+            ReloadResult::Refused => "refused",
+            ReloadResult::Unchanged => "unchanged",
+        }
+    }
 }
 
 /// How one render ended.
@@ -122,6 +146,15 @@ impl Metrics {
     /// An Event was not queued: the queue to the API server was full.
     pub fn event_dropped(&self) {
         self.lock().events_dropped += 1;
+    }
+
+    pub fn reload(&self, result: ReloadResult) {
+        *self.lock().reloads.entry(result.label()).or_default() += 1;
+    }
+
+    /// The catalog now in use (`podstamp_catalog_info{digest}`).
+    pub fn set_catalog(&self, digest: &str) {
+        self.lock().catalog = Some(digest.to_string());
     }
 
     pub fn synced_now(&self) {
@@ -235,6 +268,35 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "podstamp_watch_restarts_total{{watch=\"{watch}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_config_reloads_total Reloads of the plugin catalog after its source changed, by result (applied, refused: the previous catalog keeps serving, unchanged).\n\
+             # TYPE podstamp_config_reloads_total counter"
+        );
+        for result in [
+            ReloadResult::Applied,
+            ReloadResult::Refused,
+            ReloadResult::Unchanged,
+        ] {
+            let label = result.label();
+            let n = inner.reloads.get(label).copied().unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "podstamp_config_reloads_total{{result=\"{label}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_catalog_info The plugin catalog in use, by digest (sha256 of its plugins, settings and chain); absent until one is.\n\
+             # TYPE podstamp_catalog_info gauge"
+        );
+        if let Some(digest) = &inner.catalog {
+            let _ = writeln!(
+                out,
+                "podstamp_catalog_info{{digest=\"{}\"}} 1",
+                escape(digest)
             );
         }
         let _ = writeln!(
@@ -398,6 +460,8 @@ mod tests {
         m.render(RenderResult::Failed(Reason::RenderFailed));
         m.plugin_call("node-env", true, Duration::from_micros(700));
         m.watch_restart("node");
+        m.reload(ReloadResult::Refused);
+        m.set_catalog("ab12");
         let text = m.exposition();
         for line in [
             "podstamp_renders_total{result=\"written\"} 1",
@@ -411,6 +475,9 @@ mod tests {
             "podstamp_events_dropped_total 0",
             "podstamp_templates 0",
             "podstamp_ready 0",
+            "podstamp_config_reloads_total{result=\"refused\"} 1",
+            "podstamp_config_reloads_total{result=\"applied\"} 0",
+            "podstamp_catalog_info{digest=\"ab12\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }

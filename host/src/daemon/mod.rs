@@ -4,20 +4,26 @@
 //! or a directory of files) feed the [`reconcile`]r, which renders through
 //! the plugin chain and keeps the kubelet's manifest directory in step.
 //! Failures become [`events`]; [`metrics`] serves health and Prometheus
-//! metrics. docs/daemon.md is the user's reference.
+//! metrics. The [`reload`] loader builds a new plugin catalog when the
+//! configuration file changes ([`watch_file`], [`config_file`]) and hands it
+//! to the reconciler. docs/daemon.md is the user's reference.
 //!
 //! Exit codes: 2 for a usage or configuration error at start; once running,
 //! errors are logged and the daemon keeps going (it never exits because the
 //! API server is down); 0 after SIGTERM or SIGINT.
 
+pub mod config_file;
 pub mod configmaps;
 pub mod events;
 pub mod metrics;
 pub mod raw;
 pub mod reconcile;
+pub mod reload;
 mod rlimit;
 pub mod source;
+pub mod watch_file;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -28,7 +34,7 @@ use clap::Args;
 
 use crate::config::{self, Catalog, CatalogError, ConfigFile};
 use crate::node::NodeContext;
-use crate::plugin::Runtime;
+use crate::plugin::{Limits, Runtime};
 
 use metrics::Metrics;
 use reconcile::{Input, Reconciler};
@@ -222,6 +228,9 @@ pub fn main(args: RunArgs) -> ExitCode {
             1024
         }
     };
+    // The content the first catalog comes from, read before it: a change
+    // in between is seen as one by the watch.
+    let content = args.config.as_deref().map(watch_file::content);
     let config = match &args.config {
         Some(path) => match ConfigFile::read(path) {
             Ok(c) => c,
@@ -253,13 +262,26 @@ pub fn main(args: RunArgs) -> ExitCode {
             ),
         });
     }
-    let catalog = match Runtime::new(limits, cache_dir.as_deref()) {
-        Ok(runtime) => match Catalog::load(&config, &runtime) {
-            Ok(c) => c,
-            Err(CatalogError::Config(e)) => return usage(e),
-            Err(CatalogError::Plugin(e)) => return usage(e),
-        },
+    let plugins = match Runtime::new(limits, cache_dir.as_deref()) {
+        Ok(r) => r,
         Err(e) => return usage(e),
+    };
+    let catalog = match Catalog::load(&config, &plugins) {
+        Ok(c) => Arc::new(c),
+        Err(CatalogError::Config(e)) => return usage(e),
+        Err(CatalogError::Plugin(e)) => return usage(e),
+    };
+    let reloading = match (&args.config, content) {
+        (Some(path), Some(content)) => {
+            let in_use = in_use(&settings, &limits, &config, cache_dir.as_deref());
+            Some(Reloading {
+                source: config_file::FileSource::new(path.clone(), config.clone(), in_use),
+                path: path.clone(),
+                content,
+                runtime: plugins,
+            })
+        }
+        _ => None,
     };
     if let Err(e) = std::fs::create_dir_all(&settings.manifest_dir) {
         return usage(format!("{}: {e}", settings.manifest_dir.display()));
@@ -296,14 +318,85 @@ pub fn main(args: RunArgs) -> ExitCode {
     runtime.block_on(run(
         settings,
         catalog,
+        reloading,
         dir_node,
         rlimit::max_connections(nofile),
     ))
 }
 
+/// What reloading the catalog from the configuration file needs.
+struct Reloading {
+    source: config_file::FileSource,
+    path: PathBuf,
+    /// The file's content the catalog in use was loaded from.
+    content: watch_file::Content,
+    /// The plugin runtime of the catalog in use, for the loader's thread.
+    runtime: Runtime,
+}
+
+/// Each node-local setting of the configuration file as in use, by its name
+/// in the file: what a change of it, which needs a restart, keeps.
+fn in_use(
+    settings: &Settings,
+    limits: &Limits,
+    config: &ConfigFile,
+    cache_dir: Option<&Path>,
+) -> BTreeMap<&'static str, String> {
+    let budget = config.render_budget(limits.timeout).ok();
+    BTreeMap::from([
+        ("namespace", settings.namespace.clone()),
+        (
+            "cacheDir",
+            cache_dir.map_or("no code cache".into(), |d| d.display().to_string()),
+        ),
+        (
+            "daemon.source",
+            match &settings.source {
+                Source::Api { .. } => "api".to_string(),
+                Source::Dir(dir) => format!("dir:{}", dir.display()),
+            },
+        ),
+        (
+            "daemon.kubeconfig",
+            match &settings.source {
+                Source::Api {
+                    kubeconfig: Some(k),
+                } => k.display().to_string(),
+                _ => "(none)".to_string(),
+            },
+        ),
+        ("daemon.selector", settings.selector.clone()),
+        ("daemon.nodeName", settings.node_name.clone()),
+        (
+            "daemon.nodeFile",
+            settings
+                .node_file
+                .as_ref()
+                .map_or("(none)".into(), |f| f.display().to_string()),
+        ),
+        (
+            "daemon.manifestDir",
+            settings.manifest_dir.display().to_string(),
+        ),
+        ("daemon.listen", settings.listen.to_string()),
+        ("daemon.resync", format!("{:?}", settings.resync)),
+        ("limits.timeout", format!("{:?}", limits.timeout)),
+        ("limits.memory", format!("{} bytes", limits.memory_bytes)),
+        (
+            "limits.maxManifestSize",
+            format!("{} bytes", limits.max_output_bytes),
+        ),
+        (
+            "limits.renderTimeout",
+            budget.map_or("?".into(), |b| format!("{b:?}")),
+        ),
+    ])
+}
+
 async fn run(
     settings: Settings,
-    catalog: Catalog,
+    catalog: Arc<Catalog>,
+    reloading: Option<Reloading>,
     dir_node: Option<NodeContext>,
     max_connections: usize,
 ) -> ExitCode {
@@ -329,7 +422,6 @@ async fn run(
     let reconciler = match Reconciler::new(
         settings.manifest_dir.clone(),
         settings.namespace.clone(),
-        catalog,
         metrics.clone(),
         events,
     ) {
@@ -343,6 +435,8 @@ async fn run(
         dir = %settings.manifest_dir.display(), source = ?settings.source, "podstamp run starting");
 
     let (inputs, received) = std::sync::mpsc::channel::<Input>();
+    // The first thing the reconciler gets: nothing renders without it.
+    let _ = inputs.send(Input::Catalog(catalog.clone()));
     let resync = settings.resync;
     let worker = std::thread::Builder::new()
         .name("reconciler".into())
@@ -362,6 +456,11 @@ async fn run(
         "metrics server: at most {max_connections} connections at once (a new one closes the oldest); a request must arrive within {:?}",
         metrics::READ_TIMEOUT
     );
+    if let Some(reloading) = reloading
+        && let Err(e) = start_reloading(reloading, catalog, inputs.clone(), metrics.clone())
+    {
+        return usage(format!("cannot start reloading the configuration: {e}"));
+    }
     tokio::spawn(metrics::serve(listener, metrics.clone(), max_connections));
     if let Some(task) = publisher {
         tokio::spawn(task);
@@ -403,6 +502,35 @@ async fn run(
     shutdown_signal().await;
     tracing::info!("stopping");
     ExitCode::SUCCESS
+}
+
+/// Starts the catalog loader and the configuration file's watch, each on a
+/// thread of its own.
+fn start_reloading(
+    reloading: Reloading,
+    catalog: Arc<Catalog>,
+    inputs: std::sync::mpsc::Sender<Input>,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<()> {
+    let (triggers, received) = std::sync::mpsc::channel();
+    let loader = reload::Loader::new(
+        reloading.runtime,
+        Box::new(reloading.source),
+        catalog,
+        inputs,
+        metrics,
+    );
+    reload::spawn(loader, received)?;
+    let (path, content) = (reloading.path, reloading.content);
+    std::thread::Builder::new()
+        .name("config-watch".into())
+        .spawn(move || {
+            if let Err(e) = watch_file::watch(path.clone(), content, triggers) {
+                tracing::error!(config = %path.display(),
+                    "cannot watch the configuration file: {e}; a change to it needs a restart");
+            }
+        })
+        .map(drop)
 }
 
 async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {

@@ -19,6 +19,12 @@
 //!   template's fault (`ReadFailed`, read again by the source); while a file
 //!   never read is unreadable, nothing is garbage-collected, since its
 //!   manifest could be any of ours.
+//! * Nothing renders before a catalog is in use ([`Input::Catalog`]): a
+//!   missing catalog is never an empty chain, which would rewrite every
+//!   manifest without its plugins.
+//! * A new catalog replaces the old one between two passes, whole; only the
+//!   templates whose chain changed (its [`Chain::fingerprint`], or the error
+//!   naming it) are rendered again: every other manifest is left untouched.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -69,6 +75,9 @@ pub enum Input {
     Deleted { key: String },
     /// The node the daemon renders for, as now known.
     Node(NodeContext),
+    /// A whole, loaded catalog to use from the next pass on. Shared with the
+    /// loader, which keeps it to compare (and reuse) at the next reload.
+    Catalog(Arc<Catalog>),
 }
 
 /// A template as a source delivers it.
@@ -120,6 +129,20 @@ struct Entry {
     claims: Option<String>,
     /// The last failure reported, to report each distinct failure once.
     last_error: Option<String>,
+    /// The chain this entry was last rendered with (its fingerprint, or why
+    /// the catalog gave none); None when its render stopped before the chain
+    /// mattered. A new catalog renders the entry again only if it differs.
+    chain: Option<ChainKey>,
+}
+
+/// What a template's render depends on in the catalog.
+type ChainKey = Result<[u8; 32], String>;
+
+fn chain_key(catalog: &Catalog, template: &Template) -> ChainKey {
+    catalog
+        .chain_for(&template.annotations)
+        .map(|chain| chain.fingerprint())
+        .map_err(|e| e.to_string())
 }
 
 /// A failed render, as reported.
@@ -132,7 +155,8 @@ struct Failure {
 pub struct Reconciler {
     dir: PathBuf,
     namespace: String,
-    catalog: Catalog,
+    /// None until the first [`Input::Catalog`]: nothing renders meanwhile.
+    catalog: Option<Arc<Catalog>>,
     metrics: Arc<Metrics>,
     events: Option<EventSink>,
     node: Option<NodeContext>,
@@ -145,6 +169,7 @@ pub struct Reconciler {
     dirty: BTreeSet<String>,
     gc_due: bool,
     waiting_for_node_logged: bool,
+    waiting_for_catalog_logged: bool,
     /// When the first complete list arrived, until the first sync is done.
     first_list_at: Option<Instant>,
     /// Files were renamed or removed in the directory since it was last
@@ -156,11 +181,11 @@ pub struct Reconciler {
 
 impl Reconciler {
     /// Takes over the manifest directory: removes our stray temp files and
-    /// finds the manifests that are ours. Nothing is deleted here.
+    /// finds the manifests that are ours. Nothing is deleted here, and
+    /// nothing is rendered before a catalog arrives ([`Input::Catalog`]).
     pub fn new(
         dir: PathBuf,
         namespace: String,
-        catalog: Catalog,
         metrics: Arc<Metrics>,
         events: Option<EventSink>,
     ) -> std::io::Result<Reconciler> {
@@ -196,7 +221,7 @@ impl Reconciler {
         Ok(Reconciler {
             dir,
             namespace,
-            catalog,
+            catalog: None,
             metrics,
             events,
             node: None,
@@ -208,6 +233,7 @@ impl Reconciler {
             dirty: BTreeSet::new(),
             gc_due: false,
             waiting_for_node_logged: false,
+            waiting_for_catalog_logged: false,
             first_list_at: None,
             dir_unsynced: false,
             max_manifest_bytes: crate::plugin::Limits::default().max_output_bytes,
@@ -279,7 +305,34 @@ impl Reconciler {
                     self.mark_all_dirty();
                 }
             }
+            Input::Catalog(catalog) => self.swap_catalog(catalog),
         }
+    }
+
+    /// Puts `catalog` in use and marks dirty the templates whose chain it
+    /// changes. The first catalog renders every template.
+    fn swap_catalog(&mut self, catalog: Arc<Catalog>) {
+        let digest = catalog.digest().to_string();
+        self.metrics.set_catalog(&digest);
+        let Some(_old) = self.catalog.replace(catalog) else {
+            tracing::info!(catalog = %digest, "catalog in use");
+            self.mark_all_dirty();
+            return;
+        };
+        let catalog = self.catalog.as_deref().expect("just set");
+        let mut changed = 0;
+        for (key, entry) in &self.entries {
+            let Some(last) = &entry.chain else { continue };
+            let Ok(template) = &entry.incoming.template else {
+                continue;
+            };
+            if chain_key(catalog, template) != *last {
+                self.dirty.insert(key.clone());
+                changed += 1;
+            }
+        }
+        tracing::info!(catalog = %digest, templates = changed,
+            "new catalog in use; rendering again the templates whose chain or settings changed");
     }
 
     fn upsert(&mut self, incoming: Incoming) {
@@ -320,6 +373,7 @@ impl Reconciler {
                         seq,
                         claims: None,
                         last_error: None,
+                        chain: None,
                     },
                 );
             }
@@ -363,6 +417,16 @@ impl Reconciler {
                     "the Node is not known yet; not rendering (manifests on disk are kept)"
                 );
                 self.waiting_for_node_logged = true;
+            }
+            self.metrics.set_managed(self.owned.len());
+            return;
+        }
+        if self.catalog.is_none() {
+            if !self.dirty.is_empty() && !self.waiting_for_catalog_logged {
+                tracing::warn!(
+                    "no plugin catalog in use yet; not rendering (manifests on disk are kept)"
+                );
+                self.waiting_for_catalog_logged = true;
             }
             self.metrics.set_managed(self.owned.len());
             return;
@@ -485,8 +549,10 @@ impl Reconciler {
 
     fn render_one(&mut self, key: &str) {
         let node = self.node.clone().expect("checked by reconcile");
-        let result = self.try_render(key, &node);
+        let mut chain_seen = None;
+        let result = self.try_render(key, &node, &mut chain_seen);
         let entry = self.entries.get_mut(key).expect("dirty keys exist");
+        entry.chain = chain_seen;
         let id = entry.id.clone().unwrap_or_else(|| key.to_string());
         match result {
             Ok((file, outcome)) => {
@@ -531,7 +597,14 @@ impl Reconciler {
         }
     }
 
-    fn try_render(&mut self, key: &str, node: &NodeContext) -> Result<(String, Outcome), Failure> {
+    /// Renders and writes one template; `chain_seen` gets the chain it was
+    /// rendered with, once the catalog gave one (or refused to).
+    fn try_render(
+        &mut self,
+        key: &str,
+        node: &NodeContext,
+        chain_seen: &mut Option<ChainKey>,
+    ) -> Result<(String, Outcome), Failure> {
         let entry = &self.entries[key];
         let invalid = |message: String| Failure {
             reason: Reason::InvalidTemplate,
@@ -551,14 +624,17 @@ impl Reconciler {
                 self.namespace
             )));
         }
-        let chain = self
-            .catalog
-            .chain_for(&template.annotations)
-            .map_err(|e| Failure {
-                reason: e.reason(),
-                plugin: None,
-                message: format!("PodTemplate {}: {e}", template.id()),
-            })?;
+        let catalog = self.catalog.as_deref().expect("checked by reconcile");
+        let chain = catalog.chain_for(&template.annotations);
+        *chain_seen = Some(match &chain {
+            Ok(chain) => Ok(chain.fingerprint()),
+            Err(e) => Err(e.to_string()),
+        });
+        let chain = chain.map_err(|e| Failure {
+            reason: e.reason(),
+            plugin: None,
+            message: format!("PodTemplate {}: {e}", template.id()),
+        })?;
         let render_failed = |e: RenderError| {
             let plugin = match &e.stage {
                 Stage::Plugin(f) => Some(f.step.clone()),
@@ -702,16 +778,20 @@ mod tests {
         }
     }
 
+    fn empty_catalog() -> Input {
+        Input::Catalog(Arc::new(Catalog::from_steps(Vec::new())))
+    }
+
     fn reconciler(dir: &Path) -> Reconciler {
         let mut r = Reconciler::new(
             dir.to_path_buf(),
             "kube-system".into(),
-            Catalog::from_steps(Vec::new()),
             Arc::new(Metrics::default()),
             None,
         )
         .unwrap();
         r.apply(Input::Node(NodeContext::named("n1")));
+        r.apply(empty_catalog());
         r
     }
 
@@ -861,11 +941,11 @@ mod tests {
         let mut r = Reconciler::new(
             dir.path().to_path_buf(),
             "kube-system".into(),
-            Catalog::from_steps(Vec::new()),
             Arc::new(Metrics::default()),
             None,
         )
         .unwrap();
+        r.apply(empty_catalog());
         list(&mut r, vec![incoming("a", "a", "x:1")]);
         assert!(!dir.path().join("a.yaml").exists());
         assert!(!r.metrics.is_ready());
@@ -873,5 +953,51 @@ mod tests {
         r.reconcile();
         assert!(dir.path().join("a.yaml").exists());
         assert!(r.metrics.is_ready());
+    }
+
+    #[test]
+    fn without_a_catalog_nothing_is_rendered() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = Reconciler::new(
+            dir.path().to_path_buf(),
+            "kube-system".into(),
+            Arc::new(Metrics::default()),
+            None,
+        )
+        .unwrap();
+        r.apply(Input::Node(NodeContext::named("n1")));
+        list(&mut r, vec![incoming("a", "a", "x:1")]);
+        assert!(!dir.path().join("a.yaml").exists());
+        assert!(!r.metrics.is_ready());
+        r.apply(empty_catalog());
+        r.reconcile();
+        assert!(dir.path().join("a.yaml").exists());
+        assert!(r.metrics.is_ready());
+    }
+
+    #[test]
+    fn a_new_catalog_renders_only_the_templates_whose_chain_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = reconciler(dir.path());
+        let mut own = incoming("b", "b", "x:1");
+        if let Ok(t) = &mut own.template {
+            // An unknown plugin: the chain is an error, which a catalog
+            // that knows no more plugins does not change.
+            t.annotations
+                .insert(crate::config::PLUGINS_ANNOTATION.into(), "nope".into());
+        }
+        list(&mut r, vec![incoming("a", "a", "x:1"), own]);
+        assert!(r.entries["b"].last_error.is_some());
+        // The same chains: nothing to render.
+        r.apply(empty_catalog());
+        assert!(r.dirty.is_empty(), "{:?}", r.dirty);
+        // Another render budget changes the default chain only.
+        let budget = Duration::from_millis(1234);
+        r.apply(Input::Catalog(Arc::new(
+            Catalog::from_steps(Vec::new()).with_render_budget(budget),
+        )));
+        assert_eq!(r.dirty, BTreeSet::from(["a".to_string()]));
+        r.reconcile();
+        assert!(r.dirty.is_empty());
     }
 }

@@ -1,0 +1,178 @@
+//! The catalog loader: builds new catalogs when their source changes and
+//! hands the reconciler only whole, loaded ones.
+//!
+//! Invariants:
+//! * Catalogs are loaded (components read and compiled, or taken from the
+//!   code cache) on the loader's own thread, with its own clone of the
+//!   plugin [`Runtime`]: a reload never holds the render thread.
+//! * All or nothing: a catalog that fails in any way is refused whole, the
+//!   one in use keeps serving, and the failure goes to the log and to
+//!   `podstamp_config_reloads_total{result="refused"}`.
+//! * Every reload ends as exactly one of applied, refused, unchanged (a
+//!   catalog with the digest of the one in use is not sent).
+//! * The loader keeps the catalog in use (shared with the reconciler), so
+//!   that the next load can compare with it and reuse its components; a
+//!   replaced catalog is freed once both have let go of it.
+//!
+//! Where catalogs come from is a [`CatalogSource`]; what says "load again"
+//! is a [`Trigger`] on a channel. Any number of watchers (the configuration
+//! file today, ConfigMaps later) can feed the same channel: triggers queued
+//! while a load runs are coalesced into one more load.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender};
+
+use crate::config::{Catalog, CatalogError};
+use crate::plugin::Runtime;
+
+use super::metrics::{Metrics, ReloadResult};
+use super::reconcile::Input;
+
+/// Why the loader should load the catalog again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trigger {
+    /// The source changed: what changed, for the log.
+    Changed(String),
+    /// A periodic re-read, in case a change was missed (or happened in a
+    /// file no watch covers, such as a `settingsFile`).
+    Periodic,
+}
+
+/// Why a new catalog could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+}
+
+impl From<crate::config::ConfigError> for ReloadError {
+    fn from(e: crate::config::ConfigError) -> ReloadError {
+        ReloadError::Catalog(e.into())
+    }
+}
+
+/// Where catalogs come from: the configuration file today; the file and the
+/// ConfigMaps it names later.
+pub trait CatalogSource: Send {
+    /// What the catalog is read from, for the log (e.g. the file's path).
+    fn origin(&self) -> String;
+
+    /// Loads the catalog the source describes now. `current` is the
+    /// catalog in use, whose compiled components a load may reuse.
+    fn load(&mut self, runtime: &Runtime, current: &Catalog) -> Result<Catalog, ReloadError>;
+}
+
+/// Loads catalogs from a source, one at a time, and sends the reconciler
+/// each new one.
+pub struct Loader {
+    runtime: Runtime,
+    source: Box<dyn CatalogSource>,
+    current: Arc<Catalog>,
+    digest: String,
+    inputs: Sender<Input>,
+    metrics: Arc<Metrics>,
+}
+
+impl Loader {
+    /// A loader whose catalog in use is `current` (already sent to the
+    /// reconciler).
+    pub fn new(
+        runtime: Runtime,
+        source: Box<dyn CatalogSource>,
+        current: Arc<Catalog>,
+        inputs: Sender<Input>,
+        metrics: Arc<Metrics>,
+    ) -> Loader {
+        Loader {
+            digest: current.digest().to_string(),
+            runtime,
+            source,
+            current,
+            inputs,
+            metrics,
+        }
+    }
+
+    /// Loads the catalog again, now, and sends it on if it is new. None
+    /// when the reconciler is gone.
+    pub fn reload(&mut self, trigger: &Trigger) -> Option<ReloadResult> {
+        let origin = self.source.origin();
+        let why = match trigger {
+            Trigger::Changed(what) => what.as_str(),
+            Trigger::Periodic => "periodic re-read",
+        };
+        let started = std::time::Instant::now();
+        let result = match self.source.load(&self.runtime, &self.current) {
+            Err(e) => {
+                tracing::error!(config = %origin, catalog = %self.digest,
+                    "{origin}: the new plugin catalog is refused: {}; the one in use keeps serving until a fixed one loads",
+                    e.to_string().replace('\n', " "));
+                ReloadResult::Refused
+            }
+            Ok(catalog) => {
+                let digest = catalog.digest().to_string();
+                if digest == self.digest {
+                    if *trigger == Trigger::Periodic {
+                        tracing::debug!(config = %origin, catalog = %digest, "catalog unchanged");
+                    } else {
+                        tracing::info!(config = %origin, catalog = %digest, "{why}; the plugin catalog is unchanged");
+                    }
+                    ReloadResult::Unchanged
+                } else {
+                    let catalog = Arc::new(catalog);
+                    if self.inputs.send(Input::Catalog(catalog.clone())).is_err() {
+                        return None;
+                    }
+                    tracing::info!(config = %origin, catalog = %digest, previous = %self.digest,
+                        load_ms = started.elapsed().as_millis() as u64,
+                        "{why}: new plugin catalog loaded");
+                    // The old catalog goes when the reconciler lets go of it too.
+                    self.current = catalog;
+                    self.digest = digest;
+                    ReloadResult::Applied
+                }
+            }
+        };
+        self.metrics.reload(result);
+        Some(result)
+    }
+
+    /// Reloads at each trigger until the triggers or the reconciler go.
+    /// Triggers that arrive during a load are coalesced into one more load.
+    pub fn run(mut self, triggers: Receiver<Trigger>) {
+        while let Ok(mut trigger) = triggers.recv() {
+            while let Ok(next) = triggers.try_recv() {
+                // A change says more than a periodic re-read.
+                if next != Trigger::Periodic || trigger == Trigger::Periodic {
+                    trigger = next;
+                }
+            }
+            if self.reload(&trigger).is_none() {
+                return;
+            }
+        }
+    }
+}
+
+/// Starts `loader` on a thread of its own.
+pub fn spawn(loader: Loader, triggers: Receiver<Trigger>) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("catalog-loader".into())
+        .spawn(move || {
+            let run = std::panic::AssertUnwindSafe(|| loader.run(triggers));
+            if std::panic::catch_unwind(run).is_err() {
+                // The catalog in use keeps serving; only reloading stops.
+                tracing::error!(
+                    "the catalog loader panicked; the catalog in use keeps serving, but a change to the configuration now needs a restart"
+                );
+            }
+        })
+        .map(drop)
+}
+
+/// A catalog shows as its digest (in an [`Input`]'s debug output, say).
+impl std::fmt::Debug for Catalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Catalog({})", self.digest())
+    }
+}
