@@ -161,17 +161,19 @@ func (p *proc) exited() bool {
 	}
 }
 
-// child starts a process logging to file, killed if this process dies
+// child starts a process logging to file (emptied first), killed if this process dies
 // (main locks its OS thread, so the thread that forks it lives as long as we do).
 func child(what, log, name string, args ...string) (*proc, error) {
-	out, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	out, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(name, args...)
 	cmd.Stdout = out
 	cmd.Stderr = out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// Its own process group: a signal to ours (Ctrl-C, timeout(1)) reaches
+	// only podstamp-node, which stops the children in order.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		out.Close()
 		return nil, err
@@ -389,10 +391,16 @@ func (n *node) bringUp(ctx context.Context, o options) error {
 }
 
 func run(o options) int {
-	l := layout{dir: o.dir, node: o.node, cgroupRoot: "/podstamp-node-" + o.node}
 	if err := os.MkdirAll(o.dir, 0o755); err != nil {
 		fatalf(exitFailed, "%v", err)
 	}
+	// Mount points are listed with symlinks resolved: so must the directory be.
+	if dir, err := filepath.EvalSymlinks(o.dir); err == nil {
+		o.dir = dir
+	} else {
+		fatalf(exitFailed, "%v", err)
+	}
+	l := layout{dir: o.dir, node: o.node, cgroupRoot: "/podstamp-node-" + o.node}
 	os.Remove(l.readyFile())
 	lock, err := os.OpenFile(l.path(".lock"), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
@@ -418,7 +426,7 @@ func run(o options) int {
 	if err := sweep(l); err != nil {
 		fatalf(exitFailed, "cleaning up a previous run: %v", err)
 	}
-	for _, d := range []string{"containerd", "kubelet", "run", "logs"} {
+	for _, d := range []string{"containerd", "kubelet", "run", "logs", "manifests"} {
 		if err := os.RemoveAll(l.path(d)); err != nil {
 			fatalf(exitFailed, "%v", err)
 		}
