@@ -9,11 +9,11 @@
 
 mod common;
 // Shared with tests/daemon.rs, which uses all of it.
+#[path = "kubelet/support.rs"]
+mod node;
 #[allow(unused_imports)]
 #[path = "daemon/support.rs"]
 mod support;
-#[path = "kubelet/support.rs"]
-mod node;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -233,7 +233,10 @@ fn the_kubelet_runs_what_podstamp_writes_and_follows_updates_and_deletes() {
         Some(&first_hash)
     );
     assert_eq!(
-        first_mirror.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        first_mirror
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref()),
         Some(node_name)
     );
 
@@ -254,7 +257,10 @@ fn the_kubelet_runs_what_podstamp_writes_and_follows_updates_and_deletes() {
         },
     );
     assert_ne!(second.id, first.id);
-    assert!(second.has_env(&node_env) && second.has_env(&host_env), "{second:?}");
+    assert!(
+        second.has_env(&node_env) && second.has_env(&host_env),
+        "{second:?}"
+    );
     converge(
         "the mirror pod Running with the new config hash",
         &node,

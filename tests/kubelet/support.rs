@@ -86,22 +86,18 @@ impl Node {
         let pid = u64::from(child.id());
         let ready = dir.join("ready");
         let node_log = dir.join("podstamp-node.log");
-        wait_for(
-            "the node's ready file",
-            Duration::from_secs(120),
-            || {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!(
-                        "podstamp-node exited with {status}:\n{}\n(the kubelet's and containerd's logs are in {})",
-                        fs::read_to_string(&node_log).unwrap_or_default(),
-                        dir.display()
-                    );
-                }
-                let text = fs::read_to_string(&ready).ok()?;
-                let value: serde_json::Value = serde_json::from_str(&text).ok()?;
-                (value["pid"].as_u64() == Some(pid)).then_some(())
-            },
-        );
+        wait_for("the node's ready file", Duration::from_secs(120), || {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "podstamp-node exited with {status}:\n{}\n(the kubelet's and containerd's logs are in {})",
+                    fs::read_to_string(&node_log).unwrap_or_default(),
+                    dir.display()
+                );
+            }
+            let text = fs::read_to_string(&ready).ok()?;
+            let value: serde_json::Value = serde_json::from_str(&text).ok()?;
+            (value["pid"].as_u64() == Some(pid)).then_some(())
+        });
         Node {
             dir: dir.to_path_buf(),
             name: name.to_string(),
