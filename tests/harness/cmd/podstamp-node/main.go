@@ -378,6 +378,26 @@ func (n *node) bringUp(ctx context.Context, o options) error {
 	if err != nil {
 		return fmt.Errorf("%w; see %s", err, l.path("kubelet.log"))
 	}
+	// The kubelet watches its pods in the API only once its own informer has
+	// the Node (polled every second). A static pod started before that gets
+	// its mirror pod's status only at the status manager's next 10 s resync,
+	// so wait for it too. Nothing outside tells, so read its log (the line
+	// is logged at every verbosity); carry on after 10 s without it.
+	watching, cancelWatching := context.WithTimeout(ctx, 10*time.Second)
+	err = waitFor(watching, "the kubelet's API pod source", func() (bool, error) {
+		if err := n.died(); err != nil {
+			return false, err
+		}
+		log, err := os.ReadFile(l.path("kubelet.log"))
+		return strings.Contains(string(log), `"Watching apiserver"`), err
+	})
+	cancelWatching()
+	if err != nil {
+		if ctx.Err() != nil || n.died() != nil {
+			return err
+		}
+		logf("%v: ready anyway; the first mirror pod may take 10 s longer", err)
+	}
 	line, _ := json.Marshal(map[string]any{
 		"pid":         os.Getpid(),
 		"node":        o.node,
