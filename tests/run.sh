@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: builds the plugins and the Go
-# API-server harness (installing their toolchains when missing), then runs
-# every test. The README and .ci/run both use this command.
+# harness (API server, kubelet, test node; installing their toolchains when
+# missing), installs the node's Debian packages (containerd, runc,
+# busybox-static) when missing, then runs every test. The README and .ci/run
+# both use this command.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -11,8 +13,11 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 step "building the example plugins (plugins/build.sh)"
 bash plugins/build.sh
 
-step "building the API-server harness (tests/harness/build.sh)"
+step "building the Go harness: API server, kubelet, test node (tests/harness/build.sh)"
 bash tests/harness/build.sh
+
+step "the test node's host packages (tests/harness/node-deps.sh)"
+bash tests/harness/node-deps.sh
 
 step "host tests (cargo test --workspace)"
 cargo test --workspace --locked

@@ -2,6 +2,9 @@
 # Builds the podstamp e2e test harness binaries (see tests/harness/README.md):
 #   podstamp-apiserver      embedded etcd + real kube-apiserver
 #   podstamp-manifestcheck  the kubelet's static pod file decoder
+#   kubelet                 the real kubelet, same pinned release (a `tool`
+#                           in go.mod keeps its dependencies in go.sum)
+#   podstamp-node           brings up containerd + kubelet for one test node
 # into ${PODSTAMP_HARNESS_BIN:-<repo>/target/harness}.
 # Uses the default GOPATH/GOCACHE, so a rebuild with unchanged sources is quick.
 set -euo pipefail
@@ -43,5 +46,6 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 # go build fetches missing modules through the module proxy (GOPROXY) itself.
-"$GO" build -buildvcs=false -trimpath -ldflags="$LDFLAGS" -o "$BIN_DIR/" ./cmd/podstamp-apiserver ./cmd/podstamp-manifestcheck
-echo "build.sh: built $BIN_DIR/podstamp-apiserver $BIN_DIR/podstamp-manifestcheck" >&2
+"$GO" build -buildvcs=false -trimpath -ldflags="$LDFLAGS" -o "$BIN_DIR/" ./cmd/podstamp-apiserver ./cmd/podstamp-manifestcheck \
+  ./cmd/podstamp-node k8s.io/kubernetes/cmd/kubelet
+echo "build.sh: built $BIN_DIR/podstamp-apiserver $BIN_DIR/podstamp-manifestcheck $BIN_DIR/podstamp-node $BIN_DIR/kubelet" >&2

@@ -1,0 +1,329 @@
+//! End-to-end tests against a real kubelet: the harness API server, a node
+//! (containerd + the kubelet, `podstamp-node`) and `podstamp run` writing
+//! into the kubelet's staticPodPath. What counts is what the kubelet runs
+//! (through the CRI) and the mirror pod it reports in the API.
+//!
+//! Needs `bash tests/harness/build.sh`, `bash plugins/build.sh` and the
+//! Debian packages containerd, runc and busybox-static (`bash tests/run.sh`
+//! installs them). Runs as root. The tests share one node at a time.
+
+mod common;
+// Shared with tests/daemon.rs, which uses all of it.
+#[path = "kubelet/support.rs"]
+mod node;
+#[allow(unused_imports)]
+#[path = "daemon/support.rs"]
+mod support;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod, PodTemplate};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use node::{Node, leftovers, serial};
+use support::*;
+
+/// From a manifest written to a container running, and to its mirror pod:
+/// well under a second each on a warm node, ten times that is generous.
+const CONVERGE: Duration = Duration::from_secs(30);
+
+/// The directory of the node `name` (short: containerd's socket is in it),
+/// with symlinks resolved as in the mount table (target/ may be a symlink).
+/// Fixed per test, so that a run whose node was SIGKILLed is cleaned up by
+/// the next one (podstamp-node sweeps its directory and cgroups at start).
+fn node_dir(name: &str) -> PathBuf {
+    let dir = common::repo().join("target/kubelet-tests").join(name);
+    fs::create_dir_all(&dir).unwrap();
+    dir.canonicalize().unwrap()
+}
+
+/// Synchronous API access for the tests.
+struct Kube {
+    rt: tokio::runtime::Runtime,
+    client: kube::Client,
+    ns: String,
+}
+
+impl Kube {
+    fn new(server: &ApiServer, ns: &str) -> Kube {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = rt.block_on(client(&server.kubeconfig("admin")));
+        Kube {
+            rt,
+            client,
+            ns: ns.to_string(),
+        }
+    }
+
+    fn create_namespace(&self) {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let ns = serde_json::from_value(json!({"metadata": {"name": self.ns}})).unwrap();
+        self.rt
+            .block_on(api.create(&PostParams::default(), &ns))
+            .unwrap();
+    }
+
+    fn templates(&self) -> Api<PodTemplate> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    fn create_template(&self, template: Value) {
+        let template = serde_json::from_value(template).unwrap();
+        self.rt
+            .block_on(self.templates().create(&PostParams::default(), &template))
+            .unwrap();
+    }
+
+    fn patch_template(&self, name: &str, patch: Value) {
+        self.rt
+            .block_on(self.templates().patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Strategic(patch),
+            ))
+            .unwrap();
+    }
+
+    fn delete_template(&self, name: &str) {
+        self.rt
+            .block_on(self.templates().delete(name, &DeleteParams::default()))
+            .unwrap();
+    }
+
+    fn pod(&self, name: &str) -> Option<Pod> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+        self.rt.block_on(api.get_opt(name)).unwrap()
+    }
+}
+
+/// A PodTemplate for a host-network busybox that sleeps; `VERSION` is what
+/// an update changes, `NODE` comes through `substitute`, `HOST` through
+/// `node-env` from the label the kubelet put on its Node.
+fn template(name: &str, version: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "PodTemplate",
+        "metadata": {"name": name, "labels": {"podstamp.io/enabled": "true"}},
+        "template": {
+            "metadata": {"labels": {"app": name}},
+            "spec": {
+                "hostNetwork": true,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{
+                    "name": "main",
+                    "image": "podstamp.test/busybox:1",
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "3600"],
+                    "env": [
+                        {"name": "VERSION", "value": version},
+                        {"name": "NODE", "value": "${node.name}"}
+                    ]
+                }]
+            }
+        }
+    })
+}
+
+fn write_config(dir: &Path) -> PathBuf {
+    use common::plugin;
+    let path = dir.join("podstamp.yaml");
+    let text = format!(
+        "plugins:\n  substitute:\n    path: {}\n  node-env:\n    path: {}\n    settings: {{nodeIP: \"\", labels: {{HOST: kubernetes.io/hostname}}}}\nchain: [substitute, node-env]\n",
+        plugin("substitute").display(),
+        plugin("node-env").display(),
+    );
+    fs::write(&path, text).unwrap();
+    path
+}
+
+/// Waits for `probe`, and on a timeout shows what the node and podstamp say.
+fn converge<T>(
+    what: &str,
+    node: &Node,
+    daemon: &Daemon,
+    mut probe: impl FnMut() -> Option<T>,
+) -> T {
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(what, CONVERGE, || {
+            daemon.assert_running();
+            probe()
+        })
+    }));
+    found.unwrap_or_else(|_| {
+        panic!(
+            "timed out waiting for {what}\ncontainers: {:#?}\n{}\npodstamp's log:\n{}",
+            node.containers(),
+            node.logs(),
+            daemon.logs()
+        )
+    })
+}
+
+#[test]
+fn the_kubelet_runs_what_podstamp_writes_and_follows_updates_and_deletes() {
+    let _serial = serial();
+    let server = shared_server();
+    let ns = unique("kubelet");
+    let kube = Kube::new(server, &ns);
+    kube.create_namespace();
+    let node_name = "kl-life";
+    let dir = node_dir(node_name);
+    let mut node = Node::start(&dir, &server.kubeconfig("admin"), node_name);
+
+    let config = write_config(&dir);
+    let manifests = node.manifests();
+    kube.create_template(template("web", "1"));
+    let daemon = Daemon::start(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--kubeconfig",
+            server.kubeconfig("admin").to_str().unwrap(),
+            "--namespace",
+            &ns,
+            "--node-name",
+            node_name,
+            "--manifest-dir",
+            manifests.to_str().unwrap(),
+        ],
+        dir.join("podstamp.log"),
+    );
+    let mirror = format!("web-{node_name}");
+    let node_env = format!("NODE={node_name}");
+    let host_env = format!("HOST={node_name}");
+
+    // Written, run by the kubelet with what the plugins added, reported.
+    let first = converge("the first container running", &node, &daemon, || {
+        node.running(&mirror).into_iter().next()
+    });
+    assert_eq!(first.pod_namespace, ns);
+    assert_eq!(first.name, "main");
+    assert_eq!(
+        first.args.as_deref(),
+        Some(&["sleep".to_string(), "3600".to_string()][..])
+    );
+    assert!(first.has_env("VERSION=1"), "{first:?}");
+    assert!(first.has_env(&node_env), "{first:?}");
+    assert!(first.has_env(&host_env), "{first:?}");
+    let hash = |pod: &Pod| {
+        pod.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("kubernetes.io/config.hash").cloned())
+    };
+    let running_mirror = |kube: &Kube| {
+        kube.pod(&mirror)
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+    };
+    let first_mirror = converge("the mirror pod Running", &node, &daemon, || {
+        running_mirror(&kube)
+    });
+    let first_hash = hash(&first_mirror).expect("a mirror pod has the config hash");
+    assert_eq!(
+        first_mirror
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("kubernetes.io/config.mirror")),
+        Some(&first_hash)
+    );
+    assert_eq!(
+        first_mirror
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref()),
+        Some(node_name)
+    );
+
+    // An update: a new container with the new content replaces the old one.
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "main", "env": [{"name": "VERSION", "value": "2"}]}]}}}),
+    );
+    let second = converge(
+        "a running container with VERSION=2, and none with VERSION=1",
+        &node,
+        &daemon,
+        || {
+            let running = node.running(&mirror);
+            let old = running.iter().any(|c| c.has_env("VERSION=1"));
+            let new = running.iter().find(|c| c.has_env("VERSION=2")).cloned();
+            new.filter(|_| !old)
+        },
+    );
+    assert_ne!(second.id, first.id);
+    assert!(
+        second.has_env(&node_env) && second.has_env(&host_env),
+        "{second:?}"
+    );
+    converge(
+        "the mirror pod Running with the new config hash",
+        &node,
+        &daemon,
+        || running_mirror(&kube).filter(|p| hash(p).is_some_and(|h| h != first_hash)),
+    );
+
+    // A delete: the manifest goes, the container stops, the mirror pod goes.
+    kube.delete_template("web");
+    converge("web's containers to stop", &node, &daemon, || {
+        node.running(&mirror).is_empty().then_some(())
+    });
+    converge("the mirror pod to go", &node, &daemon, || {
+        kube.pod(&mirror).is_none().then_some(())
+    });
+    assert!(!manifests.join("web.yaml").exists());
+
+    assert!(daemon.stop().success());
+    let status = node.stop().unwrap();
+    assert!(status.success(), "teardown: {status}\n{}", node.logs());
+    assert_eq!(leftovers(&dir, &node.cgroup_root), Vec::<String>::new());
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// A test that fails with a node up still tears it all down (the node's
+/// Drop): nothing stays running, mounted or in the cgroup tree.
+#[test]
+fn a_failing_test_leaves_nothing_running_or_mounted() {
+    let _serial = serial();
+    let server = shared_server();
+    let node_name = "kl-fail";
+    let dir = node_dir(node_name);
+    let cgroup_root = format!("/podstamp-node-{node_name}");
+    let panicked = std::panic::catch_unwind(|| {
+        let node = Node::start(&dir, &server.kubeconfig("admin"), node_name);
+        // A pod by hand, in a namespace that always exists.
+        fs::write(
+            node.manifests().join("sleeper.yaml"),
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: sleeper, namespace: kube-system}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {name: main, image: podstamp.test/busybox:1, imagePullPolicy: Never, command: [sleep, '3600']}\n",
+        )
+        .unwrap();
+        let pod = format!("sleeper-{node_name}");
+        wait_for("the sleeper running", CONVERGE, || {
+            (!node.running(&pod).is_empty()).then_some(())
+        });
+        let found = leftovers(&dir, &cgroup_root);
+        assert!(
+            found.iter().any(|l| l.starts_with("mounted: "))
+                && found.iter().any(|l| l.contains("containerd-shim"))
+                && found.iter().any(|l| l.contains("sleep 3600"))
+                && found.iter().any(|l| l.starts_with("cgroup: ")),
+            "a running node is seen: {found:#?}"
+        );
+        panic!("the test fails with its node up");
+    });
+    // Only the deliberate failure: an assertion above would be another one.
+    let payload = panicked.expect_err("the closure panics");
+    assert_eq!(
+        payload.downcast_ref::<&str>(),
+        Some(&"the test fails with its node up"),
+        "{:?}",
+        payload.downcast_ref::<String>()
+    );
+    assert_eq!(leftovers(&dir, &cgroup_root), Vec::<String>::new());
+    let _ = fs::remove_dir_all(&dir);
+}
