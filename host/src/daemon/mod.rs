@@ -16,6 +16,7 @@ pub mod config_file;
 pub mod configmaps;
 pub mod events;
 pub mod metrics;
+mod poll;
 pub mod raw;
 pub mod reconcile;
 pub mod reload;

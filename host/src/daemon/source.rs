@@ -13,7 +13,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{OsStr, OsString};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
@@ -26,6 +25,7 @@ use kube::{Api, Client, Resource};
 use serde_json::Value;
 
 use super::metrics::Metrics;
+use super::poll::wait_readable;
 use super::raw::Raw;
 use super::reconcile::{Incoming, Input, SourceError};
 use crate::node::NodeContext;
@@ -365,27 +365,6 @@ impl Unreadable {
             .map(|(name, _)| name.clone())
             .collect()
     }
-}
-
-/// Waits until `fd` is readable or `timeout` passes (None: no timeout).
-fn wait_readable(fd: &impl AsRawFd, timeout: Option<Duration>) -> std::io::Result<()> {
-    let millis = timeout.map_or(-1, |t| {
-        i32::try_from(t.as_millis().max(1)).unwrap_or(i32::MAX)
-    });
-    let mut poll = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, for the duration of the call.
-    let r = unsafe { libc::poll(&mut poll, 1, millis) };
-    if r < 0 {
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-    Ok(())
 }
 
 /// Runs the directory source on the calling thread until `inputs` closes.

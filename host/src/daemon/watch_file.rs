@@ -23,7 +23,6 @@
 //!   as a `settingsFile` or a symlink's target, or a lost watch).
 
 use std::io::Read;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
@@ -31,6 +30,7 @@ use std::time::{Duration, Instant};
 use inotify::{EventMask, Inotify, WatchMask};
 use sha2::{Digest, Sha256};
 
+use super::poll::wait_readable;
 use super::reload::Trigger;
 
 /// How long the directory must be quiet before the file is read.
@@ -102,7 +102,7 @@ pub fn watch(path: PathBuf, seen: Content, triggers: Sender<Trigger>) -> std::io
         }
         if !wait_readable(
             &inotify,
-            next_periodic.saturating_duration_since(Instant::now()),
+            Some(next_periodic.saturating_duration_since(Instant::now())),
         )? {
             continue;
         }
@@ -126,7 +126,7 @@ pub fn watch(path: PathBuf, seen: Content, triggers: Sender<Trigger>) -> std::io
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
             }
-            if !wait_readable(&inotify, DEBOUNCE)? {
+            if !wait_readable(&inotify, Some(DEBOUNCE))? {
                 break;
             }
         }
@@ -144,24 +144,4 @@ fn add_watch(inotify: &Inotify, dir: &Path, mask: WatchMask) -> bool {
             false
         }
     }
-}
-
-/// Waits up to `timeout` for `fd` to be readable: whether it is.
-fn wait_readable(fd: &impl AsRawFd, timeout: Duration) -> std::io::Result<bool> {
-    let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-    let mut poll = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, for the duration of the call.
-    let r = unsafe { libc::poll(&mut poll, 1, millis) };
-    if r < 0 {
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-        return Ok(false);
-    }
-    Ok(r > 0)
 }
