@@ -1,4 +1,5 @@
-//! Kubernetes Events (events.k8s.io/v1) about templates that fail to render.
+//! Kubernetes Events (events.k8s.io/v1) about templates that fail to render,
+//! and about catalog ConfigMaps whose new catalog is refused.
 //!
 //! The reconciler reports each distinct failure once; a task publishes them
 //! with kube-runtime's recorder, which turns a repeat of the same event into
@@ -120,7 +121,12 @@ async fn publish(recorder: Recorder, mut rx: Receiver<Report>) {
             type_: EventType::Warning,
             reason: report.reason.to_string(),
             note: Some(report.note),
-            action: "Render".to_string(),
+            // What podstamp was doing with the object the Event is on.
+            action: match report.reason {
+                Reason::CatalogRefused => "Reload",
+                _ => "Render",
+            }
+            .to_string(),
             secondary: None,
         };
         if let Err(e) = recorder.publish(&event, &report.reference).await {
