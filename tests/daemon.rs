@@ -1944,10 +1944,21 @@ fn a_catalog_and_plugins_from_configmaps_render_reload_and_refuse() {
     // manifest stays.
     let manifests = (identity(&a), identity(&b));
     kube.delete_config_map(SUBSTITUTE_CM);
-    wait_refusal(
-        &daemon,
-        &format!("plugins.substitute: ConfigMap {ns}/{SUBSTITUTE_CM} does not exist"),
-    );
+    let says = format!("plugins.substitute: ConfigMap {ns}/{SUBSTITUTE_CM} does not exist");
+    wait_refusal(&daemon, &says);
+    // A deleted ConfigMap cannot carry the Event: the catalog's does.
+    let on_catalog = |needle: &str| {
+        wait_for(
+            &format!("an Event on the catalog ConfigMap saying {needle:?}"),
+            CONVERGE,
+            || {
+                kube.catalog_events(CATALOG_CM)
+                    .into_iter()
+                    .find(|e| e.note.as_deref().unwrap_or_default().contains(needle))
+            },
+        )
+    };
+    on_catalog(&says);
     assert_eq!(catalog_in_use(&daemon), third);
     kube.patch_template(
         "b",
@@ -1962,6 +1973,7 @@ fn a_catalog_and_plugins_from_configmaps_render_reload_and_refuse() {
     kube.apply_config_map(catalog_config_map(&not_granted));
     let line = wait_refusal(&daemon, &format!("ConfigMap {ns}/not-granted"));
     assert!(line.contains("resourceNames"), "{line}");
+    on_catalog("not-granted: cannot be read: permission denied");
     assert!(a.exists() && b.exists());
     assert_eq!(catalog_in_use(&daemon), third);
     assert!(daemon.stop().success());

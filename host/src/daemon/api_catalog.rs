@@ -11,8 +11,9 @@
 //!   [`Trigger`] on a channel: it never blocks their async tasks).
 //! * A refused catalog that came from the API gets an Event (reason
 //!   `CatalogRefused`) on the ConfigMap at fault: the plugin ConfigMap whose
-//!   component failed when it exists, else the catalog ConfigMap; once per
-//!   distinct refusal. The log line and the metric are the loader's.
+//!   component failed when it exists and can be read, else the catalog
+//!   ConfigMap; once per distinct refusal; none while the API server does
+//!   not answer. The log line and the metric are the loader's.
 //! * An applied catalog read from the catalog ConfigMap is remembered in the
 //!   code cache (record [`RECORD_KEY`], a versioned [`Record`]): the
 //!   catalog's text as read, with its pins.
@@ -105,6 +106,8 @@ struct Seen {
     objects: BTreeMap<String, Option<Arc<Value>>>,
     /// A ConfigMap could not be read: no answer, or a refusal.
     unanswered: bool,
+    /// The API server did not answer at all (nothing to post an Event to).
+    away: bool,
 }
 
 /// [`ConfigMaps`] over the watches, recording what a load asked for.
@@ -130,6 +133,7 @@ impl ConfigMaps for ApiConfigMaps<'_> {
             Err(e) => {
                 seen.objects.insert(name.to_string(), None);
                 seen.unanswered = true;
+                seen.away |= matches!(e, configmaps::ConfigMapError::NoAnswer { .. });
                 Err(crate::catalog::ConfigMapError::Read {
                     namespace: self.watches.namespace().to_string(),
                     name: name.to_string(),
@@ -194,6 +198,8 @@ struct Last {
     catalog_config_map: Option<String>,
     /// The ConfigMap at fault when the load failed.
     fault: Option<String>,
+    /// The plugin ConfigMap whose component failed, when one did.
+    culprit: Option<String>,
     /// The catalog ConfigMap's text, to remember once applied.
     record: Option<Record>,
     from_disk: bool,
@@ -206,13 +212,23 @@ impl ApiSource {
         events: Option<EventSink>,
         runtime: Runtime,
     ) -> ApiSource {
+        // The log names the catalog ConfigMap from the first load on.
+        let last = Last {
+            catalog_config_map: file
+                .started()
+                .daemon
+                .catalog
+                .as_ref()
+                .map(|c| c.config_map.clone()),
+            ..Last::default()
+        };
         ApiSource {
             file,
             watches,
             events,
             runtime,
             in_use: BTreeSet::new(),
-            last: Last::default(),
+            last,
             reported: None,
             loads: 0,
         }
@@ -292,22 +308,27 @@ impl ApiSource {
         Ok((catalog, described))
     }
 
-    /// The ConfigMap at fault for a load's `error`, when one is.
-    fn fault(&self, spec: Option<&CatalogSpec>, error: &ReloadError) -> Option<String> {
-        let catalog = self.last.catalog_config_map.clone();
+    /// The plugin ConfigMap whose component failed, for a load's `error`.
+    fn culprit(spec: Option<&CatalogSpec>, error: &ReloadError) -> Option<String> {
         let ReloadError::Catalog(CatalogError::Plugin(plugin)) = error else {
-            return catalog;
+            return None;
         };
-        let entry = spec?
+        let (_, entry) = spec?
             .plugins
             .iter()
             .find(|(name, _)| join_key("plugins", name) == plugin.entry)?;
-        match &entry.1.config_map {
-            // A deleted plugin ConfigMap cannot carry the Event.
-            Some(source) if matches!(self.last.seen.objects.get(&source.name), Some(Some(_))) => {
-                Some(source.name.clone())
+        entry.config_map.as_ref().map(|c| c.name.clone())
+    }
+
+    /// The ConfigMap the Event about a refusal goes on: the culprit when it
+    /// can be read, else the catalog ConfigMap (a deleted or unreadable
+    /// plugin ConfigMap cannot carry the Event).
+    fn fault(&self) -> Option<String> {
+        match &self.last.culprit {
+            Some(name) if matches!(self.last.seen.objects.get(name), Some(Some(_))) => {
+                Some(name.clone())
             }
-            _ => catalog,
+            _ => self.last.catalog_config_map.clone(),
         }
     }
 }
@@ -327,7 +348,10 @@ impl CatalogSource for ApiSource {
     ) -> Result<Catalog, ReloadError> {
         self.loads += 1;
         let first = self.loads == 1 && current.is_none();
-        self.last = Last::default();
+        self.last = Last {
+            catalog_config_map: self.last.catalog_config_map.take(),
+            ..Last::default()
+        };
         // A file that cannot be read refuses the load; it names no ConfigMap.
         let config = self.file.read()?;
         self.last.catalog_config_map = config.daemon.catalog.as_ref().map(|c| c.config_map.clone());
@@ -393,11 +417,12 @@ impl CatalogSource for ApiSource {
                 Ok(catalog)
             }
             Err(error) => {
-                self.last.fault = if self.last.seen.unanswered {
+                self.last.culprit = ApiSource::culprit(spec.as_ref(), &error);
+                self.last.fault = if self.last.seen.away {
                     // The API server is away: nothing to post an Event to.
                     None
                 } else {
-                    self.fault(spec.as_ref(), &error)
+                    self.fault()
                 };
                 Err(error)
             }
@@ -445,11 +470,33 @@ impl CatalogSource for ApiSource {
         let Some(reference) = configmaps::reference(object) else {
             return;
         };
-        events.report(Report {
+        let report = Report {
             reference,
             reason: Reason::CatalogRefused,
             note: note.clone(),
-        });
+        };
+        // On the catalog ConfigMap because of a plugin ConfigMap (deleted,
+        // or not granted): that one is the Event's related object.
+        match &self.last.culprit {
+            Some(culprit) if culprit != name => {
+                events.report_related(report, config_map_reference(self.namespace(), culprit))
+            }
+            _ => events.report(report),
+        }
         self.reported = Some(note);
+    }
+}
+
+/// A reference to the ConfigMap `name` of `namespace`, which may not exist.
+fn config_map_reference(
+    namespace: &str,
+    name: &str,
+) -> k8s_openapi::api::core::v1::ObjectReference {
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".to_string()),
+        kind: Some("ConfigMap".to_string()),
+        namespace: Some(namespace.to_string()),
+        name: Some(name.to_string()),
+        ..Default::default()
     }
 }

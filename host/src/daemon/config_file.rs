@@ -46,6 +46,11 @@ impl FileSource {
         }
     }
 
+    /// The file as the daemon started with it.
+    pub fn started(&self) -> &ConfigFile {
+        &self.started
+    }
+
     /// Logs each node-local setting of `config` that differs from the start
     /// and was not reported with this value yet.
     fn report_restart_needed(&mut self, config: &ConfigFile) {
