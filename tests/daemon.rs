@@ -2040,6 +2040,35 @@ fn with_the_api_down_at_start_the_daemon_runs_the_remembered_catalog() {
     assert_eq!(empty.get("/readyz").unwrap().0, 503);
     drop(empty);
 
+    // A pinned component not in the code cache: nothing renders either.
+    let pin = sha256_hex(&fs::read(common::plugin("substitute")).unwrap());
+    let mut removed = 0;
+    for entry in fs::read_dir(&cache).unwrap() {
+        let path = entry.unwrap().path();
+        if path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with(&pin)
+        {
+            fs::remove_file(path).unwrap();
+            removed += 1;
+        }
+    }
+    assert_eq!(removed, 1, "substitute's compiled code was in the cache");
+    let uncached = start(&cache, "not-cached");
+    let line = wait_refusal(
+        &uncached,
+        &format!("the compiled-code cache has no component with sha256 {pin}"),
+    );
+    assert!(
+        line.contains("plugins.substitute")
+            && line.contains("nothing is rendered (manifests on disk are kept)"),
+        "{line}"
+    );
+    assert_eq!(identity(&a), kept);
+    drop(uncached);
+
     // Back: the API's catalog is used, and its changes flow.
     server = ApiServer::start(&state.path().join("apiserver"));
     daemon.wait_ready(CONVERGE);
