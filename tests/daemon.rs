@@ -1655,3 +1655,426 @@ fn the_config_file_reloads_when_renamed_into_place_or_swapped_by_the_kubelet() {
     assert_eq!(identity(&s.b()), b);
     assert!(daemon.stop().success());
 }
+
+// ---------------------------------------------------- catalog from the API
+
+const CATALOG_CM: &str = "podstamp-catalog";
+const SUBSTITUTE_CM: &str = "podstamp-plugin-substitute";
+const NODE_ENV_CM: &str = "podstamp-plugin-node-env";
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// A ConfigMap holding `bytes` under `binaryData[key]`, gzip-compressed or not.
+fn plugin_config_map(name: &str, key: &str, bytes: &[u8], gzip: bool) -> Value {
+    use std::io::Write;
+    let data = if gzip {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        encoder.write_all(bytes).unwrap();
+        encoder.finish().unwrap()
+    } else {
+        bytes.to_vec()
+    };
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name},
+        "binaryData": {key: k8s_openapi::ByteString(data)}})
+}
+
+fn catalog_config_map(text: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CATALOG_CM},
+        "data": {"catalog.yaml": text}})
+}
+
+/// The catalog of the API tests: `substitute` (plain, key substitute.wasm)
+/// saying `greeting`, then `node-env` (gzip, default key); `node_env_key`
+/// overrides node-env's key.
+fn api_catalog(greeting: &str, node_env_key: Option<&str>) -> String {
+    let pin = |name: &str| sha256_hex(&fs::read(common::plugin(name)).unwrap());
+    let key = node_env_key.map_or(String::new(), |k| format!(", key: {k}"));
+    format!(
+        "plugins:\n  substitute:\n    configMap: {{name: {SUBSTITUTE_CM}, key: substitute.wasm}}\n    sha256: {}\n    settings: {{vars: {{greeting: {greeting}}}}}\n  node-env:\n    configMap: {{name: {NODE_ENV_CM}{key}}}\n    sha256: {}\n    settings: {{nodeIP: \"\", labels: {{ZONE: zone}}}}\nchain: [substitute, node-env]\n",
+        pin("substitute"),
+        pin("node-env"),
+    )
+}
+
+impl Kube {
+    fn config_maps(&self) -> Api<k8s_openapi::api::core::v1::ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Creates or replaces a ConfigMap (server-side apply).
+    fn apply_config_map(&self, object: Value) {
+        let name = object["metadata"]["name"].as_str().unwrap().to_string();
+        self.rt
+            .block_on(self.config_maps().patch(
+                &name,
+                &PatchParams::apply("podstamp-tests").force(),
+                &Patch::Apply(object),
+            ))
+            .unwrap();
+    }
+
+    fn delete_config_map(&self, name: &str) {
+        self.rt
+            .block_on(self.config_maps().delete(name, &DeleteParams::default()))
+            .unwrap();
+    }
+
+    /// The `CatalogRefused` Events on ConfigMap `name`.
+    fn catalog_events(&self, name: &str) -> Vec<Event> {
+        self.events()
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some("CatalogRefused")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                    && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("ConfigMap")
+            })
+            .collect()
+    }
+}
+
+/// The deploy/ Role, with `extra` ConfigMap names added to its configmaps
+/// rule's resourceNames, as docs/daemon.md says to do for a plugin.
+fn deploy_role_with(extra: &[&str]) -> Value {
+    let mut rules = deploy_rules("Role");
+    let rule = rules
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|r| r["resources"] == json!(["configmaps"]))
+        .expect("deploy/rbac.yaml grants configmaps");
+    assert_eq!(rule["resourceNames"], json!([CATALOG_CM]));
+    for name in extra {
+        rule["resourceNames"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!(name));
+    }
+    rules
+}
+
+/// A namespace with the deploy/ RBAC (plus the plugin ConfigMaps), a Node,
+/// the plugin ConfigMaps, the catalog ConfigMap, templates `a` (the default
+/// chain) and `b` (node-env only), and a configuration file naming the
+/// catalog ConfigMap.
+struct ApiCatalogSetup {
+    kube: Kube,
+    ns: String,
+    node: String,
+    s: Setup,
+}
+
+fn api_catalog_setup(server: &ApiServer) -> ApiCatalogSetup {
+    let ns = unique("apicat");
+    let node_name = unique("node");
+    let kube = Kube::admin_with_namespace(server, &ns);
+    kube.create_cluster::<Node>(node(&node_name, "zone-c"));
+    bind(
+        &kube,
+        &ns,
+        deploy_role_with(&[SUBSTITUTE_CM, NODE_ENV_CM]),
+        deploy_rules("ClusterRole"),
+    );
+    let substitute = fs::read(common::plugin("substitute")).unwrap();
+    let node_env = fs::read(common::plugin("node-env")).unwrap();
+    // node-env (1.27 MB) fits in a ConfigMap only gzipped; substitute
+    // (114 KB) goes plain.
+    kube.apply_config_map(plugin_config_map(
+        SUBSTITUTE_CM,
+        "substitute.wasm",
+        &substitute,
+        false,
+    ));
+    kube.apply_config_map(plugin_config_map(
+        NODE_ENV_CM,
+        "plugin.wasm",
+        &node_env,
+        true,
+    ));
+    kube.apply_config_map(catalog_config_map(&api_catalog("hello", None)));
+    kube.create::<PodTemplate>(template("a", "a:1"));
+    let mut b = template("b", "b:1");
+    b["metadata"]["annotations"] = json!({"podstamp.io/plugins": "node-env"});
+    b["template"]["spec"]["containers"][0]["command"] = json!(["run"]);
+    kube.create::<PodTemplate>(b);
+    let s = setup();
+    fs::write(
+        &s.config,
+        format!("daemon: {{catalog: {{configMap: {CATALOG_CM}}}}}\nlimits: {{timeout: 2s}}\n"),
+    )
+    .unwrap();
+    ApiCatalogSetup {
+        kube,
+        ns,
+        node: node_name,
+        s,
+    }
+}
+
+/// Waits for a refusal line of the log that contains `needle`; returns it.
+/// (Matched by content, not counted: a periodic re-read may refuse the
+/// same catalog again.)
+fn wait_refusal(daemon: &Daemon, needle: &str) -> String {
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(&format!("a refusal saying {needle:?}"), CONVERGE, || {
+            daemon.assert_running();
+            daemon
+                .logs()
+                .lines()
+                .find(|l| l.contains(REFUSED) && l.contains(needle))
+                .map(str::to_string)
+        })
+    }));
+    found.unwrap_or_else(|_| {
+        panic!(
+            "no refusal saying {needle:?}; podstamp's log:\n{}",
+            daemon.logs()
+        )
+    })
+}
+
+#[test]
+fn a_catalog_and_plugins_from_configmaps_render_reload_and_refuse() {
+    let server = shared_server();
+    let t = api_catalog_setup(server);
+    let (kube, ns) = (&t.kube, &t.ns);
+    let (a, b) = (t.s.manifests.join("a.yaml"), t.s.manifests.join("b.yaml"));
+    let daemon = start_daemon(
+        &t.s,
+        &server.kubeconfig("podstamp"),
+        ns,
+        &t.node,
+        &t.s.manifests,
+    );
+    // Both components from ConfigMaps, gzip and plain, pinned: rendered.
+    wait_content(&daemon, &a, &["--say=hello", "--zone=zone-c", "ZONE"]);
+    wait_content(&daemon, &b, &["ZONE"]);
+    daemon.wait_ready(CONVERGE);
+    wait_reloads(&daemon, "applied", 1);
+    let first = catalog_in_use(&daemon);
+    kubelet_accepts(&[&t.s.manifests], &t.node);
+
+    // A settings change in the catalog ConfigMap: only `a` is rewritten.
+    let b_was = identity(&b);
+    kube.apply_config_map(catalog_config_map(&api_catalog("bonjour", None)));
+    wait_content(&daemon, &a, &["--say=bonjour"]);
+    wait_reloads(&daemon, "applied", 2);
+    assert_eq!(identity(&b), b_was, "b's chain did not change");
+    let second = catalog_in_use(&daemon);
+    assert_ne!(second, first);
+    let manifests = (identity(&a), identity(&b));
+    let unchanged_since = |daemon: &Daemon| {
+        assert_eq!(catalog_in_use(daemon), second, "the old catalog serves");
+        assert_eq!((identity(&a), identity(&b)), manifests, "nothing rewritten");
+    };
+
+    // The substitute ConfigMap now holds another component: a digest
+    // mismatch, refused in one line; an Event on that ConfigMap.
+    let identity_bytes = fs::read(common::plugin("identity")).unwrap();
+    kube.apply_config_map(plugin_config_map(
+        SUBSTITUTE_CM,
+        "substitute.wasm",
+        &identity_bytes,
+        false,
+    ));
+    let substitute_pin = sha256_hex(&fs::read(common::plugin("substitute")).unwrap());
+    let says = format!(
+        "plugins.substitute: ConfigMap {ns}/{SUBSTITUTE_CM} key substitute.wasm: sha256 is {}, but the catalog pins {substitute_pin}",
+        sha256_hex(&identity_bytes)
+    );
+    let line = wait_refusal(&daemon, &says);
+    assert_eq!(line.matches(" sha256 is ").count(), 1, "one line: {line}");
+    unchanged_since(&daemon);
+    let event = wait_for("an Event on the plugin ConfigMap", CONVERGE, || {
+        kube.catalog_events(SUBSTITUTE_CM).into_iter().next()
+    });
+    assert!(
+        event.note.as_deref().unwrap_or_default().contains(&says),
+        "{event:?}"
+    );
+    // Put back: the catalog loads to the one in use.
+    let unchanged = "podstamp_config_reloads_total{result=\"unchanged\"}";
+    let before = daemon.metric(unchanged);
+    let substitute = fs::read(common::plugin("substitute")).unwrap();
+    kube.apply_config_map(plugin_config_map(
+        SUBSTITUTE_CM,
+        "substitute.wasm",
+        &substitute,
+        false,
+    ));
+    wait_for("the put-back component to load", CONVERGE, || {
+        daemon.assert_running();
+        (daemon.metric(unchanged) > before).then_some(())
+    });
+
+    // A key the plugin ConfigMap does not have: refused, naming both.
+    kube.apply_config_map(catalog_config_map(&api_catalog(
+        "bonjour",
+        Some("wrong.wasm"),
+    )));
+    wait_refusal(
+        &daemon,
+        &format!(
+            "plugins.node-env: ConfigMap {ns}/{NODE_ENV_CM} key wrong.wasm: missing (binaryData has: plugin.wasm)"
+        ),
+    );
+    unchanged_since(&daemon);
+
+    // The catalog ConfigMap broken: refused, an Event on it.
+    kube.apply_config_map(catalog_config_map("plugins: [substitute\n"));
+    wait_refusal(
+        &daemon,
+        &format!("ConfigMap {ns}/{CATALOG_CM} key catalog.yaml"),
+    );
+    unchanged_since(&daemon);
+    wait_for("an Event on the catalog ConfigMap", CONVERGE, || {
+        kube.catalog_events(CATALOG_CM).into_iter().next()
+    });
+
+    // Fixed: applied, only `a` rewritten.
+    kube.apply_config_map(catalog_config_map(&api_catalog("salut", None)));
+    wait_content(&daemon, &a, &["--say=salut"]);
+    wait_reloads(&daemon, "applied", 3);
+    assert_eq!(identity(&b), manifests.1);
+    let third = catalog_in_use(&daemon);
+
+    // A plugin ConfigMap deleted: refused, saying what is missing; every
+    // manifest stays.
+    let manifests = (identity(&a), identity(&b));
+    kube.delete_config_map(SUBSTITUTE_CM);
+    let says = format!("plugins.substitute: ConfigMap {ns}/{SUBSTITUTE_CM} does not exist");
+    wait_refusal(&daemon, &says);
+    // A deleted ConfigMap cannot carry the Event: the catalog's does.
+    let on_catalog = |needle: &str| {
+        wait_for(
+            &format!("an Event on the catalog ConfigMap saying {needle:?}"),
+            CONVERGE,
+            || {
+                kube.catalog_events(CATALOG_CM)
+                    .into_iter()
+                    .find(|e| e.note.as_deref().unwrap_or_default().contains(needle))
+            },
+        )
+    };
+    on_catalog(&says);
+    assert_eq!(catalog_in_use(&daemon), third);
+    kube.patch_template(
+        "b",
+        json!({"template": {"spec": {"containers": [{"name": "main", "image": "b:2"}]}}}),
+    );
+    // The old catalog still renders what changes meanwhile.
+    wait_content(&daemon, &b, &["image: b:2"]);
+    assert_eq!(identity(&a), manifests.0);
+
+    // A ConfigMap outside the Role's resourceNames: the permission is named.
+    let not_granted = api_catalog("salut", None).replace(SUBSTITUTE_CM, "not-granted");
+    kube.apply_config_map(catalog_config_map(&not_granted));
+    let line = wait_refusal(&daemon, &format!("ConfigMap {ns}/not-granted"));
+    assert!(line.contains("resourceNames"), "{line}");
+    on_catalog("not-granted: cannot be read: permission denied");
+    assert!(a.exists() && b.exists());
+    assert_eq!(catalog_in_use(&daemon), third);
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn with_the_api_down_at_start_the_daemon_runs_the_remembered_catalog() {
+    let state = tempfile::tempdir().unwrap();
+    let mut server = ApiServer::start(&state.path().join("apiserver"));
+    let t = api_catalog_setup(&server);
+    let kubeconfig = server.kubeconfig("podstamp");
+    let cache = state.path().join("cache");
+    let start = |cache: &Path, name: &str| {
+        Daemon::start(
+            &[
+                "--config",
+                t.s.config.to_str().unwrap(),
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "--namespace",
+                &t.ns,
+                "--node-name",
+                &t.node,
+                "--manifest-dir",
+                t.s.manifests.to_str().unwrap(),
+                "--cache-dir",
+                cache.to_str().unwrap(),
+            ],
+            state.path().join(format!("{name}.log")),
+        )
+    };
+    let a = t.s.manifests.join("a.yaml");
+    let daemon = start(&cache, "first");
+    wait_content(&daemon, &a, &["--say=hello"]);
+    wait_reloads(&daemon, "applied", 1);
+    let digest = catalog_in_use(&daemon);
+    assert!(daemon.stop().success());
+    let kept = identity(&a);
+
+    // The API server is down: the daemon runs the remembered catalog.
+    server.kill();
+    let daemon = start(&cache, "from-disk");
+    wait_for("the catalog from disk", CONVERGE, || {
+        daemon.assert_running();
+        daemon.logs().contains("running from disk").then_some(())
+    });
+    assert_eq!(catalog_in_use(&daemon), digest);
+    let logs = daemon.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("running from disk"))
+        .unwrap();
+    assert!(line.contains(&digest), "{line}");
+    assert_eq!(identity(&a), kept, "the manifest is kept");
+
+    // Without a record (another cache), nothing renders; the manifest stays.
+    let empty = start(&state.path().join("empty-cache"), "no-record");
+    let line = wait_refusal(&empty, "no catalog from ConfigMap");
+    assert!(
+        line.contains("nothing is rendered (manifests on disk are kept)"),
+        "{line}"
+    );
+    assert_eq!(identity(&a), kept);
+    assert_eq!(empty.get("/readyz").unwrap().0, 503);
+    drop(empty);
+
+    // A pinned component not in the code cache: nothing renders either.
+    let pin = sha256_hex(&fs::read(common::plugin("substitute")).unwrap());
+    let mut removed = 0;
+    for entry in fs::read_dir(&cache).unwrap() {
+        let path = entry.unwrap().path();
+        if path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with(&pin)
+        {
+            fs::remove_file(path).unwrap();
+            removed += 1;
+        }
+    }
+    assert_eq!(removed, 1, "substitute's compiled code was in the cache");
+    let uncached = start(&cache, "not-cached");
+    let line = wait_refusal(
+        &uncached,
+        &format!("the compiled-code cache has no component with sha256 {pin}"),
+    );
+    assert!(
+        line.contains("plugins.substitute")
+            && line.contains("nothing is rendered (manifests on disk are kept)"),
+        "{line}"
+    );
+    assert_eq!(identity(&a), kept);
+    drop(uncached);
+
+    // Back: the API's catalog is used, and its changes flow.
+    server = ApiServer::start(&state.path().join("apiserver"));
+    daemon.wait_ready(CONVERGE);
+    let kube = Kube::new(&server.kubeconfig("admin"), &t.ns);
+    kube.apply_config_map(catalog_config_map(&api_catalog("back", None)));
+    wait_content(&daemon, &a, &["--say=back"]);
+    assert_ne!(catalog_in_use(&daemon), digest);
+    assert!(daemon.stop().success());
+}

@@ -46,6 +46,7 @@ struct Fault {
 const PLUGIN_KEPT: &str = "last good manifest, unchanged (same inode and mtime); the daemon stays up; other templates keep rendering";
 
 const RELOAD_KEPT: &str = "the catalog in use keeps serving (same `podstamp_catalog_info` digest; a template changed meanwhile renders with it); every manifest unchanged (same inode and mtime)";
+const API_CATALOG_REFUSED: &str = "not a render failure: `podstamp_config_reloads_total{result=\"refused\"}`, an error in the log naming the ConfigMap, the key and the digests, and a `CatalogRefused` Event on the plugin ConfigMap at fault";
 const RELOAD_REFUSED: &str = "not a render failure: `podstamp_config_reloads_total{result=\"refused\"}` and an error in the log naming the file and the field";
 
 const FAULTS: &[Fault] = &[
@@ -777,6 +778,69 @@ const FAULTS: &[Fault] = &[
         reported: "a warning in the log, once per new value; `podstamp_config_reloads_total{result=\"unchanged\"}`",
         says: "needs a restart to take effect; still using",
         test: "tests/daemon.rs: a_settings_change_in_the_config_file_rewrites_only_the_affected_manifest",
+    },
+    Fault {
+        id: "reload-configmap-digest-mismatch",
+        area: "daemon",
+        fault: "a plugin ConfigMap the catalog pins (API source) now holds another component: its sha256 differs from the pin",
+        kept: RELOAD_KEPT,
+        reported: API_CATALOG_REFUSED,
+        says: "but the catalog pins",
+        test: "tests/daemon.rs: a_catalog_and_plugins_from_configmaps_render_reload_and_refuse",
+    },
+    Fault {
+        id: "reload-configmap-missing-key",
+        area: "daemon",
+        fault: "the catalog ConfigMap names a key its plugin ConfigMap does not have",
+        kept: RELOAD_KEPT,
+        reported: API_CATALOG_REFUSED,
+        says: "missing (binaryData has: plugin.wasm)",
+        test: "tests/daemon.rs: a_catalog_and_plugins_from_configmaps_render_reload_and_refuse",
+    },
+    Fault {
+        id: "reload-catalog-configmap-broken",
+        area: "daemon",
+        fault: "the catalog ConfigMap (`daemon.catalog.configMap`) edited to a `catalog.yaml` that does not parse",
+        kept: RELOAD_KEPT,
+        reported: "`podstamp_config_reloads_total{result=\"refused\"}`, an error in the log naming the ConfigMap and key, and a `CatalogRefused` Event on the catalog ConfigMap",
+        says: "key catalog.yaml",
+        test: "tests/daemon.rs: a_catalog_and_plugins_from_configmaps_render_reload_and_refuse",
+    },
+    Fault {
+        id: "reload-plugin-configmap-deleted",
+        area: "daemon",
+        fault: "a plugin ConfigMap the catalog in use pins is deleted",
+        kept: "the catalog in use keeps serving (its compiled component stays loaded); every manifest stays, and templates that change meanwhile still render",
+        reported: "`podstamp_config_reloads_total{result=\"refused\"}`, an error in the log saying which ConfigMap does not exist, and a `CatalogRefused` Event on the catalog ConfigMap",
+        says: "does not exist",
+        test: "tests/daemon.rs: a_catalog_and_plugins_from_configmaps_render_reload_and_refuse",
+    },
+    Fault {
+        id: "reload-configmap-not-granted",
+        area: "daemon",
+        fault: "the catalog pins a ConfigMap that the Role's `resourceNames` does not grant",
+        kept: RELOAD_KEPT,
+        reported: "`podstamp_config_reloads_total{result=\"refused\"}` and an error in the log naming the ConfigMap and the permission to add (its name in the Role's resourceNames)",
+        says: "resourceNames",
+        test: "tests/daemon.rs: a_catalog_and_plugins_from_configmaps_render_reload_and_refuse",
+    },
+    Fault {
+        id: "start-api-down-remembered-catalog",
+        area: "daemon",
+        fault: "`podstamp run` starts with a catalog from a ConfigMap while the API server does not answer, after a catalog from the API was applied on this node",
+        kept: "runs the remembered catalog (same digest), its components from the code cache; every manifest kept; the API's catalog replaces it when the API server answers",
+        reported: "a warning naming the catalog digest and that it runs from disk",
+        says: "running from disk",
+        test: "tests/daemon.rs: with_the_api_down_at_start_the_daemon_runs_the_remembered_catalog",
+    },
+    Fault {
+        id: "start-api-down-no-record",
+        area: "daemon",
+        fault: "the same with no remembered catalog (a fresh code cache) or a pinned component not in the cache",
+        kept: "nothing rendered and nothing removed (manifests on disk kept); not ready; the catalog loads when the API server answers",
+        reported: "`podstamp_config_reloads_total{result=\"refused\"}` and an error saying what is missing and that nothing is rendered until the API server answers",
+        says: "no catalog from ConfigMap",
+        test: "tests/daemon.rs: with_the_api_down_at_start_the_daemon_runs_the_remembered_catalog",
     },
     Fault {
         id: "api-401",

@@ -1,4 +1,4 @@
-//! Why a template's manifest was not written: one closed list, the same
+//! Why a template's manifest (or a new catalog) was not used: one closed list, the same
 //! words in the log (`reason=`), the metrics
 //! (`podstamp_render_failures_total{reason}`) and the Events' reason, so
 //! that an alert, a dashboard and `kubectl get events` agree. Adding a
@@ -26,6 +26,9 @@ pub enum Reason {
     ForeignFile,
     /// The manifest could not be written.
     WriteFailed,
+    /// A new plugin catalog from the API was refused whole (an Event on the
+    /// ConfigMap at fault); the catalog in use keeps serving.
+    CatalogRefused,
 }
 
 impl Reason {
@@ -40,6 +43,7 @@ impl Reason {
             Reason::NameConflict => "NameConflict",
             Reason::ForeignFile => "ForeignFile",
             Reason::WriteFailed => "WriteFailed",
+            Reason::CatalogRefused => "CatalogRefused",
         }
     }
 }

@@ -57,6 +57,12 @@ pub enum ComponentError {
         expected: String,
         actual: String,
     },
+    /// Starting without the API server: the pinned component is not in the
+    /// compiled-code cache, so it cannot be had until the API answers.
+    #[error(
+        "ConfigMap {name}: the API server does not answer and the compiled-code cache has no component with sha256 {sha256}"
+    )]
+    NotCached { name: String, sha256: String },
     /// Read, compiled or checked against the WIT: the message names the origin.
     #[error(transparent)]
     Load(#[from] LoadError),

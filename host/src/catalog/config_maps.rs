@@ -1,5 +1,6 @@
-//! Where ConfigMaps come from: the API (the daemon, later), files given with
-//! `podstamp render --configmap`, or nowhere.
+//! Where ConfigMaps come from: the API (the daemon, in
+//! `daemon::api_catalog`), files given with `podstamp render --configmap`,
+//! or nowhere.
 //!
 //! Invariants: a source serves the ConfigMaps of one namespace, the one the
 //! daemon manages, and says which (errors name `namespace/name`); "does not

@@ -72,6 +72,10 @@ pub enum CatalogError {
     Plugin(#[from] PluginError),
 }
 
+/// Gives the plugin of a component source and its pin, for
+/// `Catalog::load_with`.
+type PluginFor<'a> = dyn FnMut(&Source<'_>, Option<&str>) -> Result<Plugin, ComponentError> + 'a;
+
 /// Loaded plugins by catalog name, and the chain used by default.
 pub struct Catalog {
     steps: BTreeMap<String, Arc<Step>>,
@@ -129,6 +133,63 @@ impl Catalog {
         reuse: Option<&Catalog>,
         budget: Duration,
     ) -> Result<Catalog, CatalogError> {
+        let mut loaded: BTreeMap<String, Plugin> = BTreeMap::new();
+        Catalog::load_with(spec, origin, budget, &mut |source, pin| {
+            let component = component::component_bytes(source, pin, config_maps)?;
+            let known = loaded
+                .get(&component.sha256)
+                .or_else(|| reuse.and_then(|r| r.plugin_with(&component.sha256)));
+            let plugin = match known {
+                Some(plugin) => plugin.clone(),
+                None => runtime.load_bytes(&component.bytes, &component.origin)?,
+            };
+            loaded.insert(component.sha256, plugin.clone());
+            Ok(plugin)
+        })
+    }
+
+    /// Loads a catalog without its ConfigMaps, as a node starts when the API
+    /// server does not answer: each ConfigMap component is taken from the
+    /// compiled-code cache by its pin alone (refused, naming it, when the
+    /// cache does not have it); file components are read as usual.
+    pub fn load_spec_from_cache(
+        spec: &CatalogSpec,
+        origin: &str,
+        runtime: &Runtime,
+        budget: Duration,
+    ) -> Result<Catalog, CatalogError> {
+        let namespace = DEFAULT_NAMESPACE.to_string();
+        let no_config_maps = NoConfigMaps { namespace };
+        Catalog::load_with(spec, origin, budget, &mut |source, pin| match source {
+            Source::ConfigMap(config_map) => {
+                // A ConfigMap source is always pinned (checked before).
+                let sha256 = pin.unwrap_or_default();
+                let origin = format!(
+                    "ConfigMap {} key {} (from the code cache)",
+                    config_map.name,
+                    config_map.key()
+                );
+                runtime
+                    .load_cached(sha256, &origin)?
+                    .ok_or_else(|| ComponentError::NotCached {
+                        name: config_map.name.clone(),
+                        sha256: sha256.to_string(),
+                    })
+            }
+            Source::Path(_) => {
+                let component = component::component_bytes(source, pin, &no_config_maps)?;
+                Ok(runtime.load_bytes(&component.bytes, &component.origin)?)
+            }
+        })
+    }
+
+    /// Loads a catalog whose plugins `plugin(source, pin)` provides.
+    fn load_with(
+        spec: &CatalogSpec,
+        origin: &str,
+        budget: Duration,
+        plugin: &mut PluginFor<'_>,
+    ) -> Result<Catalog, CatalogError> {
         let config_error = |message: String| {
             CatalogError::Config(ConfigError(if origin.is_empty() {
                 message
@@ -153,26 +214,13 @@ impl Catalog {
             let (source, pin) = entry.source(&field).map_err(|e| config_error(e.0))?;
             checked.push((name, field, settings, source, pin));
         }
-        let mut loaded: BTreeMap<String, Plugin> = BTreeMap::new();
         let mut steps = BTreeMap::new();
         let mut settings_by_name = BTreeMap::new();
         for (name, field, settings, source, pin) in checked {
-            let plugin_error = |source| PluginError {
+            let plugin = plugin(&source, pin.as_deref()).map_err(|source| PluginError {
                 entry: field.clone(),
                 source,
-            };
-            let component = component::component_bytes(&source, pin.as_deref(), config_maps)
-                .map_err(plugin_error)?;
-            let known = loaded
-                .get(&component.sha256)
-                .or_else(|| reuse.and_then(|r| r.plugin_with(&component.sha256)));
-            let plugin = match known {
-                Some(plugin) => plugin.clone(),
-                None => runtime
-                    .load_bytes(&component.bytes, &component.origin)
-                    .map_err(|e| plugin_error(e.into()))?,
-            };
-            loaded.insert(component.sha256, plugin.clone());
+            })?;
             steps.insert(
                 name.clone(),
                 Arc::new(Step::new(name.clone(), plugin, &settings)),

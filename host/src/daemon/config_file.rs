@@ -46,6 +46,11 @@ impl FileSource {
         }
     }
 
+    /// The file as the daemon started with it.
+    pub fn started(&self) -> &ConfigFile {
+        &self.started
+    }
+
     /// Logs each node-local setting of `config` that differs from the start
     /// and was not reported with this value yet.
     fn report_restart_needed(&mut self, config: &ConfigFile) {
@@ -75,17 +80,29 @@ impl FileSource {
     }
 }
 
+impl FileSource {
+    /// The file as it is now, its node-local changes reported, with the
+    /// limits in force (the runtime's are fixed at start; the render
+    /// budget follows them, whatever the file now says).
+    pub fn read(&mut self) -> Result<ConfigFile, ReloadError> {
+        let mut config = ConfigFile::read(&self.path)?;
+        self.report_restart_needed(&config);
+        config.limits = self.started.limits.clone();
+        Ok(config)
+    }
+}
+
 impl CatalogSource for FileSource {
     fn origin(&self) -> String {
         self.path.display().to_string()
     }
 
-    fn load(&mut self, runtime: &Runtime, current: &Catalog) -> Result<Catalog, ReloadError> {
-        let mut config = ConfigFile::read(&self.path)?;
-        self.report_restart_needed(&config);
-        // The runtime's limits are fixed at start; the render budget follows
-        // them, whatever the file now says.
-        config.limits = self.started.limits.clone();
+    fn load(
+        &mut self,
+        runtime: &Runtime,
+        current: Option<&Catalog>,
+    ) -> Result<Catalog, ReloadError> {
+        let config = self.read()?;
         // Components whose bytes did not change are not compiled again.
         let config_maps = NoConfigMaps {
             namespace: config
@@ -97,7 +114,7 @@ impl CatalogSource for FileSource {
             &config,
             runtime,
             &config_maps,
-            Some(current),
+            current,
         )?)
     }
 }

@@ -5,13 +5,15 @@
 //! the plugin chain and keeps the kubelet's manifest directory in step.
 //! Failures become [`events`]; [`metrics`] serves health and Prometheus
 //! metrics. The [`reload`] loader builds a new plugin catalog when the
-//! configuration file changes ([`watch_file`], [`config_file`]) and hands it
-//! to the reconciler. docs/daemon.md is the user's reference.
+//! configuration file changes ([`watch_file`], [`config_file`]) or, with the
+//! API source, a ConfigMap it names ([`configmaps`], [`api_catalog`]), and
+//! hands it to the reconciler. docs/daemon.md is the user's reference.
 //!
 //! Exit codes: 2 for a usage or configuration error at start; once running,
 //! errors are logged and the daemon keeps going (it never exits because the
 //! API server is down); 0 after SIGTERM or SIGINT.
 
+pub mod api_catalog;
 pub mod config_file;
 pub mod configmaps;
 pub mod events;
@@ -253,24 +255,29 @@ pub fn main(args: RunArgs) -> ExitCode {
         args.cache_dir.as_deref(),
         config.cache_dir.as_deref(),
     );
-    if let Some(field) = config_map_field(&config) {
-        return usage(match settings.source {
-            Source::Dir(_) => format!(
+    // A catalog that reads ConfigMaps is loaded by the loader, from the
+    // API (or, when it does not answer, from disk), before anything renders.
+    let needs_api = match (config_map_field(&config), &settings.source) {
+        (Some(field), Source::Dir(_)) => {
+            return usage(format!(
                 "{field}: a ConfigMap is read from the API, but the source is dir:; with --source dir: give plugins by path and the catalog in the configuration file"
-            ),
-            Source::Api { .. } => format!(
-                "{field}: reading the catalog or plugins from the API is wired in podstamp run by a later change; give plugins by path and the catalog in the configuration file"
-            ),
-        });
-    }
+            ));
+        }
+        (Some(_), Source::Api { .. }) => true,
+        (None, _) => false,
+    };
     let plugins = match Runtime::new(limits, cache_dir.as_deref()) {
         Ok(r) => r,
         Err(e) => return usage(e),
     };
-    let catalog = match Catalog::load(&config, &plugins) {
-        Ok(c) => Arc::new(c),
-        Err(CatalogError::Config(e)) => return usage(e),
-        Err(CatalogError::Plugin(e)) => return usage(e),
+    let catalog = if needs_api {
+        None
+    } else {
+        match Catalog::load(&config, &plugins) {
+            Ok(c) => Some(Arc::new(c)),
+            Err(CatalogError::Config(e)) => return usage(e),
+            Err(CatalogError::Plugin(e)) => return usage(e),
+        }
     };
     let reloading = match (&args.config, content) {
         (Some(path), Some(content)) => {
@@ -396,7 +403,7 @@ fn in_use(
 
 async fn run(
     settings: Settings,
-    catalog: Arc<Catalog>,
+    catalog: Option<Arc<Catalog>>,
     reloading: Option<Reloading>,
     dir_node: Option<NodeContext>,
     max_connections: usize,
@@ -413,7 +420,7 @@ async fn run(
         },
         Source::Dir(_) => None,
     };
-    let (events, publisher) = match &client {
+    let (events, publisher): (Option<events::EventSink>, _) = match &client {
         Some(c) => {
             let (sink, task) = events::recorder(c.clone(), &settings.node_name, metrics.clone());
             (Some(sink), Some(task))
@@ -424,7 +431,7 @@ async fn run(
         settings.manifest_dir.clone(),
         settings.namespace.clone(),
         metrics.clone(),
-        events,
+        events.clone(),
     ) {
         Ok(mut r) => {
             r.set_max_manifest_size(settings.max_manifest_bytes);
@@ -436,8 +443,11 @@ async fn run(
         dir = %settings.manifest_dir.display(), source = ?settings.source, "podstamp run starting");
 
     let (inputs, received) = std::sync::mpsc::channel::<Input>();
-    // The first thing the reconciler gets: nothing renders without it.
-    let _ = inputs.send(Input::Catalog(catalog.clone()));
+    // The first thing the reconciler gets: nothing renders without it (a
+    // catalog from the API comes from the loader).
+    if let Some(catalog) = &catalog {
+        let _ = inputs.send(Input::Catalog(catalog.clone()));
+    }
     let resync = settings.resync;
     let worker = std::thread::Builder::new()
         .name("reconciler".into())
@@ -457,10 +467,17 @@ async fn run(
         "metrics server: at most {max_connections} connections at once (a new one closes the oldest); a request must arrive within {:?}",
         metrics::READ_TIMEOUT
     );
-    if let Some(reloading) = reloading
-        && let Err(e) = start_reloading(reloading, catalog, inputs.clone(), metrics.clone())
-    {
-        return usage(format!("cannot start reloading the configuration: {e}"));
+    if let Some(reloading) = reloading {
+        let api = client.clone().map(|client| ApiCatalog {
+            client,
+            namespace: settings.namespace.clone(),
+            watch_timeout: settings.watch_timeout,
+            events,
+        });
+        let started = start_reloading(reloading, catalog, api, inputs.clone(), metrics.clone());
+        if let Err(e) = started {
+            return usage(format!("cannot start reloading the configuration: {e}"));
+        }
     }
     tokio::spawn(metrics::serve(listener, metrics.clone(), max_connections));
     if let Some(task) = publisher {
@@ -505,22 +522,50 @@ async fn run(
     ExitCode::SUCCESS
 }
 
+/// What the API source adds to reloading: the ConfigMaps a catalog names,
+/// and Events on them.
+struct ApiCatalog {
+    client: kube::Client,
+    namespace: String,
+    watch_timeout: Option<u32>,
+    events: Option<events::EventSink>,
+}
+
 /// Starts the catalog loader and the configuration file's watch, each on a
-/// thread of its own.
+/// thread of its own; with the API, the watches of the ConfigMaps the
+/// catalog names, on the async runtime (call from it).
 fn start_reloading(
     reloading: Reloading,
-    catalog: Arc<Catalog>,
+    catalog: Option<Arc<Catalog>>,
+    api: Option<ApiCatalog>,
     inputs: std::sync::mpsc::Sender<Input>,
     metrics: Arc<Metrics>,
 ) -> std::io::Result<()> {
     let (triggers, received) = std::sync::mpsc::channel();
-    let loader = reload::Loader::new(
-        reloading.runtime,
-        Box::new(reloading.source),
-        catalog,
-        inputs,
-        metrics,
-    );
+    let source: Box<dyn reload::CatalogSource> = match api {
+        Some(api) => {
+            let on_change = triggers.clone();
+            let watches = configmaps::ConfigMapWatches::new(
+                api.client,
+                api.namespace,
+                api.watch_timeout,
+                tokio::runtime::Handle::current(),
+                metrics.clone(),
+                // Called from the async runtime: a send never blocks.
+                move |name| {
+                    let _ = on_change.send(api_catalog::trigger(name));
+                },
+            );
+            Box::new(api_catalog::ApiSource::new(
+                reloading.source,
+                watches,
+                api.events,
+                reloading.runtime.clone(),
+            ))
+        }
+        None => Box::new(reloading.source),
+    };
+    let loader = reload::Loader::new(reloading.runtime, source, catalog, inputs, metrics);
     reload::spawn(loader, received)?;
     let (path, content) = (reloading.path, reloading.content);
     std::thread::Builder::new()

@@ -14,10 +14,14 @@
 //!   that the next load can compare with it and reuse its components; a
 //!   replaced catalog is freed once both have let go of it.
 //!
+//! * A loader started without a catalog (one that needs the API server)
+//!   loads one at once; until a load succeeds, nothing is sent and nothing
+//!   renders.
+//!
 //! Where catalogs come from is a [`CatalogSource`]; what says "load again"
 //! is a [`Trigger`] on a channel. Any number of watchers (the configuration
-//! file today, ConfigMaps later) can feed the same channel: triggers queued
-//! while a load runs are coalesced into one more load.
+//! file, the ConfigMaps the catalog names) can feed the same channel:
+//! triggers queued while a load runs are coalesced into one more load.
 
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender};
@@ -43,6 +47,9 @@ pub enum Trigger {
 pub enum ReloadError {
     #[error(transparent)]
     Catalog(#[from] CatalogError),
+    /// At start, neither the API server nor the disk gave a catalog.
+    #[error(transparent)]
+    Disk(#[from] super::api_catalog::DiskError),
 }
 
 impl From<crate::config::ConfigError> for ReloadError {
@@ -51,15 +58,26 @@ impl From<crate::config::ConfigError> for ReloadError {
     }
 }
 
-/// Where catalogs come from: the configuration file today; the file and the
-/// ConfigMaps it names later.
+/// Where catalogs come from: the configuration file, and with the API
+/// source the ConfigMaps it names.
 pub trait CatalogSource: Send {
     /// What the catalog is read from, for the log (e.g. the file's path).
     fn origin(&self) -> String;
 
     /// Loads the catalog the source describes now. `current` is the
-    /// catalog in use, whose compiled components a load may reuse.
-    fn load(&mut self, runtime: &Runtime, current: &Catalog) -> Result<Catalog, ReloadError>;
+    /// catalog in use (None before the first), whose compiled components a
+    /// load may reuse.
+    fn load(
+        &mut self,
+        runtime: &Runtime,
+        current: Option<&Catalog>,
+    ) -> Result<Catalog, ReloadError>;
+
+    /// The last load's catalog is now in use (it was new).
+    fn applied(&mut self, _catalog: &Catalog) {}
+
+    /// The last load was refused with `error` (already logged).
+    fn refused(&mut self, _error: &ReloadError) {}
 }
 
 /// Loads catalogs from a source, one at a time, and sends the reconciler
@@ -67,24 +85,24 @@ pub trait CatalogSource: Send {
 pub struct Loader {
     runtime: Runtime,
     source: Box<dyn CatalogSource>,
-    current: Arc<Catalog>,
-    digest: String,
+    current: Option<Arc<Catalog>>,
+    digest: Option<String>,
     inputs: Sender<Input>,
     metrics: Arc<Metrics>,
 }
 
 impl Loader {
     /// A loader whose catalog in use is `current` (already sent to the
-    /// reconciler).
+    /// reconciler); None: there is none yet, [`Loader::run`] loads one first.
     pub fn new(
         runtime: Runtime,
         source: Box<dyn CatalogSource>,
-        current: Arc<Catalog>,
+        current: Option<Arc<Catalog>>,
         inputs: Sender<Input>,
         metrics: Arc<Metrics>,
     ) -> Loader {
         Loader {
-            digest: current.digest().to_string(),
+            digest: current.as_ref().map(|c| c.digest().to_string()),
             runtime,
             source,
             current,
@@ -102,16 +120,23 @@ impl Loader {
             Trigger::Periodic => "periodic re-read",
         };
         let started = std::time::Instant::now();
-        let result = match self.source.load(&self.runtime, &self.current) {
+        let in_use = self.digest.as_deref().unwrap_or("none");
+        let result = match self.source.load(&self.runtime, self.current.as_deref()) {
             Err(e) => {
-                tracing::error!(config = %origin, catalog = %self.digest,
-                    "{origin}: the new plugin catalog is refused: {}; the one in use keeps serving until a fixed one loads",
+                let keeps = if self.current.is_some() {
+                    "the one in use keeps serving until a fixed one loads"
+                } else {
+                    "there is no catalog in use yet: nothing is rendered (manifests on disk are kept) until one loads"
+                };
+                tracing::error!(config = %origin, catalog = %in_use,
+                    "{origin}: the new plugin catalog is refused: {}; {keeps}",
                     e.to_string().replace('\n', " "));
+                self.source.refused(&e);
                 ReloadResult::Refused
             }
             Ok(catalog) => {
                 let digest = catalog.digest().to_string();
-                if digest == self.digest {
+                if Some(&digest) == self.digest.as_ref() {
                     if *trigger == Trigger::Periodic {
                         tracing::debug!(config = %origin, catalog = %digest, "catalog unchanged");
                     } else {
@@ -123,12 +148,13 @@ impl Loader {
                     if self.inputs.send(Input::Catalog(catalog.clone())).is_err() {
                         return None;
                     }
-                    tracing::info!(config = %origin, catalog = %digest, previous = %self.digest,
+                    tracing::info!(config = %origin, catalog = %digest, previous = %in_use,
                         load_ms = started.elapsed().as_millis() as u64,
                         "{why}: new plugin catalog loaded");
+                    self.source.applied(&catalog);
                     // The old catalog goes when the reconciler lets go of it too.
-                    self.current = catalog;
-                    self.digest = digest;
+                    self.current = Some(catalog);
+                    self.digest = Some(digest);
                     ReloadResult::Applied
                 }
             }
@@ -140,6 +166,13 @@ impl Loader {
     /// Reloads at each trigger until the triggers or the reconciler go.
     /// Triggers that arrive during a load are coalesced into one more load.
     pub fn run(mut self, triggers: Receiver<Trigger>) {
+        if self.current.is_none()
+            && self
+                .reload(&Trigger::Changed("start".to_string()))
+                .is_none()
+        {
+            return;
+        }
         while let Ok(mut trigger) = triggers.recv() {
             while let Ok(next) = triggers.try_recv() {
                 // A change says more than a periodic re-read.
