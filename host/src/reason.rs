@@ -26,6 +26,12 @@ pub enum Reason {
     ForeignFile,
     /// The manifest could not be written.
     WriteFailed,
+    /// Not a render failure: a revision written became Ready on this node
+    /// (a Normal Event; never counted in `podstamp_render_failures_total`).
+    RolloutSucceeded,
+    /// A revision written failed on this node (the kubelet's reason, or not
+    /// Ready within its progress deadline).
+    RolloutFailed,
 }
 
 impl Reason {
@@ -40,6 +46,8 @@ impl Reason {
             Reason::NameConflict => "NameConflict",
             Reason::ForeignFile => "ForeignFile",
             Reason::WriteFailed => "WriteFailed",
+            Reason::RolloutSucceeded => "RolloutSucceeded",
+            Reason::RolloutFailed => "RolloutFailed",
         }
     }
 }

@@ -219,6 +219,8 @@ impl Daemon {
                 "PODSTAMP_CACHE_DIR",
                 repo().join("target/test-plugin-cache"),
             )
+            // Next to the log, not in the machine's /var/lib/podstamp.
+            .env("PODSTAMP_REVISIONS_DIR", log.with_extension("revisions"))
             .current_dir(repo())
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -116,11 +116,16 @@ pub fn recorder(
 
 async fn publish(recorder: Recorder, mut rx: Receiver<Report>) {
     while let Some(report) = rx.recv().await {
+        let (type_, action) = match report.reason {
+            Reason::RolloutSucceeded => (EventType::Normal, "Rollout"),
+            Reason::RolloutFailed => (EventType::Warning, "Rollout"),
+            _ => (EventType::Warning, "Render"),
+        };
         let event = Event {
-            type_: EventType::Warning,
+            type_,
             reason: report.reason.to_string(),
             note: Some(report.note),
-            action: "Render".to_string(),
+            action: action.to_string(),
             secondary: None,
         };
         if let Err(e) = recorder.publish(&event, &report.reference).await {
