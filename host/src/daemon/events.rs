@@ -40,6 +40,9 @@ pub struct Report {
     pub reason: Reason,
     /// Names the node, the plugin and the error.
     pub note: String,
+    /// Another object the Event is about (a rollout's mirror pod). Events
+    /// differing in it are distinct Events, not a series of one.
+    pub related: Option<ObjectReference>,
 }
 
 #[derive(Clone)]
@@ -126,7 +129,7 @@ async fn publish(recorder: Recorder, mut rx: Receiver<Report>) {
             reason: report.reason.to_string(),
             note: Some(report.note),
             action: action.to_string(),
-            secondary: None,
+            secondary: report.related,
         };
         if let Err(e) = recorder.publish(&event, &report.reference).await {
             tracing::warn!(
@@ -154,6 +157,7 @@ mod tests {
             reference: ObjectReference::default(),
             reason: Reason::RenderFailed,
             note,
+            related: None,
         }
     }
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::mpsc::Sender;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use serde_json::Value;
@@ -45,13 +45,15 @@ const FAILING: [&str; 8] = [
 ];
 
 /// What a mirror pod says about one revision of a template's pod.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Observation {
     /// `namespace/name` of the PodTemplate (`podstamp.io/source`).
     pub source: String,
     /// `podstamp.io/revision`.
     pub revision: String,
     pub state: PodState,
+    /// The mirror pod (name, namespace, uid): the Events' related object.
+    pub pod: ObjectReference,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,10 +81,24 @@ pub fn observe(pod: &Value) -> Option<Observation> {
         .get(REVISION_LABEL)?
         .as_str()?
         .to_string();
+    let text = |field: &str| {
+        metadata
+            .get(field)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
     Some(Observation {
         source,
         revision,
         state: state(pod.get("status").unwrap_or(&Value::Null)),
+        pod: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: text("name"),
+            namespace: text("namespace"),
+            uid: text("uid"),
+            ..ObjectReference::default()
+        },
     })
 }
 

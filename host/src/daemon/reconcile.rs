@@ -447,11 +447,9 @@ impl Reconciler {
     pub fn reconcile(&mut self) {
         self.metrics.set_templates(self.entries.len());
         for (id, verdict) in self.rollouts.expire(Instant::now()) {
-            self.metrics.set_rollout(
-                &id,
-                self.rollouts.get(&id).map_or("", |r| r.revision.as_str()),
-                Phase::Failed.as_str(),
-            );
+            if let Some(r) = self.rollouts.get(&id) {
+                self.metrics.set_rollout(&id, &r.revision, r.phase.as_str());
+            }
             self.verdict(&id, verdict);
         }
         if self.gc_due && self.synced {
@@ -652,6 +650,7 @@ impl Reconciler {
                             failure.plugin.as_deref().unwrap_or("none"),
                             failure.message
                         ),
+                        related: None,
                     });
                 }
             }
@@ -870,10 +869,13 @@ impl Reconciler {
             tracing::info!(template = %id, revision = %done.revision, deadline = ?done.deadline,
                 "rollout started: waiting for the mirror pod to be Ready");
         }
+        if let Some(seen) = self.rollouts.seen_in_place(id) {
+            self.observe(seen);
+        }
     }
 
     fn observe(&mut self, observation: Observation) {
-        let Some((phase, verdict)) = self.rollouts.observe(&observation) else {
+        let Some((phase, verdict)) = self.rollouts.observe(&observation, Instant::now()) else {
             return;
         };
         let id = observation.source.as_str();
@@ -947,6 +949,7 @@ impl Reconciler {
                 reference,
                 reason,
                 note,
+                related: rollout.pod.clone(),
             });
         }
     }
