@@ -880,10 +880,10 @@ const FAULTS: &[Fault] = &[
     Fault {
         id: "revisions-dir-open",
         area: "kubelet",
-        fault: "`--revisions-dir` that others can read or write (mode 0755)",
+        fault: "`--revisions-dir` that others can write (mode 0777)",
         kept: "nothing written; the daemon does not start (exit 2)",
         reported: "one line on stderr",
-        says: "others can read or write it; chmod 700 it",
+        says: "others can write it; chmod go-w it",
         test: "an_unsafe_revisions_dir_is_refused_at_start",
     },
     Fault {
@@ -3103,7 +3103,7 @@ fn an_unsafe_revisions_dir_is_refused_at_start() {
     fs::create_dir(&manifests).unwrap();
     let open = tmp.path().join("open");
     fs::create_dir(&open).unwrap();
-    fs::set_permissions(&open, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
     let source = format!("dir:{}", templates.display());
     for (id, dir) in [
         ("revisions-dir-in-manifest-dir", manifests.join("revisions")),

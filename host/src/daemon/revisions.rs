@@ -10,8 +10,9 @@
 //! * DIR is never the manifest directory nor inside it (the kubelet would
 //!   run every revision), nor a symlink; it is created with mode 0700 and
 //!   refused at start unless it is a directory owned by this user that
-//!   nobody else can read or write (manifests can hold what only root should
-//!   read).
+//!   nobody else can write (a hostPath the kubelet creates is 0755); the
+//!   directories in it are 0700 and the files 0600, readable by this user
+//!   alone, like the manifests.
 //! * Files are written as manifests are ([`crate::write`]): a dot-temp file,
 //!   synced, renamed into place, the directory synced. A revision already
 //!   kept is never written again; recorded again (after an older one came
@@ -218,9 +219,9 @@ fn check_private(dir: &Path) -> Result<(), OpenError> {
             meta.uid()
         ));
     }
-    if meta.permissions().mode() & 0o077 != 0 {
+    if meta.permissions().mode() & 0o022 != 0 {
         return unsafe_(format!(
-            "mode is {:o}: others can read or write it; chmod 700 it",
+            "mode is {:o}: others can write it; chmod go-w it (or 700)",
             meta.permissions().mode() & 0o777
         ));
     }
@@ -333,9 +334,12 @@ mod tests {
         assert!(matches!(e, OpenError::Unsafe(..)), "{e}");
         let open = root.path().join("open");
         fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o775)).unwrap();
+        let e = Store::open(open.clone(), 3, &manifests).err().unwrap();
+        assert!(e.to_string().contains("chmod go-w"), "{e}");
+        // As the kubelet makes a hostPath: fine.
         fs::set_permissions(&open, fs::Permissions::from_mode(0o755)).unwrap();
-        let e = Store::open(open, 3, &manifests).err().unwrap();
-        assert!(e.to_string().contains("chmod 700"), "{e}");
+        Store::open(open, 3, &manifests).unwrap();
         let e = Store::open(root.path().join("r"), 0, &manifests)
             .err()
             .unwrap();
