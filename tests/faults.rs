@@ -869,6 +869,15 @@ const FAULTS: &[Fault] = &[
         test: "tests/kubelet.rs: a_failing_update_is_rolled_back_with_the_kubelets_reason",
     },
     Fault {
+        id: "kubelet-first-revision-fails",
+        area: "kubelet",
+        fault: "the first revision ever written for a template fails on the node (an image it does not have)",
+        kept: "that revision: there is nothing to fall back to",
+        reported: "`RolloutFailed` Event; `podstamp_template_revision{phase=\"failed\"}`",
+        says: "nothing to fall back to: it stays",
+        test: "tests/kubelet.rs: a_first_revision_that_fails_stays_and_is_reported",
+    },
+    Fault {
         id: "revisions-dir-in-manifest-dir",
         area: "kubelet",
         fault: "`--revisions-dir` inside the manifest directory (where the kubelet would run every kept revision)",

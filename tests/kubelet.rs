@@ -617,3 +617,46 @@ fn a_failing_update_is_rolled_back_with_the_kubelets_reason() {
     assert!(status.success(), "teardown: {status}\n{}", node.logs());
     let _ = fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_first_revision_that_fails_stays_and_is_reported() {
+    let _serial = serial();
+    let server = shared_server();
+    let ns = unique("klfirst");
+    let kube = Kube::new(server, &ns);
+    kube.create_namespace();
+    let dir = node_dir("kl-first");
+    let mut node = Node::start(&dir, &server.kubeconfig("admin"), "kl-first");
+    let mut missing = template("web", "1");
+    missing["template"]["spec"]["containers"][0]["image"] = json!("podstamp.test/missing:1");
+    kube.create_template(missing);
+    let daemon = start_podstamp(&dir, server, &ns, &node, &[]);
+    let revision = new_revision(&node, &daemon, None);
+    let note = wait_event(
+        &kube,
+        &node,
+        &daemon,
+        "RolloutFailed",
+        &[
+            &revision,
+            "ErrImageNeverPull",
+            "nothing to fall back to: it stays",
+        ],
+    );
+    assert!(note.contains("node kl-first"), "{note}");
+    let text = fs::read_to_string(node.manifests().join("web.yaml")).unwrap();
+    assert_eq!(revision_of(&text).as_deref(), Some(revision.as_str()));
+    let sample = format!(
+        "podstamp_template_revision{{template=\"{ns}/web\",revision=\"{revision}\",phase=\"failed\"}}"
+    );
+    assert_eq!(daemon.metric(&sample), 1.0, "{sample}");
+    assert_eq!(
+        daemon.metric("podstamp_rollouts_total{result=\"rolled_back\"}"),
+        0.0
+    );
+
+    assert!(daemon.stop().success());
+    let status = node.stop().unwrap();
+    assert!(status.success(), "teardown: {status}\n{}", node.logs());
+    let _ = fs::remove_dir_all(&dir);
+}
