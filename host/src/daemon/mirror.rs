@@ -180,6 +180,9 @@ pub async fn watch(
                 Ok(Event::InitApply(pod) | Event::Apply(pod)) => pod,
                 Ok(Event::InitDone) => {
                     backoff.reset();
+                    if inputs.send(Input::MirrorSynced).is_err() {
+                        return;
+                    }
                     continue;
                 }
                 // A pod gone says nothing about the revision now in place:
@@ -187,6 +190,7 @@ pub async fn watch(
                 Ok(Event::Init | Event::Delete(_)) => continue,
                 Err(e) => {
                     log_watch_error("pods", &e);
+                    let _ = inputs.send(Input::MirrorLost);
                     break;
                 }
             };

@@ -88,6 +88,13 @@ pub enum Input {
     Catalog(Arc<Catalog>),
     /// What a mirror pod of ours says.
     Mirror(Observation),
+    /// The watch on this node's pods listed them all: rollouts can be
+    /// judged from now on.
+    MirrorSynced,
+    /// The watch on this node's pods failed (say, no permission): no
+    /// rollout is judged until it lists again, so that no deadline passes
+    /// for want of a status nobody could read.
+    MirrorLost,
 }
 
 /// A template as a source delivers it.
@@ -205,6 +212,10 @@ pub struct Reconciler {
     /// The revision history; None keeps none (the library's tests).
     revisions: Option<Store>,
     rollouts: Tracker,
+    /// The pods watch has listed and not failed since: only then are
+    /// rollouts followed (never without the API, or without the right to
+    /// read pods).
+    confirming: bool,
 }
 
 impl Reconciler {
@@ -267,6 +278,7 @@ impl Reconciler {
             max_manifest_bytes: crate::plugin::Limits::default().max_output_bytes,
             revisions: None,
             rollouts: Tracker::default(),
+            confirming: false,
         })
     }
 
@@ -340,6 +352,22 @@ impl Reconciler {
             }
             Input::Catalog(catalog) => self.swap_catalog(catalog),
             Input::Mirror(observation) => self.observe(observation),
+            Input::MirrorSynced => {
+                if !self.confirming {
+                    tracing::info!(
+                        "following this node's mirror pods: every revision in place is confirmed"
+                    );
+                    self.confirming = true;
+                    // Each template's revision in place gets followed.
+                    self.mark_all_dirty();
+                }
+            }
+            Input::MirrorLost => {
+                if self.confirming {
+                    self.confirming = false;
+                    self.rollouts.drop_pending();
+                }
+            }
         }
     }
 
@@ -837,6 +865,9 @@ impl Reconciler {
 impl Reconciler {
     /// Follows the revision now in place for `done`'s template.
     fn track(&mut self, done: &Done) {
+        if !self.confirming {
+            return;
+        }
         let id = done.source.as_str();
         if self
             .rollouts

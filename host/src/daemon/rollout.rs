@@ -149,6 +149,12 @@ impl Tracker {
         }
     }
 
+    /// Forgets the rollouts without a verdict: nothing can be known of them
+    /// for now; they are followed anew (as found in place) later.
+    pub fn drop_pending(&mut self) {
+        self.rollouts.retain(|_, r| r.verdict.is_some());
+    }
+
     pub fn get(&self, id: &str) -> Option<&Rollout> {
         self.rollouts.get(id)
     }
