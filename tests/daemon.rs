@@ -825,6 +825,8 @@ fn the_deploy_daemonset_starts_with_its_volumes_as_the_kubelet_makes_them() {
     config["cacheDir"] = json!(cache_dir);
     let manifests = inside(config["daemon"]["manifestDir"].as_str().unwrap());
     config["daemon"]["manifestDir"] = json!(manifests);
+    let revisions = inside(config["daemon"]["revisionsDir"].as_str().unwrap());
+    config["daemon"]["revisionsDir"] = json!(revisions);
     fs::write(&config_file, serde_norway::to_string(&config).unwrap()).unwrap();
 
     let port = free_port();

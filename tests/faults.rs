@@ -915,6 +915,51 @@ const FAULTS: &[Fault] = &[
         test: "an_undecodable_node_field_stops_nothing",
     },
     Fault {
+        id: "kubelet-crash-loop",
+        area: "kubelet",
+        fault: "an update whose container exits 1, run by the real kubelet (its `CrashLoopBackOff`; the container is Ready for a moment first)",
+        kept: "the previous good revision, written back from the revision history and Ready again; the failed revision is held (not written again while the template renders it)",
+        reported: "`RolloutFailed` Event with the kubelet's reason and the last exit code; `podstamp_rollouts_total{result=\"failed\"}` and `{result=\"rolled_back\"}`; `podstamp_template_revision{phase}`",
+        says: "CrashLoopBackOff",
+        test: "tests/kubelet.rs: a_failing_update_is_rolled_back_with_the_kubelets_reason",
+    },
+    Fault {
+        id: "kubelet-image-not-present",
+        area: "kubelet",
+        fault: "an update to an image the node does not have, with `imagePullPolicy: Never`",
+        kept: "the previous good revision, written back and Ready again",
+        reported: "`RolloutFailed` Event with the kubelet's reason",
+        says: "ErrImageNeverPull",
+        test: "tests/kubelet.rs: a_failing_update_is_rolled_back_with_the_kubelets_reason",
+    },
+    Fault {
+        id: "kubelet-first-revision-fails",
+        area: "kubelet",
+        fault: "the first revision ever written for a template fails on the node (an image it does not have)",
+        kept: "that revision: there is nothing to fall back to",
+        reported: "`RolloutFailed` Event; `podstamp_template_revision{phase=\"failed\"}`",
+        says: "nothing to fall back to: it stays",
+        test: "tests/kubelet.rs: a_first_revision_that_fails_stays_and_is_reported",
+    },
+    Fault {
+        id: "revisions-dir-in-manifest-dir",
+        area: "kubelet",
+        fault: "`--revisions-dir` inside the manifest directory (where the kubelet would run every kept revision)",
+        kept: "nothing created or written; the daemon does not start (exit 2)",
+        reported: "one line on stderr",
+        says: "is the manifest directory or inside it",
+        test: "an_unsafe_revisions_dir_is_refused_at_start",
+    },
+    Fault {
+        id: "revisions-dir-open",
+        area: "kubelet",
+        fault: "`--revisions-dir` that others can write (mode 0777)",
+        kept: "nothing written; the daemon does not start (exit 2)",
+        reported: "one line on stderr",
+        says: "others can write it; chmod go-w it",
+        test: "an_unsafe_revisions_dir_is_refused_at_start",
+    },
+    Fault {
         id: "deploy-cache-volume",
         area: "deploy",
         fault: "deploy/'s DaemonSet started with each volume as the kubelet makes it (its cache was an emptyDir, 0777: `podstamp run` exited 2)",
@@ -1000,6 +1045,7 @@ fn docs_reliability_md_is_the_fault_table() {
                 "tests/fuzz.rs" => include_str!("fuzz.rs"),
                 "tests/sandbox.rs" => include_str!("sandbox.rs"),
                 "tests/render.rs" => include_str!("render.rs"),
+                "tests/kubelet.rs" => include_str!("kubelet.rs"),
                 other => panic!("fault {}: unknown file {other}", f.id),
             };
             assert!(
@@ -3119,4 +3165,43 @@ fn render_to(input: &Path, output: &Path) -> std::process::Output {
         "-o",
         output.to_str().unwrap(),
     ])
+}
+
+#[test]
+fn an_unsafe_revisions_dir_is_refused_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let (templates, manifests) = (tmp.path().join("templates"), tmp.path().join("manifests"));
+    fs::create_dir(&templates).unwrap();
+    fs::create_dir(&manifests).unwrap();
+    let open = tmp.path().join("open");
+    fs::create_dir(&open).unwrap();
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+    let source = format!("dir:{}", templates.display());
+    for (id, dir) in [
+        ("revisions-dir-in-manifest-dir", manifests.join("revisions")),
+        ("revisions-dir-open", open),
+    ] {
+        let fault = row(id);
+        let out = common::podstamp(&[
+            "run",
+            "--source",
+            &source,
+            "--node-name",
+            "n1",
+            "--listen",
+            "127.0.0.1:0",
+            "--manifest-dir",
+            manifests.to_str().unwrap(),
+            "--revisions-dir",
+            dir.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{id}: {stderr}");
+        assert!(stderr.contains(fault.says), "{id}: {stderr}");
+        assert!(stderr.contains(dir.to_str().unwrap()), "{id}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{id}: {stderr}");
+    }
+    // Nothing was created in the manifest directory.
+    assert_eq!(fs::read_dir(&manifests).unwrap().count(), 0);
 }

@@ -327,3 +327,336 @@ fn a_failing_test_leaves_nothing_running_or_mounted() {
     assert_eq!(leftovers(&dir, &cgroup_root), Vec::<String>::new());
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// A changed static pod restarts after the kubelet's fixed 10 s back-off;
+/// a crash loop or a rollback adds one more of those: generous.
+const ROLLOUT: Duration = Duration::from_secs(150);
+
+/// `podstamp run` for `node`, with the test's configuration and `extra` flags.
+fn start_podstamp(dir: &Path, server: &ApiServer, ns: &str, node: &Node, extra: &[&str]) -> Daemon {
+    let config = write_config(dir);
+    let kubeconfig = server.kubeconfig("admin");
+    let manifests = node.manifests();
+    let mut args = vec![
+        "--config",
+        config.to_str().unwrap(),
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--namespace",
+        ns,
+        "--node-name",
+        &node.name,
+        "--manifest-dir",
+        manifests.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    Daemon::start(&args, dir.join("podstamp.log"))
+}
+
+/// The `podstamp.io/revision` label of a manifest's text.
+fn revision_of(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("podstamp.io/revision: "))
+        .map(|v| v.trim_matches('"').to_string())
+}
+
+/// The revision of `web.yaml` in the manifest directory, once it is not `old`.
+fn new_revision(node: &Node, daemon: &Daemon, old: Option<&str>) -> String {
+    converge("a new revision in the manifest", node, daemon, || {
+        let text = fs::read_to_string(node.manifests().join("web.yaml")).ok()?;
+        revision_of(&text).filter(|r| Some(r.as_str()) != old)
+    })
+}
+
+fn mirror_revision(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .labels
+        .as_ref()?
+        .get("podstamp.io/revision")
+        .map(String::as_str)
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Waits for an Event `reason` on PodTemplate web whose note has every one of `words`.
+fn wait_event(kube: &Kube, node: &Node, daemon: &Daemon, reason: &str, words: &[&str]) -> String {
+    use k8s_openapi::api::events::v1::Event;
+    let api: Api<Event> = Api::namespaced(kube.client.clone(), &kube.ns);
+    let what = format!("Event {reason} with {words:?}");
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(&what, ROLLOUT, || {
+            daemon.assert_running();
+            let events = kube
+                .rt
+                .block_on(api.list(&Default::default()))
+                .unwrap()
+                .items;
+            events.into_iter().find_map(|e| {
+                let note = e.note.clone().unwrap_or_default();
+                (e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web")
+                    && words.iter().all(|w| note.contains(w)))
+                .then_some(note)
+            })
+        })
+    }));
+    found.unwrap_or_else(|_| {
+        panic!(
+            "timed out waiting for {what}\ncontainers: {:#?}\n{}\npodstamp's log:\n{}",
+            node.containers(),
+            node.logs(),
+            daemon.logs()
+        )
+    })
+}
+
+/// Waits for the mirror pod Ready with `revision`, and its container with
+/// `env` running.
+fn wait_ready_revision(kube: &Kube, node: &Node, daemon: &Daemon, revision: &str, env: &str) {
+    let mirror = format!("web-{}", node.name);
+    let what = format!("the mirror pod Ready with revision {revision} and {env} running");
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(&what, ROLLOUT, || {
+            daemon.assert_running();
+            let pod = kube.pod(&mirror)?;
+            let running = node.running(&mirror);
+            (mirror_revision(&pod) == Some(revision)
+                && is_ready(&pod)
+                && running.len() == 1
+                && running[0].has_env(env))
+            .then_some(())
+        })
+    }));
+    found.unwrap_or_else(|_| {
+        panic!(
+            "timed out waiting for {what}\nmirror pod: {:#?}\ncontainers: {:#?}\n{}\npodstamp's log:\n{}",
+            kube.pod(&mirror).map(|p| (p.metadata.labels, p.status)),
+            node.containers(),
+            node.logs(),
+            daemon.logs()
+        )
+    })
+}
+
+/// The files the kubelet reads in its manifest directory.
+fn kubelet_files(node: &Node) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(node.manifests())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_good_update_is_confirmed_ready_with_its_revision_and_the_history_stays_bounded() {
+    let _serial = serial();
+    let server = shared_server();
+    let ns = unique("klrev");
+    let kube = Kube::new(server, &ns);
+    kube.create_namespace();
+    let dir = node_dir("kl-rev");
+    let mut node = Node::start(&dir, &server.kubeconfig("admin"), "kl-rev");
+    let history = dir.join("history");
+    let _ = fs::remove_dir_all(&history);
+    kube.create_template(template("web", "1"));
+    let daemon = start_podstamp(
+        &dir,
+        server,
+        &ns,
+        &node,
+        &[
+            "--revisions-dir",
+            history.to_str().unwrap(),
+            "--revision-history",
+            "2",
+        ],
+    );
+    let kept_dir = history.join(format!("{ns}_web"));
+    let mut revisions: Vec<String> = Vec::new();
+    for version in ["1", "2", "3"] {
+        if version != "1" {
+            kube.patch_template(
+                "web",
+                json!({"template": {"spec": {"containers": [{"name": "main", "env": [{"name": "VERSION", "value": version}]}]}}}),
+            );
+        }
+        let revision = new_revision(&node, &daemon, revisions.last().map(String::as_str));
+        // Confirmed: the mirror pod shows the revision, Ready; an Event and
+        // the metrics say so.
+        wait_ready_revision(
+            &kube,
+            &node,
+            &daemon,
+            &revision,
+            &format!("VERSION={version}"),
+        );
+        let note = wait_event(&kube, &node, &daemon, "RolloutSucceeded", &[&revision]);
+        assert!(note.contains("node kl-rev"), "{note}");
+        let sample = format!(
+            "podstamp_template_revision{{template=\"{ns}/web\",revision=\"{revision}\",phase=\"ready\"}}"
+        );
+        assert_eq!(daemon.metric(&sample), 1.0, "{sample}");
+        revisions.push(revision);
+        // The history: at most 2, the newest the revision in place, each
+        // the manifest that was written; never a file the kubelet reads.
+        let mut kept: Vec<String> = fs::read_dir(&kept_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        kept.sort();
+        let start = revisions.len().saturating_sub(2);
+        let expected: Vec<String> = revisions[start..]
+            .iter()
+            .enumerate()
+            .map(|(i, r)| format!("{:08}-{r}.yaml", start + i + 1))
+            .collect();
+        assert_eq!(kept, expected);
+        assert_eq!(
+            fs::read(kept_dir.join(expected.last().unwrap())).unwrap(),
+            fs::read(node.manifests().join("web.yaml")).unwrap()
+        );
+        assert_eq!(kubelet_files(&node), ["web.yaml"]);
+    }
+    assert_eq!(
+        daemon.metric("podstamp_rollouts_total{result=\"succeeded\"}"),
+        3.0
+    );
+    assert_eq!(
+        daemon.metric("podstamp_rollouts_total{result=\"failed\"}"),
+        0.0
+    );
+
+    assert!(daemon.stop().success());
+    let status = node.stop().unwrap();
+    assert!(status.success(), "teardown: {status}\n{}", node.logs());
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_failing_update_is_rolled_back_with_the_kubelets_reason() {
+    let _serial = serial();
+    let server = shared_server();
+    let ns = unique("klback");
+    let kube = Kube::new(server, &ns);
+    kube.create_namespace();
+    let dir = node_dir("kl-back");
+    let mut node = Node::start(&dir, &server.kubeconfig("admin"), "kl-back");
+    kube.create_template(template("web", "1"));
+    let daemon = start_podstamp(&dir, server, &ns, &node, &["--resync", "1s"]);
+    let good = new_revision(&node, &daemon, None);
+    wait_ready_revision(&kube, &node, &daemon, &good, "VERSION=1");
+    wait_event(&kube, &node, &daemon, "RolloutSucceeded", &[&good]);
+
+    // A container that exits 1: the kubelet's CrashLoopBackOff, rolled back.
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "main", "command": ["sh", "-c", "exit 1"]}]}}}),
+    );
+    let crashing = new_revision(&node, &daemon, Some(&good));
+    let note = wait_event(
+        &kube,
+        &node,
+        &daemon,
+        "RolloutFailed",
+        &[
+            &crashing,
+            "CrashLoopBackOff",
+            &format!("rolled back to revision {good}"),
+        ],
+    );
+    assert!(note.contains("last exit code 1"), "{note}");
+    wait_ready_revision(&kube, &node, &daemon, &good, "VERSION=1");
+    let text = fs::read_to_string(node.manifests().join("web.yaml")).unwrap();
+    assert_eq!(revision_of(&text).as_deref(), Some(good.as_str()));
+    // Held: every resync renders the failed revision again and writes
+    // nothing (two more renders, the manifest unchanged).
+    let unchanged = daemon.metric("podstamp_renders_total{result=\"unchanged\"}");
+    converge("two more renders", &node, &daemon, || {
+        (daemon.metric("podstamp_renders_total{result=\"unchanged\"}") >= unchanged + 2.0)
+            .then_some(())
+    });
+    assert_eq!(
+        fs::read_to_string(node.manifests().join("web.yaml")).unwrap(),
+        text
+    );
+
+    // An image that is not there: ErrImageNeverPull, rolled back.
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "main", "image": "podstamp.test/missing:1", "command": ["sleep", "3600"]}]}}}),
+    );
+    let missing = new_revision(&node, &daemon, Some(&good));
+    assert_ne!(missing, crashing);
+    wait_event(
+        &kube,
+        &node,
+        &daemon,
+        "RolloutFailed",
+        &[
+            &missing,
+            "ErrImageNeverPull",
+            &format!("rolled back to revision {good}"),
+        ],
+    );
+    wait_ready_revision(&kube, &node, &daemon, &good, "VERSION=1");
+    assert_eq!(
+        daemon.metric("podstamp_rollouts_total{result=\"rolled_back\"}"),
+        2.0
+    );
+    assert_eq!(kubelet_files(&node), ["web.yaml"]);
+
+    assert!(daemon.stop().success());
+    let status = node.stop().unwrap();
+    assert!(status.success(), "teardown: {status}\n{}", node.logs());
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_first_revision_that_fails_stays_and_is_reported() {
+    let _serial = serial();
+    let server = shared_server();
+    let ns = unique("klfirst");
+    let kube = Kube::new(server, &ns);
+    kube.create_namespace();
+    let dir = node_dir("kl-first");
+    let mut node = Node::start(&dir, &server.kubeconfig("admin"), "kl-first");
+    let mut missing = template("web", "1");
+    missing["template"]["spec"]["containers"][0]["image"] = json!("podstamp.test/missing:1");
+    kube.create_template(missing);
+    let daemon = start_podstamp(&dir, server, &ns, &node, &[]);
+    let revision = new_revision(&node, &daemon, None);
+    let note = wait_event(
+        &kube,
+        &node,
+        &daemon,
+        "RolloutFailed",
+        &[
+            &revision,
+            "ErrImageNeverPull",
+            "nothing to fall back to: it stays",
+        ],
+    );
+    assert!(note.contains("node kl-first"), "{note}");
+    let text = fs::read_to_string(node.manifests().join("web.yaml")).unwrap();
+    assert_eq!(revision_of(&text).as_deref(), Some(revision.as_str()));
+    let sample = format!(
+        "podstamp_template_revision{{template=\"{ns}/web\",revision=\"{revision}\",phase=\"failed\"}}"
+    );
+    assert_eq!(daemon.metric(&sample), 1.0, "{sample}");
+    assert_eq!(
+        daemon.metric("podstamp_rollouts_total{result=\"rolled_back\"}"),
+        0.0
+    );
+
+    assert!(daemon.stop().success());
+    let status = node.stop().unwrap();
+    assert!(status.success(), "teardown: {status}\n{}", node.logs());
+    let _ = fs::remove_dir_all(&dir);
+}

@@ -72,6 +72,10 @@ pub struct DaemonEntry {
     pub resync: Option<String>,
     /// The catalog from a ConfigMap instead of `plugins` and `chain`.
     pub catalog: Option<CatalogRef>,
+    /// Where the last manifests of each template are kept.
+    pub revisions_dir: Option<PathBuf>,
+    /// How many manifests are kept per template.
+    pub revision_history: Option<usize>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

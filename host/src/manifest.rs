@@ -5,6 +5,13 @@
 //! content. The daemon manages only files that carry them, and the hash tells
 //! a file podstamp wrote from one somebody edited since.
 //!
+//! Every manifest also carries its revision in the label
+//! `podstamp.io/revision`, where the mirror pod shows it: the first
+//! [`REVISION_LEN`] hex digits of the SHA-256 of the pod's YAML without the
+//! label and without the hash annotation. It depends on the content alone
+//! (never on a revision or hash the template carried), so the same content
+//! always has the same revision, and the content hash covers the label.
+//!
 //! A [`Manifest`] is only ever made by reading its bytes back with the
 //! reader [`ownership`] uses (the daemon's way of recognising its files at
 //! start), refused unless they read back as exactly the pod it was given: a
@@ -24,6 +31,11 @@ use crate::yaml::to_yaml;
 
 pub const SOURCE_ANNOTATION: &str = "podstamp.io/source";
 pub const HASH_ANNOTATION: &str = "podstamp.io/content-hash";
+pub const REVISION_LABEL: &str = "podstamp.io/revision";
+/// Hex digits of a revision: short enough to read in `kubectl get pods
+/// --show-labels`, long enough (40 bits) that two revisions of one
+/// template do not collide in practice.
+pub const REVISION_LEN: usize = 10;
 
 /// A rendered static pod manifest.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +45,8 @@ pub struct Manifest {
     pub source: String,
     /// `sha256:<hex>` of the manifest with the hash annotation left out.
     pub content_hash: String,
+    /// The `podstamp.io/revision` label: see the module's doc.
+    pub revision: String,
     /// The file's bytes.
     pub bytes: Vec<u8>,
 }
@@ -114,10 +128,31 @@ pub fn finish_unverified(mut pod: Value, namespace: &str, source: &str) -> Unver
     }
     let annotations = annotations.as_object_mut().expect("just made an object");
     annotations.insert(SOURCE_ANNOTATION.into(), Value::String(source.to_string()));
-    annotations.insert(
-        HASH_ANNOTATION.into(),
-        Value::String(HASH_PLACEHOLDER.into()),
-    );
+    annotations.remove(HASH_ANNOTATION);
+    let labels = metadata
+        .entry("labels")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !labels.is_object() {
+        *labels = Value::Object(Map::new());
+    }
+    labels
+        .as_object_mut()
+        .expect("just made an object")
+        .remove(REVISION_LABEL);
+    if labels.as_object().is_some_and(Map::is_empty) {
+        metadata.remove("labels");
+    }
+    let revision = revision_of(&pod);
+    let metadata = pod["metadata"]
+        .as_object_mut()
+        .expect("a validated pod's metadata is an object");
+    metadata
+        .entry("labels")
+        .or_insert_with(|| Value::Object(Map::new()))
+        .as_object_mut()
+        .expect("labels are an object")
+        .insert(REVISION_LABEL.into(), Value::String(revision.clone()));
+    metadata["annotations"][HASH_ANNOTATION] = Value::String(HASH_PLACEHOLDER.into());
 
     let mut text =
         format!("# Written by podstamp from PodTemplate {source}. Edits are overwritten.\n");
@@ -149,6 +184,7 @@ pub fn finish_unverified(mut pod: Value, namespace: &str, source: &str) -> Unver
             pod_name,
             source: source.to_string(),
             content_hash,
+            revision,
             bytes: text.into_bytes(),
         },
         pod,
@@ -198,6 +234,12 @@ const HASH_PLACEHOLDER: &str =
 fn hash_of(pod_without_hash: &Value) -> String {
     let digest = Sha256::digest(to_yaml(pod_without_hash).as_bytes());
     format!("sha256:{}", hex::encode(digest))
+}
+
+/// The revision of a pod without its revision label and hash annotation.
+fn revision_of(pod: &Value) -> String {
+    let digest = Sha256::digest(to_yaml(pod).as_bytes());
+    hex::encode(digest)[..REVISION_LEN].to_string()
 }
 
 /// What a manifest file says about its owner.
@@ -274,6 +316,7 @@ mod tests {
         let mut expected = p;
         expected["metadata"]["namespace"] = json!("kube-system");
         expected["metadata"]["annotations"][SOURCE_ANNOTATION] = json!("default/web");
+        expected["metadata"]["labels"] = json!({REVISION_LABEL: m.revision});
         assert_eq!(m.content_hash, hash_of(&expected));
         expected["metadata"]["annotations"][HASH_ANNOTATION] = json!(m.content_hash);
         let text = String::from_utf8(m.bytes).unwrap();
@@ -318,5 +361,33 @@ mod tests {
             finish(stale, "kube-system", "default/web").unwrap(),
             finish(pod(), "kube-system", "default/web").unwrap()
         );
+    }
+
+    #[test]
+    fn the_revision_is_a_label_of_the_content_alone() {
+        let m = finish(pod(), "kube-system", "default/web").unwrap();
+        assert_eq!(m.revision.len(), REVISION_LEN);
+        assert!(m.revision.bytes().all(|b| b.is_ascii_hexdigit()));
+        let back: Value = parse_document(&m.bytes, "manifest").unwrap();
+        assert_eq!(
+            back["metadata"]["labels"][REVISION_LABEL],
+            json!(m.revision)
+        );
+        // A stale revision in the template changes nothing.
+        let mut stale = pod();
+        stale["metadata"]["labels"] = json!({REVISION_LABEL: "0123456789"});
+        assert_eq!(finish(stale, "kube-system", "default/web").unwrap(), m);
+        // Other content, another revision; other labels are kept.
+        let mut other = pod();
+        other["metadata"]["labels"] = json!({"app": "web"});
+        let o = finish(other, "kube-system", "default/web").unwrap();
+        assert_ne!(o.revision, m.revision);
+        let back: Value = parse_document(&o.bytes, "manifest").unwrap();
+        assert_eq!(back["metadata"]["labels"]["app"], json!("web"));
+        // The content hash covers the label: an edit of it is an edit.
+        let edited = String::from_utf8(m.bytes.clone())
+            .unwrap()
+            .replace(&m.revision, "ffffffffff");
+        assert_eq!(ownership(edited.as_bytes()).map(|o| o.intact), Some(false));
     }
 }

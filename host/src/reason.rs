@@ -29,6 +29,12 @@ pub enum Reason {
     /// A new plugin catalog from the API was refused whole (an Event on the
     /// ConfigMap at fault); the catalog in use keeps serving.
     CatalogRefused,
+    /// Not a render failure: a revision written became Ready on this node
+    /// (a Normal Event; never counted in `podstamp_render_failures_total`).
+    RolloutSucceeded,
+    /// A revision written failed on this node (the kubelet's reason, or not
+    /// Ready within its progress deadline).
+    RolloutFailed,
 }
 
 impl Reason {
@@ -44,6 +50,8 @@ impl Reason {
             Reason::ForeignFile => "ForeignFile",
             Reason::WriteFailed => "WriteFailed",
             Reason::CatalogRefused => "CatalogRefused",
+            Reason::RolloutSucceeded => "RolloutSucceeded",
+            Reason::RolloutFailed => "RolloutFailed",
         }
     }
 }

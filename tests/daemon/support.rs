@@ -219,6 +219,15 @@ impl Daemon {
                 "PODSTAMP_CACHE_DIR",
                 repo().join("target/test-plugin-cache"),
             )
+            // Not in the machine's /var/lib/podstamp, nor in the test's
+            // directory (tests check what is written there); the same for
+            // a restart of the same daemon (the same log).
+            .env(
+                "PODSTAMP_REVISIONS_DIR",
+                repo()
+                    .join("target/test-revisions")
+                    .join(log.to_string_lossy().replace('/', "_")),
+            )
             .current_dir(repo())
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -474,6 +474,7 @@ impl CatalogSource for ApiSource {
             reference,
             reason: Reason::CatalogRefused,
             note: note.clone(),
+            related: None,
         };
         // On the catalog ConfigMap because of a plugin ConfigMap (deleted,
         // or not granted): that one is the Event's related object.

@@ -141,6 +141,8 @@ pub fn node_local(config: &ConfigFile) -> Vec<(&'static str, String)> {
         ("daemon.manifestDir", shown(&d.manifest_dir)),
         ("daemon.listen", shown(&d.listen)),
         ("daemon.resync", shown(&d.resync)),
+        ("daemon.revisionsDir", shown(&d.revisions_dir)),
+        ("daemon.revisionHistory", shown(&d.revision_history)),
         ("limits.timeout", shown(&l.timeout)),
         ("limits.memory", shown(&l.memory)),
         ("limits.maxManifestSize", shown(&l.max_manifest_size)),

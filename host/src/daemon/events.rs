@@ -1,5 +1,5 @@
-//! Kubernetes Events (events.k8s.io/v1) about templates that fail to render,
-//! and about catalog ConfigMaps whose new catalog is refused.
+//! Kubernetes Events (events.k8s.io/v1) about templates (failed renders,
+//! rollouts) and about catalog ConfigMaps whose new catalog is refused.
 //!
 //! The reconciler reports each distinct failure once; a task publishes them
 //! with kube-runtime's recorder, which turns a repeat of the same event into
@@ -41,14 +41,14 @@ pub struct Report {
     pub reason: Reason,
     /// Names the node, the plugin and the error.
     pub note: String,
+    /// Another object the Event is about (a rollout's mirror pod). Events
+    /// differing in it are distinct Events, not a series of one.
+    pub related: Option<ObjectReference>,
 }
-
-/// A report, and the object it relates to (the Event's `related`), if any.
-type Queued = (Report, Option<ObjectReference>);
 
 #[derive(Clone)]
 pub struct EventSink {
-    queue: Sender<Queued>,
+    queue: Sender<Report>,
     metrics: Arc<Metrics>,
     drops: Arc<Mutex<Drops>>,
 }
@@ -61,25 +61,20 @@ struct Drops {
 }
 
 impl EventSink {
-    /// Queues `report` for the API server, or drops it if the queue is full.
-    pub fn report(&self, report: Report) {
-        self.queue(report, None);
-    }
-
     /// [`EventSink::report`], with the Event's `related` object: a failure
     /// on `report.reference` caused by `related` (a refused catalog, on the
-    /// catalog ConfigMap, because of a plugin ConfigMap). Events of the same
-    /// reason on the same object but another related object are not folded
-    /// into one series.
-    pub fn report_related(&self, report: Report, related: ObjectReference) {
-        self.queue(report, Some(related));
+    /// catalog ConfigMap, because of a plugin ConfigMap).
+    pub fn report_related(&self, mut report: Report, related: ObjectReference) {
+        report.related = Some(related);
+        self.report(report);
     }
 
-    fn queue(&self, mut report: Report, related: Option<ObjectReference>) {
+    /// Queues `report` for the API server, or drops it if the queue is full.
+    pub fn report(&self, mut report: Report) {
         report.note = truncate(&report.note, MAX_NOTE_BYTES);
-        match self.queue.try_send((report, related)) {
+        match self.queue.try_send(report) {
             Ok(()) => {}
-            Err(TrySendError::Full((report, _))) => self.dropped(&report),
+            Err(TrySendError::Full(report)) => self.dropped(&report),
             // The publisher is gone: the daemon is stopping.
             Err(TrySendError::Closed(_)) => {}
         }
@@ -106,7 +101,7 @@ impl EventSink {
 }
 
 /// A sink and the queue it feeds.
-fn sink(metrics: Arc<Metrics>) -> (EventSink, Receiver<Queued>) {
+fn sink(metrics: Arc<Metrics>) -> (EventSink, Receiver<Report>) {
     let (queue, rx) = channel(QUEUE);
     let sink = EventSink {
         queue,
@@ -131,19 +126,21 @@ pub fn recorder(
     (tx, publish(recorder, rx))
 }
 
-async fn publish(recorder: Recorder, mut rx: Receiver<Queued>) {
-    while let Some((report, related)) = rx.recv().await {
+async fn publish(recorder: Recorder, mut rx: Receiver<Report>) {
+    while let Some(report) = rx.recv().await {
+        let (type_, action) = match report.reason {
+            Reason::RolloutSucceeded => (EventType::Normal, "Rollout"),
+            Reason::RolloutFailed => (EventType::Warning, "Rollout"),
+            // What podstamp was doing with the object the Event is on.
+            Reason::CatalogRefused => (EventType::Warning, "Reload"),
+            _ => (EventType::Warning, "Render"),
+        };
         let event = Event {
-            type_: EventType::Warning,
+            type_,
             reason: report.reason.to_string(),
             note: Some(report.note),
-            // What podstamp was doing with the object the Event is on.
-            action: match report.reason {
-                Reason::CatalogRefused => "Reload",
-                _ => "Render",
-            }
-            .to_string(),
-            secondary: related,
+            action: action.to_string(),
+            secondary: report.related,
         };
         if let Err(e) = recorder.publish(&event, &report.reference).await {
             tracing::warn!(
@@ -171,6 +168,7 @@ mod tests {
             reference: ObjectReference::default(),
             reason: Reason::RenderFailed,
             note,
+            related: None,
         }
     }
 
@@ -190,7 +188,7 @@ mod tests {
             "{}",
             metrics.exposition()
         );
-        let first = rx.try_recv().unwrap().0;
+        let first = rx.try_recv().unwrap();
         assert!(
             first.note.starts_with("failure 0: "),
             "{}",
@@ -198,14 +196,14 @@ mod tests {
         );
         assert!(first.note.len() <= MAX_NOTE_BYTES, "{}", first.note.len());
         let mut queued = 1;
-        while let Ok((r, _)) = rx.try_recv() {
+        while let Ok(r) = rx.try_recv() {
             assert!(r.note.len() <= MAX_NOTE_BYTES);
             queued += 1;
         }
         assert_eq!(queued, QUEUE, "the oldest are kept, the newest dropped");
         // Room again: reports are queued again.
         sink.report(report("later".into()));
-        assert_eq!(rx.try_recv().unwrap().0.note, "later");
+        assert_eq!(rx.try_recv().unwrap().note, "later");
     }
 
     #[test]

@@ -47,6 +47,9 @@ struct Inner {
     reloads: BTreeMap<&'static str, u64>,
     /// The digest of the catalog in use; None until one is.
     catalog: Option<String>,
+    /// Per template: the revision in place and its rollout phase.
+    rollouts: BTreeMap<String, (String, &'static str)>,
+    rollout_results: BTreeMap<&'static str, u64>,
 }
 
 /// Everything `/metrics` and `/readyz` report; shared by the daemon's parts.
@@ -166,6 +169,23 @@ impl Metrics {
 
     pub fn watch_restart(&self, watch: &'static str) {
         *self.lock().watch_restarts.entry(watch).or_default() += 1;
+    }
+
+    /// Template `id`'s revision in place and its rollout phase.
+    pub fn set_rollout(&self, id: &str, revision: &str, phase: &'static str) {
+        self.lock()
+            .rollouts
+            .insert(id.to_string(), (revision.to_string(), phase));
+    }
+
+    pub fn forget_rollout(&self, id: &str) {
+        self.lock().rollouts.remove(id);
+    }
+
+    /// A rollout ended: `succeeded`, `failed`; `rolled_back` besides
+    /// `failed` when the previous revision was written back.
+    pub fn rollout_result(&self, result: &'static str) {
+        *self.lock().rollout_results.entry(result).or_default() += 1;
     }
 
     pub fn set_ready(&self) {
@@ -298,6 +318,28 @@ impl Metrics {
                 "podstamp_catalog_info{{digest=\"{}\"}} 1",
                 escape(digest)
             );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_template_revision The revision in this node's manifest for each template, by its rollout phase (written, running, ready, failed).\n\
+             # TYPE podstamp_template_revision gauge"
+        );
+        for (template, (revision, phase)) in &inner.rollouts {
+            let _ = writeln!(
+                out,
+                "podstamp_template_revision{{template=\"{}\",revision=\"{}\",phase=\"{phase}\"}} 1",
+                escape(template),
+                escape(revision)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_rollouts_total Rollouts ended on this node, by result (succeeded, failed; rolled_back counts the failed ones rolled back).\n\
+             # TYPE podstamp_rollouts_total counter"
+        );
+        for result in ["succeeded", "failed", "rolled_back"] {
+            let n = inner.rollout_results.get(result).copied().unwrap_or(0);
+            let _ = writeln!(out, "podstamp_rollouts_total{{result=\"{result}\"}} {n}");
         }
         let _ = writeln!(
             out,

@@ -18,11 +18,14 @@ pub mod config_file;
 pub mod configmaps;
 pub mod events;
 pub mod metrics;
+pub mod mirror;
 mod poll;
 pub mod raw;
 pub mod reconcile;
 pub mod reload;
+pub mod revisions;
 mod rlimit;
+pub mod rollout;
 pub mod source;
 pub mod watch_file;
 
@@ -84,6 +87,12 @@ pub struct RunArgs {
     /// resourceVersion, in whole seconds, e.g. 5m [default: 290s].
     #[arg(long, value_name = "DURATION")]
     pub watch_timeout: Option<String>,
+    /// Where the last manifests of each template are kept, outside the manifest directory [default: /var/lib/podstamp/revisions].
+    #[arg(long, env = "PODSTAMP_REVISIONS_DIR", value_name = "DIR")]
+    pub revisions_dir: Option<PathBuf>,
+    /// How many manifests are kept per template in the revisions directory [default: 3].
+    #[arg(long, value_name = "N")]
+    pub revision_history: Option<usize>,
     /// Where compiled plugin code is cached [default: the config's cacheDir, $PODSTAMP_CACHE_DIR, $XDG_CACHE_HOME/podstamp or ~/.cache/podstamp].
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
@@ -113,6 +122,8 @@ struct Settings {
     max_manifest_bytes: usize,
     /// Seconds; None: kube-rs's default.
     watch_timeout: Option<u32>,
+    revisions_dir: PathBuf,
+    revision_history: usize,
 }
 
 fn settings(args: &RunArgs, config: &ConfigFile) -> Result<Settings, String> {
@@ -182,6 +193,15 @@ fn settings(args: &RunArgs, config: &ConfigFile) -> Result<Settings, String> {
         resync,
         max_manifest_bytes: crate::plugin::Limits::default().max_output_bytes,
         watch_timeout,
+        revisions_dir: args
+            .revisions_dir
+            .clone()
+            .or_else(|| d.revisions_dir.clone())
+            .unwrap_or_else(|| PathBuf::from(revisions::DEFAULT_DIR)),
+        revision_history: args
+            .revision_history
+            .or(d.revision_history)
+            .unwrap_or(revisions::DEFAULT_HISTORY),
     })
 }
 
@@ -388,6 +408,14 @@ fn in_use(
         ),
         ("daemon.listen", settings.listen.to_string()),
         ("daemon.resync", format!("{:?}", settings.resync)),
+        (
+            "daemon.revisionsDir",
+            settings.revisions_dir.display().to_string(),
+        ),
+        (
+            "daemon.revisionHistory",
+            settings.revision_history.to_string(),
+        ),
         ("limits.timeout", format!("{:?}", limits.timeout)),
         ("limits.memory", format!("{} bytes", limits.memory_bytes)),
         (
@@ -435,6 +463,14 @@ async fn run(
     ) {
         Ok(mut r) => {
             r.set_max_manifest_size(settings.max_manifest_bytes);
+            match revisions::Store::open(
+                settings.revisions_dir.clone(),
+                settings.revision_history,
+                &settings.manifest_dir,
+            ) {
+                Ok(store) => r.set_revisions(store),
+                Err(e) => return usage(e),
+            }
             r
         }
         Err(e) => return usage(format!("{}: {e}", settings.manifest_dir.display())),
@@ -487,6 +523,14 @@ async fn run(
         (Source::Api { .. }, Some(client)) => {
             tokio::spawn(source::watch_node(
                 client.clone(),
+                settings.node_name.clone(),
+                settings.watch_timeout,
+                inputs.clone(),
+                metrics.clone(),
+            ));
+            tokio::spawn(mirror::watch(
+                client.clone(),
+                settings.namespace.clone(),
                 settings.node_name.clone(),
                 settings.watch_timeout,
                 inputs.clone(),

@@ -25,6 +25,11 @@
 //! * A new catalog replaces the old one between two passes, whole; only the
 //!   templates whose chain changed (its [`Chain::fingerprint`], or the error
 //!   naming it) are rendered again: every other manifest is left untouched.
+//! * Every revision in place is followed through its mirror pod
+//!   ([`super::rollout`]); a new revision that fails within its progress
+//!   deadline is replaced by the previous good one from the revision history
+//!   ([`super::revisions`]), and is not written again while the template
+//!   renders it. A first revision has nothing to fall back to: it stays.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -48,6 +53,9 @@ use crate::write::{self, Outcome};
 
 use super::events::{EventSink, Report};
 use super::metrics::{Metrics, RenderResult};
+use super::mirror::Observation;
+use super::revisions::Store;
+use super::rollout::{self, Phase, Tracker, Verdict};
 
 /// Files larger than this in the manifest directory are not read for
 /// ownership (no manifest podstamp writes is near it).
@@ -78,6 +86,15 @@ pub enum Input {
     /// A whole, loaded catalog to use from the next pass on. Shared with the
     /// loader, which keeps it to compare (and reuse) at the next reload.
     Catalog(Arc<Catalog>),
+    /// What a mirror pod of ours says.
+    Mirror(Observation),
+    /// The watch on this node's pods listed them all: rollouts can be
+    /// judged from now on.
+    MirrorSynced,
+    /// The watch on this node's pods failed (say, no permission): no
+    /// rollout is judged until it lists again, so that no deadline passes
+    /// for want of a status nobody could read.
+    MirrorLost,
 }
 
 /// A template as a source delivers it.
@@ -133,6 +150,9 @@ struct Entry {
     /// the catalog gave none); None when its render stopped before the chain
     /// mattered. A new catalog renders the entry again only if it differs.
     chain: Option<ChainKey>,
+    /// A revision that failed and was rolled back: not written again while
+    /// the template renders it.
+    held: Option<String>,
 }
 
 /// What a template's render depends on in the catalog.
@@ -143,6 +163,18 @@ fn chain_key(catalog: &Catalog, template: &Template) -> ChainKey {
         .chain_for(&template.annotations)
         .map(|chain| chain.fingerprint())
         .map_err(|e| e.to_string())
+}
+
+/// A render that ended with its manifest in place.
+struct Done {
+    file: String,
+    outcome: Outcome,
+    /// `namespace/name` of the template, as the manifest says.
+    source: String,
+    revision: String,
+    deadline: Duration,
+    /// The revision rendered is held (it failed); the file keeps another.
+    held: bool,
 }
 
 /// A failed render, as reported.
@@ -177,6 +209,13 @@ pub struct Reconciler {
     dir_unsynced: bool,
     /// `limits.maxManifestSize`: also bounds what a template alone produces.
     max_manifest_bytes: usize,
+    /// The revision history; None keeps none (the library's tests).
+    revisions: Option<Store>,
+    rollouts: Tracker,
+    /// The pods watch has listed and not failed since: only then are
+    /// rollouts followed (never without the API, or without the right to
+    /// read pods).
+    confirming: bool,
 }
 
 impl Reconciler {
@@ -237,6 +276,9 @@ impl Reconciler {
             first_list_at: None,
             dir_unsynced: false,
             max_manifest_bytes: crate::plugin::Limits::default().max_output_bytes,
+            revisions: None,
+            rollouts: Tracker::default(),
+            confirming: false,
         })
     }
 
@@ -246,7 +288,10 @@ impl Reconciler {
     pub fn run(mut self, inputs: Receiver<Input>, resync: Duration) {
         let mut last_full = Instant::now();
         loop {
-            let timeout = resync.saturating_sub(last_full.elapsed());
+            let mut timeout = resync.saturating_sub(last_full.elapsed());
+            if let Some(deadline) = self.rollouts.next_deadline() {
+                timeout = timeout.min(deadline.saturating_duration_since(Instant::now()));
+            }
             match inputs.recv_timeout(timeout) {
                 Ok(input) => {
                     self.apply(input);
@@ -306,6 +351,23 @@ impl Reconciler {
                 }
             }
             Input::Catalog(catalog) => self.swap_catalog(catalog),
+            Input::Mirror(observation) => self.observe(observation),
+            Input::MirrorSynced => {
+                if !self.confirming {
+                    tracing::info!(
+                        "following this node's mirror pods: every revision in place is confirmed"
+                    );
+                    self.confirming = true;
+                    // Each template's revision in place gets followed.
+                    self.mark_all_dirty();
+                }
+            }
+            Input::MirrorLost => {
+                if self.confirming {
+                    self.confirming = false;
+                    self.rollouts.drop_pending();
+                }
+            }
         }
     }
 
@@ -374,6 +436,7 @@ impl Reconciler {
                         claims: None,
                         last_error: None,
                         chain: None,
+                        held: None,
                     },
                 );
             }
@@ -382,8 +445,12 @@ impl Reconciler {
     }
 
     fn remove(&mut self, key: &str) {
-        if self.entries.remove(key).is_some() {
+        if let Some(entry) = self.entries.remove(key) {
             tracing::info!(template = key, "template gone");
+            if let Some(id) = &entry.id {
+                self.rollouts.forget(id);
+                self.metrics.forget_rollout(id);
+            }
             self.gc_due = true;
             // A template that lost a pod name to this one may have it now.
             let failing: Vec<String> = self
@@ -407,6 +474,12 @@ impl Reconciler {
 
     pub fn reconcile(&mut self) {
         self.metrics.set_templates(self.entries.len());
+        for (id, verdict) in self.rollouts.expire(Instant::now()) {
+            if let Some(r) = self.rollouts.get(&id) {
+                self.metrics.set_rollout(&id, &r.revision, r.phase.as_str());
+            }
+            self.verdict(&id, verdict);
+        }
         if self.gc_due && self.synced {
             self.gc_due = false;
             self.collect_garbage();
@@ -547,6 +620,11 @@ impl Reconciler {
         self.max_manifest_bytes = bytes;
     }
 
+    /// Keeps the last manifests of each template in `store`.
+    pub fn set_revisions(&mut self, store: Store) {
+        self.revisions = Some(store);
+    }
+
     fn render_one(&mut self, key: &str) {
         let node = self.node.clone().expect("checked by reconcile");
         let mut chain_seen = None;
@@ -555,8 +633,14 @@ impl Reconciler {
         entry.chain = chain_seen;
         let id = entry.id.clone().unwrap_or_else(|| key.to_string());
         match result {
-            Ok((file, outcome)) => {
+            Ok(done) => {
+                let Done { file, outcome, .. } = &done;
+                let (file, outcome) = (file.clone(), *outcome);
                 entry.claims = Some(file.clone());
+                if !done.held && entry.held.take().is_some() {
+                    tracing::info!(template = %id, revision = %done.revision,
+                        "the template renders another revision; the failed one is no longer held");
+                }
                 self.metrics.render(match outcome {
                     Outcome::Written => RenderResult::Written,
                     Outcome::Unchanged => RenderResult::Unchanged,
@@ -568,6 +652,9 @@ impl Reconciler {
                 }
                 if entry.last_error.take().is_some() {
                     tracing::info!(template = %id, "renders again");
+                }
+                if !done.held {
+                    self.track(&done);
                 }
             }
             Err(mut failure) => {
@@ -591,6 +678,7 @@ impl Reconciler {
                             failure.plugin.as_deref().unwrap_or("none"),
                             failure.message
                         ),
+                        related: None,
                     });
                 }
             }
@@ -604,7 +692,7 @@ impl Reconciler {
         key: &str,
         node: &NodeContext,
         chain_seen: &mut Option<ChainKey>,
-    ) -> Result<(String, Outcome), Failure> {
+    ) -> Result<Done, Failure> {
         let entry = &self.entries[key];
         let invalid = |message: String| Failure {
             reason: Reason::InvalidTemplate,
@@ -624,6 +712,28 @@ impl Reconciler {
                 self.namespace
             )));
         }
+        let deadline = match template.annotations.get(rollout::DEADLINE_ANNOTATION) {
+            None => rollout::DEFAULT_DEADLINE,
+            Some(text) => match crate::config::parse_duration(text) {
+                Ok(d) if !d.is_zero() => d,
+                Ok(_) => {
+                    return Err(invalid(format!(
+                        "PodTemplate {}: metadata.annotations.{}: {text:?} is zero; give a duration such as 5m, or remove it for the default ({:?})",
+                        template.id(),
+                        rollout::DEADLINE_ANNOTATION,
+                        rollout::DEFAULT_DEADLINE
+                    )));
+                }
+                Err(e) => {
+                    return Err(invalid(format!(
+                        "PodTemplate {}: metadata.annotations.{}: {e}; give a duration such as 5m, or remove it for the default ({:?})",
+                        template.id(),
+                        rollout::DEADLINE_ANNOTATION,
+                        rollout::DEFAULT_DEADLINE
+                    )));
+                }
+            },
+        };
         let catalog = self.catalog.as_deref().expect("checked by reconcile");
         let chain = catalog.chain_for(&template.annotations);
         *chain_seen = Some(match &chain {
@@ -708,23 +818,229 @@ impl Reconciler {
             }
         }
         let source = manifest.source.clone();
+        let (done_source, revision) = (source.clone(), manifest.revision.clone());
+        if entry.held.as_deref() == Some(manifest.revision.as_str()) {
+            tracing::debug!(template = %source, revision = %revision, "revision held: it failed and was rolled back");
+            self.owned.insert(file.clone(), source);
+            return Ok(Done {
+                file,
+                outcome: Outcome::Unchanged,
+                source: done_source,
+                revision,
+                deadline,
+                held: true,
+            });
+        }
         // Bytes already on disk were read back when they were written; only
         // new bytes are read back, just before they replace the file.
         let outcome = if write::already_holds(&self.dir, &file, &manifest.bytes) {
+            record_revision(&mut self.revisions, manifest);
             Outcome::Unchanged
         } else {
             let manifest = rendered.verify().map_err(render_failed)?;
-            write::replace(&self.dir, &file, &manifest.bytes).map_err(|e| Failure {
-                reason: Reason::WriteFailed,
-                plugin: None,
-                message: format!("PodTemplate {}: {}: {e}", template.id(), file),
-            })?
+            let outcome =
+                write::replace(&self.dir, &file, &manifest.bytes).map_err(|e| Failure {
+                    reason: Reason::WriteFailed,
+                    plugin: None,
+                    message: format!("PodTemplate {}: {}: {e}", template.id(), file),
+                })?;
+            record_revision(&mut self.revisions, &manifest);
+            outcome
         };
         if outcome == Outcome::Written {
             self.dir_unsynced = true;
         }
         self.owned.insert(file.clone(), source);
-        Ok((file, outcome))
+        Ok(Done {
+            file,
+            outcome,
+            source: done_source,
+            revision,
+            deadline,
+            held: false,
+        })
+    }
+}
+
+impl Reconciler {
+    /// Follows the revision now in place for `done`'s template.
+    fn track(&mut self, done: &Done) {
+        if !self.confirming {
+            return;
+        }
+        let id = done.source.as_str();
+        if self
+            .rollouts
+            .get(id)
+            .is_some_and(|r| r.revision == done.revision)
+        {
+            return;
+        }
+        let written = done.outcome == Outcome::Written;
+        // What the history holds besides this revision: what to go back to
+        // when no revision was seen Ready in this run.
+        let fallback = self.revisions.as_ref().and_then(|store| {
+            let kept = store.kept(id).ok()?;
+            kept.into_iter()
+                .rev()
+                .find(|k| k.revision != done.revision)
+                .map(|k| k.revision)
+        });
+        self.rollouts.start(
+            id,
+            &done.revision,
+            written,
+            done.deadline,
+            fallback,
+            Instant::now(),
+        );
+        self.metrics
+            .set_rollout(id, &done.revision, Phase::Written.as_str());
+        if written {
+            tracing::info!(template = %id, revision = %done.revision, deadline = ?done.deadline,
+                "rollout started: waiting for the mirror pod to be Ready");
+        }
+        if let Some(seen) = self.rollouts.seen_in_place(id) {
+            self.observe(seen);
+        }
+    }
+
+    fn observe(&mut self, observation: Observation) {
+        let Some((phase, verdict)) = self.rollouts.observe(&observation, Instant::now()) else {
+            return;
+        };
+        let id = observation.source.as_str();
+        self.metrics
+            .set_rollout(id, &observation.revision, phase.as_str());
+        tracing::info!(template = %id, revision = %observation.revision, phase = phase.as_str(), "rollout phase");
+        if let Some(verdict) = verdict {
+            self.verdict(id, verdict);
+        }
+    }
+
+    /// Reports a rollout's verdict, and rolls a failed one back.
+    fn verdict(&mut self, id: &str, verdict: Verdict) {
+        let Some(rollout) = self.rollouts.get(id).cloned() else {
+            return;
+        };
+        let node = self
+            .node
+            .as_ref()
+            .map_or("", |n| n.name.as_str())
+            .to_string();
+        let took = rollout.started.elapsed();
+        let (reason, note) = match verdict {
+            Verdict::Succeeded => {
+                self.metrics.rollout_result("succeeded");
+                if !rollout.written {
+                    tracing::debug!(template = %id, revision = %rollout.revision, "revision in place is Ready");
+                    return;
+                }
+                tracing::info!(template = %id, revision = %rollout.revision, took_ms = took.as_millis() as u64,
+                    "rollout succeeded: the mirror pod is Ready");
+                (
+                    Reason::RolloutSucceeded,
+                    format!(
+                        "node {node}: revision {} Ready after {:.1}s",
+                        rollout.revision,
+                        took.as_secs_f64()
+                    ),
+                )
+            }
+            Verdict::Failed { reason, message } => {
+                self.metrics.rollout_result("failed");
+                let outcome = match &rollout.previous {
+                    None => "it is the first revision on this node, with nothing to fall back to: it stays".to_string(),
+                    Some(previous) => match self.roll_back(id, previous, &rollout) {
+                        Ok(()) => {
+                            self.metrics.rollout_result("rolled_back");
+                            format!("rolled back to revision {previous}; revision {} is not written again until the template changes", rollout.revision)
+                        }
+                        Err(e) => format!("cannot roll back to revision {previous}: {e}; it stays"),
+                    },
+                };
+                tracing::warn!(template = %id, revision = %rollout.revision, node = %node, reason = %reason,
+                    "rollout failed: {message}; {outcome}");
+                (
+                    Reason::RolloutFailed,
+                    format!(
+                        "node {node}: revision {}: {reason}: {message}; {outcome}",
+                        rollout.revision
+                    ),
+                )
+            }
+        };
+        let reference = self
+            .entries
+            .values()
+            .find(|e| e.id.as_deref() == Some(id))
+            .and_then(|e| e.incoming.reference.clone());
+        if let (Some(events), Some(reference)) = (&self.events, reference) {
+            events.report(Report {
+                reference,
+                reason,
+                note,
+                related: rollout.pod.clone(),
+            });
+        }
+    }
+
+    /// Writes `previous` back from the history in place of the failed
+    /// rollout's revision, and holds that one.
+    fn roll_back(
+        &mut self,
+        id: &str,
+        previous: &str,
+        failed: &rollout::Rollout,
+    ) -> Result<(), String> {
+        let store = self
+            .revisions
+            .as_mut()
+            .ok_or("no revision history is kept")?;
+        let kept = store
+            .kept(id)
+            .map_err(|e| format!("{}: {e}", store.template_dir(id).display()))?
+            .into_iter()
+            .find(|k| k.revision == previous)
+            .ok_or_else(|| format!("it is no longer in {}", store.template_dir(id).display()))?;
+        let bytes = store
+            .read(id, &kept)
+            .map_err(|e| format!("{}: {e}", kept.file))?;
+        // Only a manifest of this template, intact, goes back in.
+        if !manifest::ownership(&bytes).is_some_and(|o| o.intact && o.source == id) {
+            return Err(format!("{} is not an intact manifest of {id}", kept.file));
+        }
+        let entry = self
+            .entries
+            .values_mut()
+            .find(|e| e.id.as_deref() == Some(id))
+            .ok_or("the template is gone")?;
+        let file = entry.claims.clone().ok_or("the template has no manifest")?;
+        write::write_atomic(&self.dir, &file, &bytes).map_err(|e| format!("{file}: {e}"))?;
+        entry.held = Some(failed.revision.clone());
+        if let Err(e) = store.record(id, previous, &bytes) {
+            tracing::error!(template = %id, "cannot mark revision {previous} as the newest in the history: {e}");
+        }
+        let deadline = failed.deadline - failed.started;
+        self.rollouts
+            .start_rollback(id, previous, deadline, Instant::now());
+        self.metrics
+            .set_rollout(id, previous, Phase::Written.as_str());
+        Ok(())
+    }
+}
+
+/// Records `manifest` as its template's revision in use. A failure is
+/// logged, not the render's: the manifest itself is in place.
+fn record_revision(store: &mut Option<Store>, manifest: &manifest::Manifest) {
+    let Some(store) = store else { return };
+    match store.record(&manifest.source, &manifest.revision, &manifest.bytes) {
+        Ok(true) => tracing::info!(template = %manifest.source, revision = %manifest.revision,
+            dir = %store.template_dir(&manifest.source).display(), "kept revision"),
+        Ok(false) => {}
+        Err(e) => tracing::error!(template = %manifest.source, revision = %manifest.revision,
+            dir = %store.template_dir(&manifest.source).display(),
+            "cannot keep the revision: {e}; the manifest is in place, but it cannot be rolled back to"),
     }
 }
 

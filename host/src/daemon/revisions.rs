@@ -1,0 +1,348 @@
+//! The revision history: the last manifests written for each template, kept
+//! outside the kubelet's directory, for rollback and for people to compare.
+//!
+//! Layout: `DIR/<namespace>_<template>/<seq>-<revision>.yaml`, where `seq`
+//! grows by one per revision recorded (namespaces and template names cannot
+//! hold `_`, so a directory name is one template's alone). The newest file is
+//! the revision last written to the manifest directory.
+//!
+//! Invariants:
+//! * DIR is never the manifest directory nor inside it (the kubelet would
+//!   run every revision), nor a symlink; it is created with mode 0700 and
+//!   refused at start unless it is a directory owned by this user that
+//!   nobody else can write (a hostPath the kubelet creates is 0755); the
+//!   directories in it are 0700 and the files 0600, readable by this user
+//!   alone, like the manifests.
+//! * Files are written as manifests are ([`crate::write`]): a dot-temp file,
+//!   synced, renamed into place, the directory synced. A revision already
+//!   kept is never written again; recorded again (after an older one came
+//!   back), its file is renamed to the newest `seq`, not rewritten.
+//! * At most `keep` files per template: the oldest go when a new one comes.
+//! * A revision recorded in this run is not looked up on disk again: a
+//!   template whose revision did not change costs no file system access.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::write;
+
+pub const DEFAULT_DIR: &str = "/var/lib/podstamp/revisions";
+pub const DEFAULT_HISTORY: usize = 3;
+
+/// Why the revisions directory cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "{0}: is the manifest directory or inside it, where the kubelet would run every revision; give a directory outside it (daemon.revisionsDir, --revisions-dir)"
+    )]
+    InManifestDir(PathBuf),
+    #[error("{0}: {1}")]
+    Unsafe(PathBuf, String),
+    #[error("revisionHistory: must be at least 1 (the revision in use is always kept)")]
+    NoHistory,
+}
+
+/// One kept revision of a template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    pub seq: u64,
+    pub revision: String,
+    pub file: String,
+}
+
+pub struct Store {
+    dir: PathBuf,
+    keep: usize,
+    /// Template id → the revision last recorded for it in this run.
+    recorded: BTreeMap<String, String>,
+}
+
+impl Store {
+    /// Checks (creating it if missing) the revisions directory.
+    pub fn open(dir: PathBuf, keep: usize, manifest_dir: &Path) -> Result<Store, OpenError> {
+        if keep == 0 {
+            return Err(OpenError::NoHistory);
+        }
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| OpenError::Io { path, source }
+        };
+        // Refused before anything is created in the manifest directory; and
+        // again once created, with symlinks resolved.
+        let absolute = |p: &Path| std::path::absolute(p).map_err(io(p));
+        if absolute(&dir)?.starts_with(absolute(manifest_dir)?) {
+            return Err(OpenError::InManifestDir(dir));
+        }
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(io(&dir))?;
+        check_private(&dir)?;
+        let real = dir.canonicalize().map_err(io(&dir))?;
+        let manifests = manifest_dir.canonicalize().map_err(io(manifest_dir))?;
+        if real.starts_with(&manifests) {
+            return Err(OpenError::InManifestDir(dir));
+        }
+        for entry in fs::read_dir(&dir).map_err(io(&dir))? {
+            let entry = entry.map_err(io(&dir))?;
+            if entry.file_type().map_err(io(&dir))?.is_dir() {
+                write::remove_stale_temp_files(&entry.path()).map_err(io(&entry.path()))?;
+            }
+        }
+        Ok(Store {
+            dir,
+            keep,
+            recorded: BTreeMap::new(),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The directory of template `id` (`namespace/name`).
+    pub fn template_dir(&self, id: &str) -> PathBuf {
+        self.dir.join(id.replacen('/', "_", 1))
+    }
+
+    /// Records that `revision` (with these bytes) is now the template's
+    /// manifest. Returns whether a file was written.
+    pub fn record(&mut self, id: &str, revision: &str, bytes: &[u8]) -> io::Result<bool> {
+        if self.recorded.get(id).map(String::as_str) == Some(revision) {
+            return Ok(false);
+        }
+        let dir = self.template_dir(id);
+        match fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        if !fs::symlink_metadata(&dir)?.is_dir() {
+            return Err(io::Error::other(format!(
+                "{} is not a directory; remove it",
+                dir.display()
+            )));
+        }
+        let kept = self.kept_in(&dir)?;
+        let next = kept.last().map_or(1, |k| k.seq + 1);
+        let file = file_name(next, revision);
+        let written = match kept.iter().find(|k| k.revision == revision) {
+            Some(k) if Some(k) == kept.last() => false,
+            Some(k) => {
+                fs::rename(dir.join(&k.file), dir.join(&file))?;
+                false
+            }
+            None => {
+                write::replace(&dir, &file, bytes)?;
+                true
+            }
+        };
+        let kept = self.kept_in(&dir)?;
+        for old in &kept[..kept.len().saturating_sub(self.keep)] {
+            fs::remove_file(dir.join(&old.file))?;
+        }
+        write::sync_dir(&dir)?;
+        self.recorded.insert(id.to_string(), revision.to_string());
+        Ok(written)
+    }
+
+    /// The revisions kept for template `id`, oldest first.
+    pub fn kept(&self, id: &str) -> io::Result<Vec<Kept>> {
+        match self.kept_in(&self.template_dir(id)) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+            other => other,
+        }
+    }
+
+    /// The bytes of a kept revision of template `id`.
+    pub fn read(&self, id: &str, kept: &Kept) -> io::Result<Vec<u8>> {
+        fs::read(self.template_dir(id).join(&kept.file))
+    }
+
+    fn kept_in(&self, dir: &Path) -> io::Result<Vec<Kept>> {
+        let mut kept = Vec::new();
+        for entry in fs::read_dir(dir)? {
+            let entry = entry?;
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            if let Some(k) = parse_file_name(&name) {
+                kept.push(k);
+            }
+        }
+        kept.sort_by_key(|k| k.seq);
+        Ok(kept)
+    }
+}
+
+fn file_name(seq: u64, revision: &str) -> String {
+    format!("{seq:08}-{revision}.yaml")
+}
+
+fn parse_file_name(name: &str) -> Option<Kept> {
+    let (seq, revision) = name.strip_suffix(".yaml")?.split_once('-')?;
+    if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) || revision.is_empty() {
+        return None;
+    }
+    Some(Kept {
+        seq: seq.parse().ok()?,
+        revision: revision.to_string(),
+        file: name.to_string(),
+    })
+}
+
+/// A directory (not a symlink) owned by this user, private to it.
+fn check_private(dir: &Path) -> Result<(), OpenError> {
+    let meta = fs::symlink_metadata(dir).map_err(|source| OpenError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let unsafe_ = |why: String| Err(OpenError::Unsafe(dir.to_path_buf(), why));
+    if !meta.is_dir() {
+        return unsafe_("is not a directory (a symlink is refused too); give a directory".into());
+    }
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return unsafe_(format!(
+            "is owned by uid {}, not by this user (uid {me}); chown it or give another directory",
+            meta.uid()
+        ));
+    }
+    if meta.permissions().mode() & 0o022 != 0 {
+        return unsafe_(format!(
+            "mode is {:o}: others can write it; chmod go-w it (or 700)",
+            meta.permissions().mode() & 0o777
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(keep: usize) -> (tempfile::TempDir, Store) {
+        let root = tempfile::tempdir().unwrap();
+        fs::create_dir(root.path().join("manifests")).unwrap();
+        let store = Store::open(
+            root.path().join("var/revisions"),
+            keep,
+            &root.path().join("manifests"),
+        )
+        .unwrap();
+        (root, store)
+    }
+
+    fn names(store: &Store, id: &str) -> Vec<String> {
+        store
+            .kept(id)
+            .unwrap()
+            .into_iter()
+            .map(|k| k.file)
+            .collect()
+    }
+
+    #[test]
+    fn keeps_the_last_n_and_never_rewrites_a_revision() {
+        let (_root, mut store) = store(3);
+        let id = "kube-system/web";
+        assert!(store.record(id, "aaaa", b"a").unwrap());
+        assert!(!store.record(id, "aaaa", b"a").unwrap());
+        for (rev, bytes) in [("bbbb", b"b"), ("cccc", b"c"), ("dddd", b"d")] {
+            assert!(store.record(id, rev, bytes).unwrap());
+            assert!(store.kept(id).unwrap().len() <= 3);
+        }
+        assert_eq!(
+            names(&store, id),
+            [
+                "00000002-bbbb.yaml",
+                "00000003-cccc.yaml",
+                "00000004-dddd.yaml"
+            ]
+        );
+        let dir = store.template_dir(id);
+        assert_eq!(
+            fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        // An older revision back: renamed to the newest, not rewritten.
+        let before = fs::metadata(dir.join("00000002-bbbb.yaml")).unwrap().ino();
+        assert!(!store.record(id, "bbbb", b"b").unwrap());
+        assert_eq!(
+            names(&store, id),
+            [
+                "00000003-cccc.yaml",
+                "00000004-dddd.yaml",
+                "00000005-bbbb.yaml"
+            ]
+        );
+        assert_eq!(
+            fs::metadata(dir.join("00000005-bbbb.yaml")).unwrap().ino(),
+            before
+        );
+        // A restarted daemon finds the newest in place: no write.
+        let mut again = Store::open(
+            store.dir().to_path_buf(),
+            3,
+            &_root.path().join("manifests"),
+        )
+        .unwrap();
+        assert!(!again.record(id, "bbbb", b"b").unwrap());
+        assert_eq!(again.read(id, &again.kept(id).unwrap()[2]).unwrap(), b"b");
+        // Only our files, no temp files left.
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 3);
+    }
+
+    #[test]
+    fn a_smaller_history_prunes_at_the_next_record() {
+        let (root, mut store) = store(3);
+        let id = "ns/t";
+        for rev in ["a1", "b2", "c3"] {
+            store.record(id, rev, rev.as_bytes()).unwrap();
+        }
+        let mut one =
+            Store::open(store.dir().to_path_buf(), 1, &root.path().join("manifests")).unwrap();
+        one.record(id, "d4", b"d4").unwrap();
+        assert_eq!(names(&one, id), ["00000004-d4.yaml"]);
+    }
+
+    #[test]
+    fn the_manifest_dir_and_unsafe_dirs_are_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let manifests = root.path().join("manifests");
+        fs::create_dir(&manifests).unwrap();
+        for inside in [manifests.clone(), manifests.join("revisions")] {
+            let e = Store::open(inside, 3, &manifests).err().unwrap();
+            assert!(matches!(e, OpenError::InManifestDir(_)), "{e}");
+        }
+        // Through a symlink into it.
+        std::os::unix::fs::symlink(&manifests, root.path().join("link")).unwrap();
+        let e = Store::open(root.path().join("link"), 3, &manifests)
+            .err()
+            .unwrap();
+        assert!(matches!(e, OpenError::Unsafe(..)), "{e}");
+        let open = root.path().join("open");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o775)).unwrap();
+        let e = Store::open(open.clone(), 3, &manifests).err().unwrap();
+        assert!(e.to_string().contains("chmod go-w"), "{e}");
+        // As the kubelet makes a hostPath: fine.
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o755)).unwrap();
+        Store::open(open, 3, &manifests).unwrap();
+        let e = Store::open(root.path().join("r"), 0, &manifests)
+            .err()
+            .unwrap();
+        assert!(matches!(e, OpenError::NoHistory), "{e}");
+    }
+}
