@@ -444,6 +444,15 @@ fn wait_ready_revision(kube: &Kube, node: &Node, daemon: &Daemon, revision: &str
 }
 
 /// The files the kubelet reads in its manifest directory.
+/// Stops the daemon and the node, each of which must exit cleanly, and
+/// removes the node's directory.
+fn stop_all(daemon: Daemon, mut node: Node, dir: &Path) {
+    assert!(daemon.stop().success());
+    let status = node.stop().unwrap();
+    assert!(status.success(), "teardown: {status}\n{}", node.logs());
+    let _ = fs::remove_dir_all(dir);
+}
+
 fn kubelet_files(node: &Node) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(node.manifests())
         .unwrap()
@@ -462,7 +471,7 @@ fn a_good_update_is_confirmed_ready_with_its_revision_and_the_history_stays_boun
     let kube = Kube::new(server, &ns);
     kube.create_namespace();
     let dir = node_dir("kl-rev");
-    let mut node = Node::start(&dir, &server.kubeconfig("admin"), "kl-rev");
+    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-rev");
     let history = dir.join("history");
     let _ = fs::remove_dir_all(&history);
     kube.create_template(template("web", "1"));
@@ -533,10 +542,7 @@ fn a_good_update_is_confirmed_ready_with_its_revision_and_the_history_stays_boun
         0.0
     );
 
-    assert!(daemon.stop().success());
-    let status = node.stop().unwrap();
-    assert!(status.success(), "teardown: {status}\n{}", node.logs());
-    let _ = fs::remove_dir_all(&dir);
+    stop_all(daemon, node, &dir);
 }
 
 #[test]
@@ -547,7 +553,7 @@ fn a_failing_update_is_rolled_back_with_the_kubelets_reason() {
     let kube = Kube::new(server, &ns);
     kube.create_namespace();
     let dir = node_dir("kl-back");
-    let mut node = Node::start(&dir, &server.kubeconfig("admin"), "kl-back");
+    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-back");
     kube.create_template(template("web", "1"));
     let daemon = start_podstamp(&dir, server, &ns, &node, &["--resync", "1s"]);
     let good = new_revision(&node, &daemon, None);
@@ -612,10 +618,7 @@ fn a_failing_update_is_rolled_back_with_the_kubelets_reason() {
     );
     assert_eq!(kubelet_files(&node), ["web.yaml"]);
 
-    assert!(daemon.stop().success());
-    let status = node.stop().unwrap();
-    assert!(status.success(), "teardown: {status}\n{}", node.logs());
-    let _ = fs::remove_dir_all(&dir);
+    stop_all(daemon, node, &dir);
 }
 
 #[test]
@@ -626,7 +629,7 @@ fn a_first_revision_that_fails_stays_and_is_reported() {
     let kube = Kube::new(server, &ns);
     kube.create_namespace();
     let dir = node_dir("kl-first");
-    let mut node = Node::start(&dir, &server.kubeconfig("admin"), "kl-first");
+    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-first");
     let mut missing = template("web", "1");
     missing["template"]["spec"]["containers"][0]["image"] = json!("podstamp.test/missing:1");
     kube.create_template(missing);
@@ -655,8 +658,5 @@ fn a_first_revision_that_fails_stays_and_is_reported() {
         0.0
     );
 
-    assert!(daemon.stop().success());
-    let status = node.stop().unwrap();
-    assert!(status.success(), "teardown: {status}\n{}", node.logs());
-    let _ = fs::remove_dir_all(&dir);
+    stop_all(daemon, node, &dir);
 }
