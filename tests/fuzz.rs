@@ -321,6 +321,32 @@ fn check_template(object: &Value) -> Result<(), String> {
         return Err(format!("not a fixed point of parse and write:\n{text}"));
     }
     let pod = template.pod();
+    // Every manifest carries its revision as a label of its own, in place
+    // of any the template sets; the template's other labels are kept as is.
+    let mut parsed = parsed;
+    let revision = parsed["metadata"]["labels"]
+        .as_object_mut()
+        .and_then(|labels| labels.remove(manifest::REVISION_LABEL));
+    if revision.as_ref().and_then(Value::as_str) != Some(manifest.revision.as_str()) {
+        return Err(format!(
+            "revision label {revision:?}, not {:?}\n{text}",
+            manifest.revision
+        ));
+    }
+    if parsed["metadata"]["labels"]
+        .as_object()
+        .is_some_and(|labels| labels.is_empty())
+        && pod.pointer("/metadata/labels").is_none()
+    {
+        parsed["metadata"]
+            .as_object_mut()
+            .expect("metadata is an object")
+            .remove("labels");
+    }
+    let mut pod = pod.clone();
+    if let Some(labels) = pod["metadata"]["labels"].as_object_mut() {
+        labels.remove(manifest::REVISION_LABEL);
+    }
     for pointer in [
         "/spec/containers",
         "/spec/nodeSelector",
