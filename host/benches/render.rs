@@ -24,6 +24,10 @@ use podstamp::template::{Template, parse_document};
 use podstamp::{manifest, validate, write};
 use serde_json::Value;
 
+// The fault suite's WAT plugins, for the WASI row.
+#[path = "../../tests/faults/wat.rs"]
+mod wat_plugins;
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -100,6 +104,11 @@ fn main() {
             .unwrap()
             .load(&plugins.join("identity.wasm"))
             .unwrap();
+    // An identity plugin that imports WASI and makes one WASI call: what the
+    // deny-by-default WASI context adds to a call.
+    let wasi_identity = runtime
+        .load_bytes(&wat_plugins::wasi("identity"), "wasi-identity.wasm")
+        .unwrap();
     let identity = catalog
         .chain_for(&[("podstamp.io/plugins".to_string(), "identity".to_string())].into())
         .unwrap();
@@ -159,6 +168,13 @@ fn main() {
                     .unwrap(),
             );
         });
+        let wasi_call = measure(|| {
+            black_box(
+                wasi_identity
+                    .transform(&pod_json, &wit_node, &identity_step.settings_json, "bench")
+                    .unwrap(),
+            );
+        });
         let one = measure(|| in_step(&identity));
         let three = measure(|| in_step(&example));
         let three_verified = measure(|| {
@@ -209,6 +225,7 @@ fn main() {
         };
         row("identity plugin call alone", call, false, &call_target);
         row("  the same, instance not pooled", on_demand_call, false, "");
+        row("  the same, WASI imported and used", wasi_call, false, "");
         row("render with identity plugin", one, true, "");
         row(
             "render with 3-plugin example",
