@@ -383,15 +383,19 @@ pub fn wasi(name: &str) -> Vec<u8> {
             format!("(call $exit (i32.const 1)) {IDENTITY}"),
             String::new(),
         ),
-        // Sleeps 1 ms at a time until 10 ms have passed on the clock: a
-        // sleep that ends at once, on a clock that never moves.
+        // Sleeps 1 ms at a time (dropping each pollable, as a real guest
+        // does) until 10 ms have passed on the clock: a sleep that ends at
+        // once, on a clock that never moves.
         "clock" => (
             r#"(import "wasi:clocks/monotonic-clock@0.2.0" "now" (func $now (result i64)))
   (import "wasi:clocks/monotonic-clock@0.2.0" "subscribe-duration" (func $sleep (param i64) (result i32)))
-  (import "wasi:io/poll@0.2.0" "[method]pollable.block" (func $block (param i32)))"#,
+  (import "wasi:io/poll@0.2.0" "[method]pollable.block" (func $block (param i32)))
+  (import "wasi:io/poll@0.2.0" "[resource-drop]pollable" (func $drop (param i32)))"#,
             r#"(i64.store (i32.const 256) (call $now))
     (loop $more
-      (call $block (call $sleep (i64.const 1000000)))
+      (i32.store (i32.const 264) (call $sleep (i64.const 1000000)))
+      (call $block (i32.load (i32.const 264)))
+      (call $drop (i32.load (i32.const 264)))
       (br_if $more (i64.lt_u (i64.sub (call $now) (i64.load (i32.const 256))) (i64.const 10000000))))
     (call $ok (i32.load (local.get 0)) (i32.load offset=4 (local.get 0)))"#
                 .into(),
