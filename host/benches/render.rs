@@ -104,8 +104,11 @@ fn main() {
             .unwrap()
             .load(&plugins.join("identity.wasm"))
             .unwrap();
-    // An identity plugin that imports WASI and makes one WASI call: what the
-    // deny-by-default WASI context adds to a call.
+    // The fault suite's WAT identity plugin, and the same after one WASI call
+    // (so its deny-by-default WASI context is made): what WASI adds to a call.
+    let wat_identity = runtime
+        .load_bytes(&wat_plugins::hostile("identity"), "wat-identity.wasm")
+        .unwrap();
     let wasi_identity = runtime
         .load_bytes(&wat_plugins::wasi("identity"), "wasi-identity.wasm")
         .unwrap();
@@ -168,6 +171,13 @@ fn main() {
                     .unwrap(),
             );
         });
+        let wat_call = measure(|| {
+            black_box(
+                wat_identity
+                    .transform(&pod_json, &wit_node, &identity_step.settings_json, "bench")
+                    .unwrap(),
+            );
+        });
         let wasi_call = measure(|| {
             black_box(
                 wasi_identity
@@ -225,7 +235,8 @@ fn main() {
         };
         row("identity plugin call alone", call, false, &call_target);
         row("  the same, instance not pooled", on_demand_call, false, "");
-        row("  the same, WASI imported and used", wasi_call, false, "");
+        row("WAT identity call alone", wat_call, false, "");
+        row("  the same, after one WASI call", wasi_call, false, "");
         row("render with identity plugin", one, true, "");
         row(
             "render with 3-plugin example",
