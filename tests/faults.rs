@@ -143,29 +143,65 @@ const FAULTS: &[Fault] = &[
     Fault {
         id: "plugin-wasi-filesystem",
         area: "plugin",
-        fault: "a component importing `wasi:filesystem/preopens`",
-        kept: "nothing is written: refused at load, `podstamp run` exits 2",
-        reported: "exit code 2 and one line on stderr",
-        says: "imports `wasi:filesystem/preopens@0.2.0`, which podstamp does not provide",
-        test: "plugins_importing_wasi_are_refused_at_load",
+        fault: "a WASI plugin that looks for a directory to open `/etc/passwd` in",
+        kept: PLUGIN_KEPT,
+        reported: "RenderFailed",
+        says: "no preopened directory: /etc/passwd cannot be opened",
+        test: "bad_plugins_keep_the_last_good_manifest",
     },
     Fault {
         id: "plugin-wasi-sockets",
         area: "plugin",
-        fault: "a component importing `wasi:sockets/tcp`",
-        kept: "nothing is written: refused at load, `podstamp run` exits 2",
-        reported: "exit code 2 and one line on stderr",
-        says: "imports `wasi:sockets/tcp@0.2.0`, which podstamp does not provide",
-        test: "plugins_importing_wasi_are_refused_at_load",
+        fault: "a WASI plugin that makes a TCP socket to connect to 127.0.0.1",
+        kept: PLUGIN_KEPT,
+        reported: "RenderFailed",
+        says: "no TCP socket to connect to 127.0.0.1 with: access-denied",
+        test: "bad_plugins_keep_the_last_good_manifest",
     },
     Fault {
         id: "plugin-wasi-environment",
         area: "plugin",
-        fault: "a component importing `wasi:cli/environment`",
+        fault: "a WASI plugin that reads the environment, its arguments and stdin",
+        kept: PLUGIN_KEPT,
+        reported: "RenderFailed",
+        says: "empty environment and arguments, stdin closed",
+        test: "bad_plugins_keep_the_last_good_manifest",
+    },
+    Fault {
+        id: "plugin-wasi-stdout",
+        area: "plugin",
+        fault: "a WASI plugin that writes 100 lines to stdout (then fails)",
+        kept: "last good manifest, unchanged; the daemon stays up; the first 64 lines are in the log (`stdout: hello from stdout`), then one warning that the rest is dropped",
+        reported: "RenderFailed",
+        says: "wrote 100 lines to stdout",
+        test: "bad_plugins_keep_the_last_good_manifest",
+    },
+    Fault {
+        id: "plugin-wasi-exit",
+        area: "plugin",
+        fault: "a WASI plugin that calls `exit`",
+        kept: PLUGIN_KEPT,
+        reported: "RenderFailed",
+        says: "called exit (status 1) instead of returning",
+        test: "bad_plugins_keep_the_last_good_manifest",
+    },
+    Fault {
+        id: "plugin-wasi-clock",
+        area: "plugin",
+        fault: "a WASI plugin that sleeps until 10 ms have passed on the monotonic clock (which never moves)",
+        kept: PLUGIN_KEPT,
+        reported: "RenderFailed",
+        says: "deadline of 300 ms exceeded; the call was stopped",
+        test: "bad_plugins_keep_the_last_good_manifest",
+    },
+    Fault {
+        id: "plugin-wasi-unlisted",
+        area: "plugin",
+        fault: "a component importing a WASI interface outside WASI 0.2's `wasi:cli/imports` (`wasi:http/outgoing-handler`)",
         kept: "nothing is written: refused at load, `podstamp run` exits 2",
         reported: "exit code 2 and one line on stderr",
-        says: "imports `wasi:cli/environment@0.2.0`, which podstamp does not provide",
-        test: "plugins_importing_wasi_are_refused_at_load",
+        says: "imports `wasi:http/outgoing-handler@0.2.0`, which podstamp does not provide",
+        test: "plugins_importing_wasi_beyond_the_fixed_list_are_refused_at_load",
     },
     Fault {
         id: "plugin-huge-error",
@@ -530,10 +566,10 @@ const FAULTS: &[Fault] = &[
     Fault {
         id: "template-chain-too-long",
         area: "template",
-        fault: "`podstamp.io/plugins` naming 24,000 plugins (`identity,` 24,000 times, 216 KB), with 13 in the catalog",
+        fault: "`podstamp.io/plugins` naming 24,000 plugins (`identity,` 24,000 times, 216 KB), with 19 in the catalog",
         kept: "last good manifest, unchanged; no plugin is called; other templates keep rendering",
         reported: "InvalidChain",
-        says: "names 24000 plugins, but a chain runs each catalog plugin at most once and the catalog has 13",
+        says: "names 24000 plugins, but a chain runs each catalog plugin at most once and the catalog has 19",
         test: "long_repeated_and_slow_chains_keep_the_last_good_manifest",
     },
     Fault {
@@ -1118,6 +1154,12 @@ fn env() -> Env {
         "panic",
         "longerror",
         "memories",
+        "wasi-files",
+        "wasi-socket",
+        "wasi-env",
+        "wasi-stdout",
+        "wasi-exit",
+        "wasi-clock",
     ] {
         let path = wat::write(&plugins, name, &wat::hostile(name));
         catalog.push_str(&format!("  {name}:\n    path: {}\n", path.display()));
@@ -1281,6 +1323,12 @@ const BAD_PLUGINS: &[(&str, &str)] = &[
     ("plugin-panic", "panic"),
     ("plugin-huge-error", "longerror"),
     ("plugin-many-memories", "memories"),
+    ("plugin-wasi-filesystem", "wasi-files"),
+    ("plugin-wasi-sockets", "wasi-socket"),
+    ("plugin-wasi-environment", "wasi-env"),
+    ("plugin-wasi-stdout", "wasi-stdout"),
+    ("plugin-wasi-exit", "wasi-exit"),
+    ("plugin-wasi-clock", "wasi-clock"),
 ];
 
 /// The longest warning a failure may log: the plugin's error text is cut
@@ -1335,6 +1383,17 @@ fn bad_plugins_keep_the_last_good_manifest() {
         !e.manifests.join("kube-apiserver.yaml").exists(),
         "plugin-rename: no manifest under the stolen name"
     );
+    // A WASI plugin's stdout is in the log, as many lines as `log` allows.
+    let logs = daemon.logs();
+    let printed = logs
+        .lines()
+        .filter(|l| l.contains("stdout: hello from stdout"))
+        .count();
+    assert!(printed >= 64, "plugin-wasi-stdout: {printed} lines logged");
+    assert!(
+        logs.contains("plugin logged over 64 lines in one call; dropping the rest"),
+        "plugin-wasi-stdout: no word of the dropped lines"
+    );
 
     // The namespace is podstamp's: forced back, nothing outside the directory.
     let ns = row("plugin-namespace");
@@ -1373,66 +1432,46 @@ fn bad_plugins_keep_the_last_good_manifest() {
 }
 
 #[test]
-fn plugins_importing_wasi_are_refused_at_load() {
-    for (id, package, interface, func) in [
-        (
-            "plugin-wasi-filesystem",
-            "wasi:filesystem@0.2.0",
-            "preopens",
-            "get-directories",
+fn plugins_importing_wasi_beyond_the_fixed_list_are_refused_at_load() {
+    let id = "plugin-wasi-unlisted";
+    let fault = row(id);
+    let e = env();
+    let path = wat::write(
+        e.tmp.path(),
+        "wasi",
+        &wat::importing("wasi:http@0.2.0", "outgoing-handler", "handle"),
+    );
+    fs::write(
+        &e.config,
+        format!(
+            "plugins:\n  wasi:\n    path: {}\nchain: [wasi]\n",
+            path.display()
         ),
-        (
-            "plugin-wasi-sockets",
-            "wasi:sockets@0.2.0",
-            "tcp",
-            "connect",
-        ),
-        (
-            "plugin-wasi-environment",
-            "wasi:cli@0.2.0",
-            "environment",
-            "get-environment",
-        ),
-    ] {
-        let fault = row(id);
-        let e = env();
-        let path = wat::write(
-            e.tmp.path(),
-            "wasi",
-            &wat::importing(package, interface, func),
-        );
-        fs::write(
-            &e.config,
-            format!(
-                "plugins:\n  wasi:\n    path: {}\nchain: [wasi]\n",
-                path.display()
-            ),
-        )
-        .unwrap();
-        e.put("boot.yaml", &template("boot", None, "boot:1"));
-        let out = common::podstamp(&[
-            "run",
-            "--config",
-            e.config.to_str().unwrap(),
-            "--source",
-            &format!("dir:{}", e.templates.display()),
-            "--node-name",
-            "n1",
-            "--manifest-dir",
-            e.manifests.to_str().unwrap(),
-            "--listen",
-            &format!("127.0.0.1:{}", free_port()),
-        ]);
-        let err = common::stderr(&out);
-        assert_eq!(out.status.code(), Some(2), "{id}: {err}");
-        assert!(err.contains(fault.says), "{id}: {err}");
-        assert!(
-            err.contains("plugins get no filesystem, network, clock, environment or arguments"),
-            "{id}: {err}"
-        );
-        assert_eq!(err.trim().lines().count(), 1, "{id}: one line: {err}");
-        assert!(names_in(&e.manifests).is_empty(), "{id}: nothing written");
-    }
+    )
+    .unwrap();
+    e.put("boot.yaml", &template("boot", None, "boot:1"));
+    let out = common::podstamp(&[
+        "run",
+        "--config",
+        e.config.to_str().unwrap(),
+        "--source",
+        &format!("dir:{}", e.templates.display()),
+        "--node-name",
+        "n1",
+        "--manifest-dir",
+        e.manifests.to_str().unwrap(),
+        "--listen",
+        &format!("127.0.0.1:{}", free_port()),
+    ]);
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{id}: {err}");
+    assert!(err.contains(fault.says), "{id}: {err}");
+    assert!(
+        err.contains("WASI 0.2's io, clocks, random, cli, filesystem and sockets interfaces, which grant nothing"),
+        "{id}: {err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{id}: one line: {err}");
+    assert!(names_in(&e.manifests).is_empty(), "{id}: nothing written");
 }
 
 // ---------------------------------------------------------------- templates

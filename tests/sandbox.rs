@@ -399,23 +399,96 @@ fn the_chain_blames_the_plugin_that_returned_invalid_json_or_renamed_the_pod() {
 }
 
 #[test]
-fn a_component_importing_wasi_filesystem_is_refused_at_load() {
-    let wasi = "package wasi:filesystem@0.2.0;\ninterface preopens { get-directories: func() -> list<string>; }\n";
-    let wit = WIT.replace(
-        "    import host;",
-        "    import host;\n    import wasi:filesystem/preopens@0.2.0;",
-    );
-    let body = format!("(call $dirs (i32.const 256)) {IDENTITY}");
-    let extra =
-        r#"(import "wasi:filesystem/preopens@0.2.0" "get-directories" (func $dirs (param i32)))"#;
-    let wat = wat_plugins::core_module(extra, &body, "");
-    let bytes = componentize(&wat, &[wasi, &wit]);
+fn a_component_importing_wasi_beyond_the_fixed_list_is_refused_at_load() {
+    let bytes = wat_plugins::importing("wasi:http@0.2.0", "outgoing-handler", "handle");
     let err = runtime().load_bytes(&bytes, "wasi.wasm").unwrap_err();
     assert!(matches!(err, LoadError::ForbiddenImport { .. }), "{err:?}");
     assert_eq!(
         err.to_string(),
-        "wasi.wasm: imports `wasi:filesystem/preopens@0.2.0`, which podstamp does not provide: plugins get no filesystem, network, clock, environment or arguments, only podstamp:plugin/host@0.1.0"
+        "wasi.wasm: imports `wasi:http/outgoing-handler@0.2.0`, which podstamp does not provide: plugins get only podstamp:plugin/host@0.1.0 and WASI 0.2's io, clocks, random, cli, filesystem and sockets interfaces, which grant nothing"
     );
+}
+
+fn load_wasi(runtime: &Runtime, name: &str) -> Plugin {
+    runtime
+        .load_bytes(&wat_plugins::wasi(name), &format!("wasi-{name}.wasm"))
+        .unwrap_or_else(|e| panic!("wasi-{name}: {e}"))
+}
+
+#[test]
+fn wasi_grants_no_file_socket_environment_argument_or_stdin() {
+    let runtime = runtime();
+    for (name, found) in [
+        (
+            "files",
+            "no preopened directory: /etc/passwd cannot be opened",
+        ),
+        (
+            "socket",
+            "no TCP socket to connect to 127.0.0.1 with: access-denied",
+        ),
+        ("env", "empty environment and arguments, stdin closed"),
+    ] {
+        let failure = call(&load_wasi(&runtime, name)).unwrap_err();
+        assert_eq!(
+            failure,
+            CallFailure::Rejected {
+                message: found.into(),
+                field: None
+            },
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn a_wasi_plugin_that_calls_exit_fails_and_the_runtime_keeps_working() {
+    let runtime = runtime();
+    let failure = call(&load_wasi(&runtime, "exit")).unwrap_err();
+    assert_eq!(failure, CallFailure::Exited { status: 1 });
+    assert_eq!(
+        failure.to_string(),
+        "called exit (status 1) instead of returning: a plugin returns its pod or an error"
+    );
+    assert_eq!(call(&load(&runtime, IDENTITY)).unwrap(), pod());
+}
+
+#[test]
+fn a_wasi_sleep_holds_no_thread_and_a_loop_on_the_clock_is_stopped_at_the_deadline() {
+    let runtime = runtime();
+    // An hour's sleep returns at once, the clock unmoved (were the sleep
+    // real, this call would outlive the test).
+    assert_eq!(
+        call(&load_wasi(&runtime, "sleep")).unwrap_err(),
+        CallFailure::Rejected {
+            message: "slept an hour in no time".into(),
+            field: None
+        }
+    );
+    assert_eq!(
+        call(&load_wasi(&runtime, "clock")).unwrap_err(),
+        CallFailure::DeadlineExceeded {
+            timeout: limits().timeout
+        }
+    );
+}
+
+#[test]
+fn a_wasi_plugin_renders_the_same_bytes_on_every_call_and_every_runtime() {
+    let outputs: Vec<String> = (0..2)
+        .flat_map(|_| {
+            let runtime = runtime();
+            let plugin = load_wasi(&runtime, "determinism");
+            (0..3).map(|_| call(&plugin).unwrap()).collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(outputs.iter().all(|o| *o == outputs[0]), "{outputs:#?}");
+    let pod: serde_json::Value = serde_json::from_str(&outputs[0]).unwrap();
+    let hex = pod["metadata"]["annotations"]["wasi"].as_str().unwrap();
+    // The wall clock (12 bytes) and the monotonic clock (8) at zero; 16
+    // random bytes, which are not.
+    assert_eq!(&hex[..40], "0".repeat(40), "{hex}");
+    assert_ne!(&hex[40..], "0".repeat(32), "{hex}");
 }
 
 #[test]

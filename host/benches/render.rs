@@ -24,6 +24,10 @@ use podstamp::template::{Template, parse_document};
 use podstamp::{manifest, validate, write};
 use serde_json::Value;
 
+// The fault suite's WAT plugins, for the WASI row.
+#[path = "../../tests/faults/wat.rs"]
+mod wat_plugins;
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -100,6 +104,14 @@ fn main() {
             .unwrap()
             .load(&plugins.join("identity.wasm"))
             .unwrap();
+    // The fault suite's WAT identity plugin, and the same after one WASI call
+    // (so its deny-by-default WASI context is made): what WASI adds to a call.
+    let wat_identity = runtime
+        .load_bytes(&wat_plugins::hostile("identity"), "wat-identity.wasm")
+        .unwrap();
+    let wasi_identity = runtime
+        .load_bytes(&wat_plugins::wasi("identity"), "wasi-identity.wasm")
+        .unwrap();
     let identity = catalog
         .chain_for(&[("podstamp.io/plugins".to_string(), "identity".to_string())].into())
         .unwrap();
@@ -159,6 +171,20 @@ fn main() {
                     .unwrap(),
             );
         });
+        let wat_call = measure(|| {
+            black_box(
+                wat_identity
+                    .transform(&pod_json, &wit_node, &identity_step.settings_json, "bench")
+                    .unwrap(),
+            );
+        });
+        let wasi_call = measure(|| {
+            black_box(
+                wasi_identity
+                    .transform(&pod_json, &wit_node, &identity_step.settings_json, "bench")
+                    .unwrap(),
+            );
+        });
         let one = measure(|| in_step(&identity));
         let three = measure(|| in_step(&example));
         let three_verified = measure(|| {
@@ -209,6 +235,8 @@ fn main() {
         };
         row("identity plugin call alone", call, false, &call_target);
         row("  the same, instance not pooled", on_demand_call, false, "");
+        row("WAT identity call alone", wat_call, false, "");
+        row("  the same, after one WASI call", wasi_call, false, "");
         row("render with identity plugin", one, true, "");
         row(
             "render with 3-plugin example",

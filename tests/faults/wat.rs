@@ -97,6 +97,9 @@ pub fn hostile(name: &str) -> Vec<u8> {
     if name == "memories" {
         return memories(96);
     }
+    if let Some(wasi_plugin) = name.strip_prefix("wasi-") {
+        return wasi(wasi_plugin);
+    }
     let (imports, body, extra): (&str, String, String) = match name {
         "identity" => ("", IDENTITY.into(), String::new()),
         "loop" => ("", "(loop $forever (br $forever)) (unreachable)".into(), String::new()),
@@ -193,4 +196,269 @@ pub fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
     let path = dir.join(format!("{name}.wasm"));
     std::fs::write(&path, bytes).unwrap();
     path
+}
+
+/// Just the parts of WASI 0.2 (at 0.2.0, as older toolchains import it; the
+/// host matches any 0.2.x) that the WASI plugins below call, dependencies
+/// first: our own minimal WIT, type for type as in the WASI packages.
+pub const WASI_WIT: &[&str] = &[
+    "package wasi:io@0.2.0;
+interface error { resource error; }
+interface poll { resource pollable { block: func(); } }
+interface streams {
+  use error.{error};
+  variant stream-error { last-operation-failed(error), closed }
+  resource input-stream { blocking-read: func(len: u64) -> result<list<u8>, stream-error>; }
+  resource output-stream { blocking-write-and-flush: func(contents: list<u8>) -> result<_, stream-error>; }
+}",
+    "package wasi:clocks@0.2.0;
+interface monotonic-clock {
+  use wasi:io/poll@0.2.0.{pollable};
+  type instant = u64;
+  type duration = u64;
+  now: func() -> instant;
+  subscribe-duration: func(when: duration) -> pollable;
+}
+interface wall-clock {
+  record datetime { seconds: u64, nanoseconds: u32 }
+  now: func() -> datetime;
+}",
+    "package wasi:cli@0.2.0;
+interface environment {
+  get-environment: func() -> list<tuple<string, string>>;
+  get-arguments: func() -> list<string>;
+}
+interface exit { exit: func(status: result); }
+interface stdin { use wasi:io/streams@0.2.0.{input-stream}; get-stdin: func() -> input-stream; }
+interface stdout { use wasi:io/streams@0.2.0.{output-stream}; get-stdout: func() -> output-stream; }",
+    "package wasi:random@0.2.0;
+interface random { get-random-bytes: func(len: u64) -> list<u8>; }",
+    "package wasi:filesystem@0.2.0;
+interface types { resource descriptor; }
+interface preopens {
+  use types.{descriptor};
+  get-directories: func() -> list<tuple<descriptor, string>>;
+}",
+    "package wasi:sockets@0.2.0;
+interface network {
+  enum error-code {
+    unknown, access-denied, not-supported, invalid-argument, out-of-memory, timeout,
+    concurrency-conflict, not-in-progress, would-block, invalid-state, new-socket-limit,
+    address-not-bindable, address-in-use, remote-unreachable, connection-refused,
+    connection-reset, connection-aborted, datagram-too-large, name-unresolvable,
+    temporary-resolver-failure, permanent-resolver-failure
+  }
+  enum ip-address-family { ipv4, ipv6 }
+}
+interface tcp { resource tcp-socket; }
+interface tcp-create-socket {
+  use network.{error-code, ip-address-family};
+  use tcp.{tcp-socket};
+  create-tcp-socket: func(address-family: ip-address-family) -> result<tcp-socket, error-code>;
+}",
+];
+
+/// The WASI interfaces the plugin world of the WASI plugins imports (a
+/// component imports only those its core module uses).
+const WASI_IMPORTS: &[&str] = &[
+    "wasi:clocks/monotonic-clock@0.2.0",
+    "wasi:clocks/wall-clock@0.2.0",
+    "wasi:cli/environment@0.2.0",
+    "wasi:cli/exit@0.2.0",
+    "wasi:cli/stdin@0.2.0",
+    "wasi:cli/stdout@0.2.0",
+    "wasi:random/random@0.2.0",
+    "wasi:filesystem/preopens@0.2.0",
+    "wasi:sockets/tcp-create-socket@0.2.0",
+];
+
+/// Helpers of the WASI plugins: `$err` returns a plugin error whose message
+/// is `len` bytes at `ptr`; `$hex` writes `n` bytes at `src` as 2n hex
+/// digits at `dst`.
+const WASI_HELPERS: &str = r#"
+  (func $err (param $ptr i32) (param $len i32) (result i32)
+    (i32.store8 (i32.const 64) (i32.const 1))
+    (i32.store (i32.const 68) (local.get $ptr))
+    (i32.store (i32.const 72) (local.get $len))
+    (i32.store8 (i32.const 76) (i32.const 0))
+    (i32.const 64))
+  (data (i32.const 2000) "0123456789abcdef")
+  (func $hex (param $src i32) (param $n i32) (param $dst i32)
+    (local $i i32) (local $b i32)
+    (block $done (loop $next
+      (br_if $done (i32.ge_u (local.get $i) (local.get $n)))
+      (local.set $b (i32.load8_u (i32.add (local.get $src) (local.get $i))))
+      (i32.store8 (i32.add (local.get $dst) (i32.shl (local.get $i) (i32.const 1)))
+        (i32.load8_u (i32.add (i32.const 2000) (i32.shr_u (local.get $b) (i32.const 4)))))
+      (i32.store8 (i32.add (i32.add (local.get $dst) (i32.shl (local.get $i) (i32.const 1))) (i32.const 1))
+        (i32.load8_u (i32.add (i32.const 2000) (i32.and (local.get $b) (i32.const 15)))))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $next))))
+"#;
+
+/// A plugin error `message`, or `otherwise` when `cond` (WAT) is false;
+/// the two messages go at 1024 and 1536.
+fn verdict(cond: &str, message: &str, otherwise: &str) -> (String, String) {
+    (
+        format!(
+            "(if (result i32) {cond} (then (call $err (i32.const 1024) (i32.const {}))) (else (call $err (i32.const 1536) (i32.const {}))))",
+            message.len(),
+            otherwise.len()
+        ),
+        format!("(data (i32.const 1024) {message:?}) (data (i32.const 1536) {otherwise:?})"),
+    )
+}
+
+/// The plugins that use WASI, by name: each tries what WASI could grant
+/// and (but for `clock`, `exit` and `determinism`) fails with a plugin error
+/// saying what it found.
+pub fn wasi(name: &str) -> Vec<u8> {
+    let (imports, body, extra): (&str, String, String) = match name {
+        // Preopened directories: the only way to a file, e.g. /etc/passwd.
+        "files" => {
+            let (body, data) = verdict(
+                "(i32.eqz (i32.load (i32.const 260)))",
+                "no preopened directory: /etc/passwd cannot be opened",
+                "a directory was preopened",
+            );
+            (
+                r#"(import "wasi:filesystem/preopens@0.2.0" "get-directories" (func $dirs (param i32)))"#,
+                format!("(call $dirs (i32.const 256)) {body}"),
+                data,
+            )
+        }
+        // A TCP socket, to connect to 127.0.0.1 with.
+        "socket" => {
+            let (body, data) = verdict(
+                "(i32.and (i32.eq (i32.load8_u (i32.const 256)) (i32.const 1)) (i32.eq (i32.load8_u (i32.const 260)) (i32.const 1)))",
+                "no TCP socket to connect to 127.0.0.1 with: access-denied",
+                "a TCP socket was made",
+            );
+            (
+                r#"(import "wasi:sockets/tcp-create-socket@0.2.0" "create-tcp-socket" (func $tcp (param i32 i32)))"#,
+                format!("(call $tcp (i32.const 0) (i32.const 256)) {body}"),
+                data,
+            )
+        }
+        // The environment, the arguments and stdin.
+        "env" => {
+            let (body, data) = verdict(
+                "(i32.and (i32.and (i32.eqz (i32.load (i32.const 260))) (i32.eqz (i32.load (i32.const 268)))) (i32.and (i32.eq (i32.load8_u (i32.const 272)) (i32.const 1)) (i32.eq (i32.load8_u (i32.const 276)) (i32.const 1))))",
+                "empty environment and arguments, stdin closed",
+                "saw an environment, arguments or stdin",
+            );
+            (
+                r#"(import "wasi:cli/environment@0.2.0" "get-environment" (func $env (param i32)))
+  (import "wasi:cli/environment@0.2.0" "get-arguments" (func $args (param i32)))
+  (import "wasi:cli/stdin@0.2.0" "get-stdin" (func $stdin (result i32)))
+  (import "wasi:io/streams@0.2.0" "[method]input-stream.blocking-read" (func $read (param i32 i64 i32)))"#,
+                format!(
+                    "(call $env (i32.const 256)) (call $args (i32.const 264)) (call $read (call $stdin) (i64.const 100) (i32.const 272)) {body}"
+                ),
+                data,
+            )
+        }
+        // 100 lines on stdout (more than a call may log), then an error.
+        "stdout" => (
+            r#"(import "wasi:cli/stdout@0.2.0" "get-stdout" (func $stdout (result i32)))
+  (import "wasi:io/streams@0.2.0" "[method]output-stream.blocking-write-and-flush" (func $write (param i32 i32 i32 i32)))"#,
+            r#"(local.set 0 (i32.const 100))
+    (loop $more
+      (call $write (call $stdout) (i32.const 1024) (i32.const 18) (i32.const 256))
+      (local.set 0 (i32.sub (local.get 0) (i32.const 1)))
+      (br_if $more (local.get 0)))
+    (call $err (i32.const 1536) (i32.const 25))"#
+                .into(),
+            r#"(data (i32.const 1024) "hello from stdout\n") (data (i32.const 1536) "wrote 100 lines to stdout")"#.into(),
+        ),
+        // The identity, after one WASI call (so its WASI context is made):
+        // what WASI adds to a call, for the benchmark.
+        "identity" => (
+            r#"(import "wasi:clocks/wall-clock@0.2.0" "now" (func $wall (param i32)))"#,
+            format!("(call $wall (i32.const 2304)) {IDENTITY}"),
+            String::new(),
+        ),
+        "exit" => (
+            r#"(import "wasi:cli/exit@0.2.0" "exit" (func $exit (param i32)))"#,
+            format!("(call $exit (i32.const 1)) {IDENTITY}"),
+            String::new(),
+        ),
+        // Sleeps 1 ms at a time (dropping each pollable, as a real guest
+        // does) until 10 ms have passed on the clock: a sleep that ends at
+        // once, on a clock that never moves.
+        "clock" => (
+            r#"(import "wasi:clocks/monotonic-clock@0.2.0" "now" (func $now (result i64)))
+  (import "wasi:clocks/monotonic-clock@0.2.0" "subscribe-duration" (func $sleep (param i64) (result i32)))
+  (import "wasi:io/poll@0.2.0" "[method]pollable.block" (func $block (param i32)))
+  (import "wasi:io/poll@0.2.0" "[resource-drop]pollable" (func $drop (param i32)))"#,
+            r#"(i64.store (i32.const 256) (call $now))
+    (loop $more
+      (i32.store (i32.const 264) (call $sleep (i64.const 1000000)))
+      (call $block (i32.load (i32.const 264)))
+      (call $drop (i32.load (i32.const 264)))
+      (br_if $more (i64.lt_u (i64.sub (call $now) (i64.load (i32.const 256))) (i64.const 10000000))))
+    (call $ok (i32.load (local.get 0)) (i32.load offset=4 (local.get 0)))"#
+                .into(),
+            String::new(),
+        ),
+        // Sleeps an hour, then returns the pod if the monotonic clock did
+        // not move: a sleep must never hold the host's thread.
+        "sleep" => {
+            let (body, data) = verdict(
+                "(i64.eq (call $now) (i64.load (i32.const 256)))",
+                "slept an hour in no time",
+                "the clock moved",
+            );
+            (
+                r#"(import "wasi:clocks/monotonic-clock@0.2.0" "now" (func $now (result i64)))
+  (import "wasi:clocks/monotonic-clock@0.2.0" "subscribe-duration" (func $sleep (param i64) (result i32)))
+  (import "wasi:io/poll@0.2.0" "[method]pollable.block" (func $block (param i32)))"#,
+                format!(
+                    "(i64.store (i32.const 256) (call $now)) (call $block (call $sleep (i64.const 3600000000000))) {body}"
+                ),
+                data,
+            )
+        }
+        // A pod named `web` whose annotation `wasi` holds, in hex, the wall
+        // clock (12 bytes), the monotonic clock (8) and 16 random bytes.
+        "determinism" => {
+            let prefix = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web","annotations":{"wasi":""#;
+            let suffix = r#""}},"spec":{"containers":[{"name":"web","image":"nginx"}]}}"#;
+            let (p, s) = (prefix.len(), suffix.len());
+            (
+                r#"(import "wasi:clocks/wall-clock@0.2.0" "now" (func $wall (param i32)))
+  (import "wasi:clocks/monotonic-clock@0.2.0" "now" (func $now (result i64)))
+  (import "wasi:random/random@0.2.0" "get-random-bytes" (func $random (param i64 i32)))"#,
+                format!(
+                    r#"(call $wall (i32.const 2304))
+    (i64.store (i32.const 2316) (call $now))
+    (call $random (i64.const 16) (i32.const 256))
+    (memory.copy (i32.const 2324) (i32.load (i32.const 256)) (i32.const 16))
+    (memory.copy (i32.const 2400) (i32.const 1024) (i32.const {p}))
+    (call $hex (i32.const 2304) (i32.const 36) (i32.const {hex_at}))
+    (memory.copy (i32.const {suffix_at}) (i32.const 1536) (i32.const {s}))
+    (call $ok (i32.const 2400) (i32.const {total}))"#,
+                    hex_at = 2400 + p,
+                    suffix_at = 2400 + p + 72,
+                    total = p + 72 + s,
+                ),
+                format!("(data (i32.const 1024) {prefix:?}) (data (i32.const 1536) {suffix:?})"),
+            )
+        }
+        other => panic!("no WASI plugin {other:?}"),
+    };
+    let imports_wit: String = WASI_IMPORTS
+        .iter()
+        .map(|i| format!("\n    import {i};"))
+        .collect();
+    let wit = WIT.replace(
+        "    import host;",
+        &format!("    import host;{imports_wit}"),
+    );
+    let mut packages: Vec<&str> = WASI_WIT.to_vec();
+    packages.push(&wit);
+    componentize(
+        &core_module(imports, &body, &format!("{WASI_HELPERS}{extra}")),
+        &packages,
+    )
 }

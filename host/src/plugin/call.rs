@@ -1,8 +1,11 @@
 //! One sandboxed call: a fresh store and instance, bounded in time (epoch
 //! deadline) and memory (a resource limiter), with the plugin's log lines
-//! bounded and attributed to the plugin and what it renders.
+//! (its `log` import and, for a WASI plugin, its stdout and stderr) bounded
+//! together and attributed to the plugin and what it renders.
 
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use wasmtime::{ResourceLimiter, Store, Trap};
@@ -10,6 +13,7 @@ use wasmtime::{ResourceLimiter, Store, Trap};
 use super::bindings;
 use super::bindings::podstamp::plugin::host::LogLevel;
 use super::bindings::podstamp::plugin::types as wit;
+use super::wasi::Wasi;
 use super::{CallFailure, Limits, PluginInfo, Runtime};
 use crate::node::NodeContext;
 
@@ -167,10 +171,13 @@ impl Plugin {
             &shared.engine,
             CallState {
                 limiter: CallLimiter::new(shared.limits.memory_bytes),
-                plugin: self.info.name.clone(),
-                subject: subject.to_string(),
-                log_lines: 0,
+                log: Arc::new(LogSink {
+                    plugin: self.info.name.clone(),
+                    subject: subject.to_string(),
+                    lines: AtomicU32::new(0),
+                }),
                 last_error: None,
+                wasi: None,
             },
         );
         store.limiter(|state| &mut state.limiter);
@@ -192,6 +199,9 @@ fn classify(error: wasmtime::Error, state: &mut CallState, limits: Limits) -> Ca
             requested,
         };
     }
+    if let Some(exit) = error.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        return CallFailure::Exited { status: exit.0 };
+    }
     match error.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => CallFailure::DeadlineExceeded {
             timeout: limits.timeout,
@@ -210,13 +220,60 @@ fn classify(error: wasmtime::Error, state: &mut CallState, limits: Limits) -> Ca
 /// Per-call state: lives in the store, dies with it.
 pub(super) struct CallState {
     limiter: CallLimiter,
-    plugin: String,
-    subject: String,
-    log_lines: u32,
+    log: Arc<LogSink>,
     last_error: Option<String>,
+    /// Made on the call's first WASI import (most plugins have none).
+    wasi: Option<Box<Wasi>>,
 }
 
-const MAX_LOG_LINE: usize = 4096;
+impl CallState {
+    /// The call's WASI context, made now if it is the first use.
+    pub(super) fn wasi(&mut self) -> &mut Wasi {
+        let log = &self.log;
+        self.wasi.get_or_insert_with(|| Wasi::new(log))
+    }
+}
+
+/// Where a call's log lines go: the host log, tagged with the plugin and
+/// what it renders, at most [`MAX_LOG_LINES_PER_CALL`] of them whichever way
+/// the plugin writes them (shared with its WASI stdout and stderr).
+pub(super) struct LogSink {
+    plugin: String,
+    subject: String,
+    lines: AtomicU32,
+}
+
+impl LogSink {
+    /// Logs `message`, cut to [`MAX_LOG_LINE`]; false when the call is over
+    /// its lines and it was dropped.
+    pub(super) fn log(&self, level: LogLevel, message: &str) -> bool {
+        let lines = self.lines.fetch_add(1, Ordering::Relaxed) + 1;
+        if lines > MAX_LOG_LINES_PER_CALL {
+            if lines == MAX_LOG_LINES_PER_CALL + 1 {
+                tracing::warn!(plugin = %self.plugin, subject = %self.subject, "plugin logged over {MAX_LOG_LINES_PER_CALL} lines in one call; dropping the rest");
+            }
+            return false;
+        }
+        let message = if message.len() > MAX_LOG_LINE {
+            let mut cut = message[..message.floor_char_boundary(MAX_LOG_LINE)].to_string();
+            cut.push('…');
+            std::borrow::Cow::Owned(cut)
+        } else {
+            std::borrow::Cow::Borrowed(message)
+        };
+        let (plugin, subject) = (&self.plugin, &self.subject);
+        match level {
+            LogLevel::Error => tracing::error!(plugin, subject, "{message}"),
+            LogLevel::Warn => tracing::warn!(plugin, subject, "{message}"),
+            LogLevel::Info => tracing::info!(plugin, subject, "{message}"),
+            LogLevel::Debug => tracing::debug!(plugin, subject, "{message}"),
+            LogLevel::Trace => tracing::trace!(plugin, subject, "{message}"),
+        }
+        true
+    }
+}
+
+pub(super) const MAX_LOG_LINE: usize = 4096;
 const MAX_LOG_LINES_PER_CALL: u32 = 64;
 
 /// The most of a plugin's error message, and of the field it names, that is
@@ -229,26 +286,11 @@ impl bindings::podstamp::plugin::types::Host for CallState {}
 
 impl bindings::podstamp::plugin::host::Host for CallState {
     fn log(&mut self, level: LogLevel, mut message: String) {
-        self.log_lines += 1;
-        if self.log_lines > MAX_LOG_LINES_PER_CALL {
-            if self.log_lines == MAX_LOG_LINES_PER_CALL + 1 {
-                tracing::warn!(plugin = %self.plugin, subject = %self.subject, "plugin logged over {MAX_LOG_LINES_PER_CALL} lines in one call; dropping the rest");
+        if self.log.log(level, &message) && level == LogLevel::Error {
+            if message.len() > MAX_LOG_LINE {
+                message.truncate(message.floor_char_boundary(MAX_LOG_LINE));
+                message.push('…');
             }
-            return;
-        }
-        if message.len() > MAX_LOG_LINE {
-            message.truncate(message.floor_char_boundary(MAX_LOG_LINE));
-            message.push('…');
-        }
-        let (plugin, subject) = (&self.plugin, &self.subject);
-        match level {
-            LogLevel::Error => tracing::error!(plugin, subject, "{message}"),
-            LogLevel::Warn => tracing::warn!(plugin, subject, "{message}"),
-            LogLevel::Info => tracing::info!(plugin, subject, "{message}"),
-            LogLevel::Debug => tracing::debug!(plugin, subject, "{message}"),
-            LogLevel::Trace => tracing::trace!(plugin, subject, "{message}"),
-        }
-        if level == LogLevel::Error {
             self.last_error = Some(message);
         }
     }

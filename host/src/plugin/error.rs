@@ -23,7 +23,7 @@ pub enum LoadError {
     )]
     NotAPlugin { origin: String, exports: String },
     #[error(
-        "{origin}: imports `{import}`, which podstamp does not provide: plugins get no filesystem, network, clock, environment or arguments, only {HOST_IMPORT}"
+        "{origin}: imports `{import}`, which podstamp does not provide: plugins get only {HOST_IMPORT} and WASI 0.2's io, clocks, random, cli, filesystem and sockets interfaces, which grant nothing"
     )]
     ForbiddenImport { origin: String, import: String },
     #[error("{origin}: {what}: {detail}")]
@@ -48,6 +48,10 @@ pub enum CallFailure {
         trap: String,
         last_error: Option<String>,
     },
+    #[error(
+        "called exit (status {status}) instead of returning: a plugin returns its pod or an error"
+    )]
+    Exited { status: i32 },
     #[error("returned malformed data: {detail}")]
     Malformed { detail: String },
     #[error("returned {size} bytes, over the limit of {limit}")]

@@ -1,5 +1,7 @@
 //! What a component must export and may import to be a podstamp plugin,
-//! checked before linking so that a mismatch says what to do.
+//! checked before linking so that a mismatch says what to do: the host
+//! interface, the shared types, and the WASI 0.2 interfaces of
+//! `super::wasi`, which grant nothing; any other import is refused, named.
 
 use wasmtime::Engine;
 use wasmtime::component::Component;
@@ -48,7 +50,7 @@ pub(super) fn check_interface(
         });
     }
     for (import, _) in ty.imports(engine) {
-        if import == HOST_IMPORT || import == TYPES_IMPORT {
+        if import == HOST_IMPORT || import == TYPES_IMPORT || super::wasi::is_granted(import) {
             continue;
         }
         if let Some(found) = ["podstamp:plugin/host@", "podstamp:plugin/types@"]

@@ -7,14 +7,15 @@
 //! time by epoch interruption and in memory by a resource limiter; what it
 //! returns is bounded too (the pod by `max_output_bytes`, an error's text by
 //! `call::MAX_ERROR_TEXT`).
-//! Plugins get only the `podstamp:plugin/host` import: a component that
-//! imports anything else (WASI filesystem, sockets, clocks...) is refused at
-//! load time.
+//! Plugins get the `podstamp:plugin/host` import and WASI 0.2's
+//! `wasi:cli/imports` interfaces, which grant nothing (see `wasi`): a
+//! component that imports anything else is refused at load time.
 //!
 //! One concern per file: `error` (how loading and calls fail), `interface`
 //! (what a component must import and export), `pool` (where instances come
 //! from), `call` (one sandboxed call), `ticker` (the epoch deadline and the
-//! slot gate), `cache` (compiled code on disk).
+//! slot gate), `cache` (compiled code on disk), `wasi` (the deny-by-default
+//! WASI context).
 
 use std::fmt;
 use std::path::Path;
@@ -33,6 +34,7 @@ mod error;
 mod interface;
 mod pool;
 mod ticker;
+mod wasi;
 
 pub use cache::{choose_cache_dir, default_cache_dir};
 pub use call::{Plugin, WitNode};
@@ -161,6 +163,7 @@ impl Runtime {
         let engine = Engine::new(&config).map_err(|e| setup("engine", e.to_string()))?;
         let mut linker = Linker::new(&engine);
         bindings::Plugin::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
+            .and_then(|()| wasi::add_to_linker(&mut linker))
             .map_err(|e| setup("linker", e.to_string()))?;
         let cache = match cache_dir {
             Some(dir) => Some(
