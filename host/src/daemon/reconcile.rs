@@ -1098,14 +1098,19 @@ mod tests {
         Input::Catalog(Arc::new(Catalog::from_steps(Vec::new())))
     }
 
-    fn reconciler(dir: &Path) -> Reconciler {
-        let mut r = Reconciler::new(
+    /// A reconciler that knows neither the node nor a catalog yet.
+    fn bare_reconciler(dir: &Path) -> Reconciler {
+        Reconciler::new(
             dir.to_path_buf(),
             "kube-system".into(),
             Arc::new(Metrics::default()),
             None,
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    fn reconciler(dir: &Path) -> Reconciler {
+        let mut r = bare_reconciler(dir);
         r.apply(Input::Node(NodeContext::named("n1")));
         r.apply(empty_catalog());
         r
@@ -1254,13 +1259,7 @@ mod tests {
     #[test]
     fn without_the_node_nothing_is_rendered() {
         let dir = tempfile::tempdir().unwrap();
-        let mut r = Reconciler::new(
-            dir.path().to_path_buf(),
-            "kube-system".into(),
-            Arc::new(Metrics::default()),
-            None,
-        )
-        .unwrap();
+        let mut r = bare_reconciler(dir.path());
         r.apply(empty_catalog());
         list(&mut r, vec![incoming("a", "a", "x:1")]);
         assert!(!dir.path().join("a.yaml").exists());
@@ -1274,13 +1273,7 @@ mod tests {
     #[test]
     fn without_a_catalog_nothing_is_rendered() {
         let dir = tempfile::tempdir().unwrap();
-        let mut r = Reconciler::new(
-            dir.path().to_path_buf(),
-            "kube-system".into(),
-            Arc::new(Metrics::default()),
-            None,
-        )
-        .unwrap();
+        let mut r = bare_reconciler(dir.path());
         r.apply(Input::Node(NodeContext::named("n1")));
         list(&mut r, vec![incoming("a", "a", "x:1")]);
         assert!(!dir.path().join("a.yaml").exists());
