@@ -216,6 +216,12 @@ pub struct Reconciler {
     /// rollouts followed (never without the API, or without the right to
     /// read pods).
     confirming: bool,
+    /// Revisions this daemon wrote while it could not follow rollouts (the
+    /// pods watch had not listed yet, or failed), per template: once it can,
+    /// they are followed as its own writes, with their Events, rather than
+    /// as revisions found in place. Which comes first, the first render or
+    /// the pods watch's list, is a race the outcome must not depend on.
+    written_unfollowed: BTreeMap<String, String>,
 }
 
 impl Reconciler {
@@ -279,6 +285,7 @@ impl Reconciler {
             revisions: None,
             rollouts: Tracker::default(),
             confirming: false,
+            written_unfollowed: BTreeMap::new(),
         })
     }
 
@@ -365,7 +372,7 @@ impl Reconciler {
             Input::MirrorLost => {
                 if self.confirming {
                     self.confirming = false;
-                    self.rollouts.drop_pending();
+                    self.written_unfollowed.extend(self.rollouts.drop_pending());
                 }
             }
         }
@@ -449,6 +456,7 @@ impl Reconciler {
             tracing::info!(template = key, "template gone");
             if let Some(id) = &entry.id {
                 self.rollouts.forget(id);
+                self.written_unfollowed.remove(id);
                 self.metrics.forget_rollout(id);
             }
             self.gc_due = true;
@@ -865,10 +873,14 @@ impl Reconciler {
 impl Reconciler {
     /// Follows the revision now in place for `done`'s template.
     fn track(&mut self, done: &Done) {
+        let id = done.source.as_str();
         if !self.confirming {
+            if done.outcome == Outcome::Written {
+                self.written_unfollowed
+                    .insert(id.to_string(), done.revision.clone());
+            }
             return;
         }
-        let id = done.source.as_str();
         if self
             .rollouts
             .get(id)
@@ -876,7 +888,9 @@ impl Reconciler {
         {
             return;
         }
-        let written = done.outcome == Outcome::Written;
+        let written_before = self.written_unfollowed.remove(id);
+        let written = done.outcome == Outcome::Written
+            || written_before.as_deref() == Some(done.revision.as_str());
         // What the history holds besides this revision: what to go back to
         // when no revision was seen Ready in this run.
         let fallback = self.revisions.as_ref().and_then(|store| {
@@ -1308,5 +1322,38 @@ mod tests {
         assert_eq!(r.dirty, BTreeSet::from(["a".to_string()]));
         r.reconcile();
         assert!(r.dirty.is_empty());
+    }
+
+    /// The first render and the pods watch's first list race; a revision
+    /// this daemon wrote is followed as its own (with its Events) whichever
+    /// comes first, and also when the pods watch was lost in between.
+    #[test]
+    fn a_revision_written_before_pods_are_followed_is_still_our_rollout() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = reconciler(dir.path());
+        list(&mut r, vec![incoming("a", "a", "x:1")]);
+        assert!(dir.path().join("a.yaml").exists());
+        assert!(r.rollouts.get("kube-system/a").is_none());
+        r.apply(Input::MirrorSynced);
+        r.reconcile();
+        let rollout = r.rollouts.get("kube-system/a").expect("followed");
+        assert!(rollout.written, "written by this daemon: {rollout:?}");
+        let first = rollout.revision.clone();
+
+        // Lost before a verdict, then listed again: still ours.
+        r.apply(Input::MirrorLost);
+        assert!(r.rollouts.get("kube-system/a").is_none());
+        r.apply(Input::MirrorSynced);
+        r.reconcile();
+        let rollout = r.rollouts.get("kube-system/a").expect("followed again");
+        assert!(rollout.written && rollout.revision == first, "{rollout:?}");
+
+        // A manifest found in place by a restarted daemon is not.
+        let mut r = reconciler(dir.path());
+        list(&mut r, vec![incoming("a", "a", "x:1")]);
+        r.apply(Input::MirrorSynced);
+        r.reconcile();
+        let rollout = r.rollouts.get("kube-system/a").expect("followed");
+        assert!(!rollout.written, "found in place: {rollout:?}");
     }
 }

@@ -150,9 +150,18 @@ impl Tracker {
     }
 
     /// Forgets the rollouts without a verdict: nothing can be known of them
-    /// for now; they are followed anew (as found in place) later.
-    pub fn drop_pending(&mut self) {
-        self.rollouts.retain(|_, r| r.verdict.is_some());
+    /// for now; they are followed anew (as found in place) later. Returns
+    /// those this daemon wrote (template, revision), so that following them
+    /// anew still reports them as its own.
+    pub fn drop_pending(&mut self) -> Vec<(String, String)> {
+        let mut written = Vec::new();
+        self.rollouts.retain(|id, r| {
+            if r.verdict.is_none() && r.written {
+                written.push((id.clone(), r.revision.clone()));
+            }
+            r.verdict.is_some()
+        });
+        written
     }
 
     pub fn get(&self, id: &str) -> Option<&Rollout> {
