@@ -3,7 +3,9 @@
 //! the test, registered with the harness API server.
 //!
 //! Invariants: one node at a time on the machine (the kubelet uses fixed
-//! host paths), so every test holds [`serial`] while its node runs; a node is
+//! host paths, and a node's cgroups are named after it), so every test
+//! holds [`serial`] while its node runs, a lock of the whole machine: other
+//! test processes (another checkout's suite, the kubelet benchmark) wait; a node is
 //! torn down by its `Drop` (SIGTERM, then podstamp-node's ordered teardown),
 //! also when the test fails; [`leftovers`] names anything a node left
 //! running, mounted or in the cgroup tree.
@@ -19,10 +21,39 @@ use std::time::{Duration, Instant};
 use crate::common::harness_bin;
 use crate::support::wait_for;
 
-/// Held by each test while its node runs.
-pub fn serial() -> MutexGuard<'static, ()> {
+/// Held by each test while its node runs: this process's tests one at a
+/// time (the mutex), and one process on the machine at a time (an flock(2)
+/// on a file in /run, released when the guard's file is closed, also when
+/// the process dies).
+pub struct Serial {
+    _file: fs::File,
+    _guard: MutexGuard<'static, ()>,
+}
+
+pub fn serial() -> Serial {
+    use std::os::fd::AsRawFd;
     static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    let guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let path = Path::new("/run/podstamp-kubelet-tests.lock");
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    // Blocks until no other process holds it.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(
+        rc,
+        0,
+        "flock {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    Serial {
+        _file: file,
+        _guard: guard,
+    }
 }
 
 /// One container as the CRI reports it (`podstamp-node containers`).
