@@ -76,6 +76,18 @@ pub struct DaemonEntry {
     pub revisions_dir: Option<PathBuf>,
     /// How many manifests are kept per template.
     pub revision_history: Option<usize>,
+    /// Rollouts across nodes: where their Leases are, and how long a slot
+    /// outlives a holder that stopped renewing it.
+    pub rollouts: Option<RolloutsEntry>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RolloutsEntry {
+    /// The namespace of the slot and node status Leases.
+    pub namespace: Option<String>,
+    /// A slot's `leaseDurationSeconds`, e.g. `30s`.
+    pub lease_duration: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

@@ -10,6 +10,7 @@ pub mod catalog;
 pub mod chain;
 pub mod config;
 pub mod daemon;
+pub mod fleet;
 pub mod manifest;
 pub mod node;
 pub mod plugin;

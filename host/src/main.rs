@@ -10,6 +10,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod status_command;
+
 use podstamp::catalog::{
     ComponentError, ConfigMapError, ConfigMapSet, ConfigMaps, NoConfigMaps, PluginError, gzip,
 };
@@ -52,6 +54,8 @@ enum Command {
     /// Work with plugin components.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Show how each template's update rolls across the nodes, as their daemons report it.
+    Status(status_command::StatusArgs),
 }
 
 #[derive(Subcommand)]
@@ -156,6 +160,15 @@ fn main() -> ExitCode {
         Command::Plugin(PluginCommand::Inspect { path }) => run_inspect(&path),
         Command::Plugin(PluginCommand::Configmap(args)) => run_configmap(&args),
         Command::Run(args) => return podstamp::daemon::main(args),
+        Command::Status(args) => {
+            return match status_command::run(args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err((code, message)) => {
+                    eprintln!("podstamp: error: {}", message.replace('\n', " "));
+                    ExitCode::from(code)
+                }
+            };
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

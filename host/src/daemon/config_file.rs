@@ -143,6 +143,14 @@ pub fn node_local(config: &ConfigFile) -> Vec<(&'static str, String)> {
         ("daemon.resync", shown(&d.resync)),
         ("daemon.revisionsDir", shown(&d.revisions_dir)),
         ("daemon.revisionHistory", shown(&d.revision_history)),
+        (
+            "daemon.rollouts.namespace",
+            shown(&d.rollouts.as_ref().and_then(|r| r.namespace.clone())),
+        ),
+        (
+            "daemon.rollouts.leaseDuration",
+            shown(&d.rollouts.as_ref().and_then(|r| r.lease_duration.clone())),
+        ),
         ("limits.timeout", shown(&l.timeout)),
         ("limits.memory", shown(&l.memory)),
         ("limits.maxManifestSize", shown(&l.max_manifest_size)),

@@ -50,6 +50,9 @@ struct Inner {
     /// Per template: the revision in place and its rollout phase.
     rollouts: BTreeMap<String, (String, &'static str)>,
     rollout_results: BTreeMap<&'static str, u64>,
+    /// Writes to the API for rollouts across nodes: (object, result).
+    fleet_writes: BTreeMap<(&'static str, &'static str), u64>,
+    slots_held: usize,
 }
 
 /// Everything `/metrics` and `/readyz` report; shared by the daemon's parts.
@@ -188,6 +191,20 @@ impl Metrics {
         *self.lock().rollout_results.entry(result).or_default() += 1;
     }
 
+    /// A write of a rollout object (`slot` or `status`) to the API:
+    /// `ok`, `conflict` (someone else wrote first) or `error`.
+    pub fn fleet_write(&self, object: &'static str, result: &'static str) {
+        *self
+            .lock()
+            .fleet_writes
+            .entry((object, result))
+            .or_default() += 1;
+    }
+
+    pub fn set_slots_held(&self, n: usize) {
+        self.lock().slots_held = n;
+    }
+
     pub fn set_ready(&self) {
         self.ready.store(true, Ordering::SeqCst);
     }
@@ -321,7 +338,7 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP podstamp_template_revision The revision in this node's manifest for each template, by its rollout phase (written, running, ready, failed).\n\
+            "# HELP podstamp_template_revision The revision in this node's manifest for each template, by its rollout phase (waiting, halted, written, running, ready, failed).\n\
              # TYPE podstamp_template_revision gauge"
         );
         for (template, (revision, phase)) in &inner.rollouts {
@@ -341,6 +358,29 @@ impl Metrics {
             let n = inner.rollout_results.get(result).copied().unwrap_or(0);
             let _ = writeln!(out, "podstamp_rollouts_total{{result=\"{result}\"}} {n}");
         }
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_rollout_api_writes_total Writes to the API server for rollouts across nodes, by object (slot, status) and result (ok, conflict, error); none while nothing rolls.\n\
+             # TYPE podstamp_rollout_api_writes_total counter"
+        );
+        for object in ["slot", "status"] {
+            for result in ["ok", "conflict", "error"] {
+                let n = inner
+                    .fleet_writes
+                    .get(&(object, result))
+                    .copied()
+                    .unwrap_or(0);
+                let _ = writeln!(
+                    out,
+                    "podstamp_rollout_api_writes_total{{object=\"{object}\",result=\"{result}\"}} {n}"
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_rollout_slots_held Rollout slots this node holds (templates it is updating).\n# TYPE podstamp_rollout_slots_held gauge\npodstamp_rollout_slots_held {}",
+            inner.slots_held
+        );
         let _ = writeln!(
             out,
             "# HELP podstamp_ready Whether the first full sync is done.\n# TYPE podstamp_ready gauge\npodstamp_ready {}",

@@ -16,7 +16,9 @@
 pub mod api_catalog;
 pub mod config_file;
 pub mod configmaps;
+pub mod coordinator;
 pub mod events;
+pub mod gate;
 pub mod metrics;
 pub mod mirror;
 mod poll;
@@ -93,6 +95,12 @@ pub struct RunArgs {
     /// How many manifests are kept per template in the revisions directory [default: 3].
     #[arg(long, value_name = "N")]
     pub revision_history: Option<usize>,
+    /// The namespace of the Leases through which the nodes roll updates one at a time [default: the templates' namespace].
+    #[arg(long, env = "PODSTAMP_ROLLOUT_NAMESPACE", value_name = "NAMESPACE")]
+    pub rollout_namespace: Option<String>,
+    /// How long a rollout slot outlives a node that stopped renewing it, e.g. 30s [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    pub slot_lease_duration: Option<String>,
     /// Where compiled plugin code is cached [default: the config's cacheDir, $PODSTAMP_CACHE_DIR, $XDG_CACHE_HOME/podstamp or ~/.cache/podstamp].
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
@@ -124,6 +132,9 @@ struct Settings {
     watch_timeout: Option<u32>,
     revisions_dir: PathBuf,
     revision_history: usize,
+    /// Where the rollout Leases are.
+    rollout_namespace: String,
+    slot_lease_duration: Duration,
 }
 
 fn settings(args: &RunArgs, config: &ConfigFile) -> Result<Settings, String> {
@@ -174,7 +185,34 @@ fn settings(args: &RunArgs, config: &ConfigFile) -> Result<Settings, String> {
         }
         None => None,
     };
+    let rollouts = d.rollouts.clone().unwrap_or_default();
+    let rollout_namespace = args
+        .rollout_namespace
+        .clone()
+        .or(rollouts.namespace)
+        .unwrap_or_else(|| namespace.clone());
+    crate::validate::check_dns_label(&rollout_namespace).map_err(|e| {
+        format!("rollout namespace (--rollout-namespace, daemon.rollouts.namespace): {e}")
+    })?;
+    let slot_lease_duration = match args.slot_lease_duration.clone().or(rollouts.lease_duration) {
+        None => coordinator::DEFAULT_LEASE_DURATION,
+        Some(text) => match config::parse_duration(&text) {
+            Ok(d) if d.as_secs() >= 1 && d.subsec_nanos() == 0 => d,
+            Ok(_) => {
+                return Err(format!(
+                    "slot lease duration (--slot-lease-duration, daemon.rollouts.leaseDuration) {text:?}: must be a whole number of seconds, at least 1s"
+                ));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "slot lease duration (--slot-lease-duration, daemon.rollouts.leaseDuration): {e}"
+                ));
+            }
+        },
+    };
     Ok(Settings {
+        rollout_namespace,
+        slot_lease_duration,
         source,
         namespace,
         selector: args
@@ -416,6 +454,14 @@ fn in_use(
             "daemon.revisionHistory",
             settings.revision_history.to_string(),
         ),
+        (
+            "daemon.rollouts.namespace",
+            settings.rollout_namespace.clone(),
+        ),
+        (
+            "daemon.rollouts.leaseDuration",
+            format!("{:?}", settings.slot_lease_duration),
+        ),
         ("limits.timeout", format!("{:?}", limits.timeout)),
         ("limits.memory", format!("{} bytes", limits.memory_bytes)),
         (
@@ -455,6 +501,7 @@ async fn run(
         }
         None => (None, None),
     };
+    let mut coordinating = None;
     let reconciler = match Reconciler::new(
         settings.manifest_dir.clone(),
         settings.namespace.clone(),
@@ -463,6 +510,11 @@ async fn run(
     ) {
         Ok(mut r) => {
             r.set_max_manifest_size(settings.max_manifest_bytes);
+            if let Some(client) = &client {
+                let (asks, asked) = tokio::sync::mpsc::unbounded_channel();
+                r.set_gate(gate::Gate::new(asks));
+                coordinating = Some((client.clone(), asked));
+            }
             match revisions::Store::open(
                 settings.revisions_dir.clone(),
                 settings.revision_history,
@@ -528,6 +580,21 @@ async fn run(
                 inputs.clone(),
                 metrics.clone(),
             ));
+            if let Some((client, asked)) = coordinating.take() {
+                let coordinator = coordinator::Settings {
+                    namespace: settings.rollout_namespace.clone(),
+                    node: settings.node_name.clone(),
+                    lease_duration: settings.slot_lease_duration,
+                    watch_timeout: settings.watch_timeout,
+                };
+                tokio::spawn(coordinator::run(
+                    client,
+                    coordinator,
+                    asked,
+                    inputs.clone(),
+                    metrics.clone(),
+                ));
+            }
             tokio::spawn(mirror::watch(
                 client.clone(),
                 settings.namespace.clone(),

@@ -44,6 +44,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 
 use crate::chain::Chain;
 use crate::config::Catalog;
+use crate::fleet::{self, TemplateStatus, policy};
 use crate::manifest;
 use crate::node::NodeContext;
 use crate::reason::Reason;
@@ -52,6 +53,7 @@ use crate::template::Template;
 use crate::write::{self, Outcome};
 
 use super::events::{EventSink, Report};
+use super::gate::{Answer, Decision, Gate, phase_of};
 use super::metrics::{Metrics, RenderResult};
 use super::mirror::Observation;
 use super::revisions::Store;
@@ -95,6 +97,8 @@ pub enum Input {
     /// rollout is judged until it lists again, so that no deadline passes
     /// for want of a status nobody could read.
     MirrorLost,
+    /// The coordinator of rollouts across nodes answers ([`Gate`]).
+    Fleet(Answer),
 }
 
 /// A template as a source delivers it.
@@ -153,6 +157,20 @@ struct Entry {
     /// A revision that failed and was rolled back: not written again while
     /// the template renders it.
     held: Option<String>,
+    /// An update not written for now (waiting for a slot, or halted), and
+    /// why; None once the manifest holds what the template renders.
+    gated: Option<Gated>,
+    /// The revision of the manifest in place, as last written or found.
+    in_place: Option<String>,
+}
+
+/// Why an update of a manifest in place is not written yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Gated {
+    /// Waiting for a slot to write `target`.
+    Waiting { target: String, slots: u32 },
+    /// `target` failed on a node.
+    Halted { target: String, why: String },
 }
 
 /// What a template's render depends on in the catalog.
@@ -175,6 +193,10 @@ struct Done {
     deadline: Duration,
     /// The revision rendered is held (it failed); the file keeps another.
     held: bool,
+    /// The update is not written for now; the file keeps another revision.
+    gated: Option<Gated>,
+    /// The rollout target rendered (with a gate only).
+    target: Option<String>,
 }
 
 /// A failed render, as reported.
@@ -222,6 +244,11 @@ pub struct Reconciler {
     /// as revisions found in place. Which comes first, the first render or
     /// the pods watch's list, is a race the outcome must not depend on.
     written_unfollowed: BTreeMap<String, String>,
+    /// Rollouts across nodes; None with a `dir:` source (nothing to
+    /// coordinate through).
+    gate: Option<Gate>,
+    /// The last failed rollout per template on this node, as reported.
+    fleet_failed: BTreeMap<String, fleet::Failed>,
 }
 
 impl Reconciler {
@@ -286,6 +313,8 @@ impl Reconciler {
             rollouts: Tracker::default(),
             confirming: false,
             written_unfollowed: BTreeMap::new(),
+            gate: None,
+            fleet_failed: BTreeMap::new(),
         })
     }
 
@@ -369,6 +398,18 @@ impl Reconciler {
                     self.mark_all_dirty();
                 }
             }
+            Input::Fleet(answer) => {
+                let Some(gate) = &mut self.gate else { return };
+                for id in gate.answer(answer) {
+                    let keys: Vec<String> = self
+                        .entries
+                        .iter()
+                        .filter(|(_, e)| e.id.as_deref() == Some(id.as_str()))
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    self.dirty.extend(keys);
+                }
+            }
             Input::MirrorLost => {
                 if self.confirming {
                     self.confirming = false;
@@ -444,6 +485,8 @@ impl Reconciler {
                         last_error: None,
                         chain: None,
                         held: None,
+                        gated: None,
+                        in_place: None,
                     },
                 );
             }
@@ -457,6 +500,10 @@ impl Reconciler {
             if let Some(id) = &entry.id {
                 self.rollouts.forget(id);
                 self.written_unfollowed.remove(id);
+                if let Some(gate) = &mut self.gate {
+                    gate.forget(id);
+                }
+                self.fleet_failed.remove(id);
                 self.metrics.forget_rollout(id);
             }
             self.gc_due = true;
@@ -524,6 +571,7 @@ impl Reconciler {
         if rendered && self.synced {
             self.collect_garbage();
         }
+        self.release_unneeded_slots();
         self.sync_dir();
         self.metrics.set_managed(self.owned.len());
         if self.synced {
@@ -628,6 +676,11 @@ impl Reconciler {
         self.max_manifest_bytes = bytes;
     }
 
+    /// Coordinates updates with the other nodes through `gate`.
+    pub fn set_gate(&mut self, gate: Gate) {
+        self.gate = Some(gate);
+    }
+
     /// Keeps the last manifests of each template in `store`.
     pub fn set_revisions(&mut self, store: Store) {
         self.revisions = Some(store);
@@ -645,6 +698,40 @@ impl Reconciler {
                 let Done { file, outcome, .. } = &done;
                 let (file, outcome) = (file.clone(), *outcome);
                 entry.claims = Some(file.clone());
+                if done.gated.is_none() && !done.held {
+                    entry.in_place = Some(done.revision.clone());
+                }
+                if entry.gated != done.gated {
+                    match &done.gated {
+                        Some(Gated::Waiting { target, slots }) => {
+                            tracing::info!(template = %id, target = %target,
+                            "update waits for a rollout slot (at most {slots} node(s) updating at once); the manifest in place stays")
+                        }
+                        Some(Gated::Halted { why, .. }) => tracing::warn!(template = %id,
+                            "update halted: {why}; the manifest in place stays until the template changes"),
+                        None => {}
+                    }
+                    if let (Some(Gated::Halted { why, .. }), Some(events), Some(reference)) =
+                        (&done.gated, &self.events, &entry.incoming.reference)
+                    {
+                        events.report(Report {
+                            reference: reference.clone(),
+                            reason: Reason::RolloutHalted,
+                            note: format!(
+                                "node {}: {why}; not written here until the template changes",
+                                node.name
+                            ),
+                            related: None,
+                        });
+                    }
+                    entry.gated = done.gated.clone();
+                }
+                if let (Some(gate), Some(target)) = (&mut self.gate, &done.target)
+                    && done.gated.is_none()
+                    && !done.held
+                {
+                    gate.remember(&id, &done.revision, target);
+                }
                 if !done.held && entry.held.take().is_some() {
                     tracing::info!(template = %id, revision = %done.revision,
                         "the template renders another revision; the failed one is no longer held");
@@ -661,9 +748,10 @@ impl Reconciler {
                 if entry.last_error.take().is_some() {
                     tracing::info!(template = %id, "renders again");
                 }
-                if !done.held {
+                if !done.held && done.gated.is_none() {
                     self.track(&done);
                 }
+                self.report_fleet(&id);
             }
             Err(mut failure) => {
                 failure.message = crate::text::cut(failure.message, MAX_FAILURE_MESSAGE);
@@ -742,6 +830,8 @@ impl Reconciler {
                 }
             },
         };
+        let policy = policy::from_annotations(&template.annotations)
+            .map_err(|e| invalid(format!("PodTemplate {}: {e}", template.id())))?;
         let catalog = self.catalog.as_deref().expect("checked by reconcile");
         let chain = catalog.chain_for(&template.annotations);
         *chain_seen = Some(match &chain {
@@ -753,6 +843,10 @@ impl Reconciler {
             plugin: None,
             message: format!("PodTemplate {}: {e}", template.id()),
         })?;
+        let target = self
+            .gate
+            .is_some()
+            .then(|| fleet::target(&template.fingerprint(), &chain.fingerprint()));
         let render_failed = |e: RenderError| {
             let plugin = match &e.stage {
                 Stage::Plugin(f) => Some(f.step.clone()),
@@ -837,11 +931,48 @@ impl Reconciler {
                 revision,
                 deadline,
                 held: true,
+                gated: None,
+                target,
             });
         }
         // Bytes already on disk were read back when they were written; only
         // new bytes are read back, just before they replace the file.
-        let outcome = if write::already_holds(&self.dir, &file, &manifest.bytes) {
+        let holds = write::already_holds(&self.dir, &file, &manifest.bytes);
+        if let (Some(gate), Some(target)) = (&mut self.gate, &target) {
+            if holds {
+                gate.cancel(&source);
+            } else if self.owned.contains_key(&file) && self.dir.join(&file).exists() {
+                // An update of a manifest in place: it may have to wait.
+                let gated = match gate.decide(&source, target, policy) {
+                    Decision::Write => None,
+                    Decision::Wait => Some(Gated::Waiting {
+                        target: target.clone(),
+                        slots: match policy {
+                            policy::Policy::NodeByNode { max_unavailable } => max_unavailable,
+                            policy::Policy::AllAtOnce => 0,
+                        },
+                    }),
+                    Decision::Halted(why) => Some(Gated::Halted {
+                        target: target.clone(),
+                        why,
+                    }),
+                };
+                if gated.is_some() {
+                    self.owned.insert(file.clone(), source);
+                    return Ok(Done {
+                        file,
+                        outcome: Outcome::Unchanged,
+                        source: done_source,
+                        revision,
+                        deadline,
+                        held: false,
+                        gated,
+                        target: Some(target.clone()),
+                    });
+                }
+            }
+        }
+        let outcome = if holds {
             record_revision(&mut self.revisions, manifest);
             Outcome::Unchanged
         } else {
@@ -866,6 +997,8 @@ impl Reconciler {
             revision,
             deadline,
             held: false,
+            gated: None,
+            target,
         })
     }
 }
@@ -930,6 +1063,127 @@ impl Reconciler {
         if let Some(verdict) = verdict {
             self.verdict(id, verdict);
         }
+        self.report_fleet(id);
+    }
+
+    /// Tells the other nodes how template `id`'s rollout ended here — a
+    /// failure first, so that no node takes the slot without knowing it —
+    /// and frees its slot.
+    fn fleet_verdict(
+        &mut self,
+        id: &str,
+        rollout: &rollout::Rollout,
+        failure: Option<(&str, &str)>,
+    ) {
+        let Some(gate) = &mut self.gate else { return };
+        if let Some((reason, message)) = failure {
+            let failed = fleet::Failed {
+                target: gate
+                    .target_of(id, &rollout.revision)
+                    .unwrap_or_default()
+                    .to_string(),
+                revision: rollout.revision.clone(),
+                reason: reason.to_string(),
+                message: crate::text::cut(message.to_string(), 1024),
+                at: fleet::now_rfc3339(),
+            };
+            self.fleet_failed.insert(id.to_string(), failed);
+        }
+        self.report_fleet(id);
+        if let Some(gate) = &mut self.gate {
+            gate.release(id);
+        }
+    }
+
+    /// Sends this node's state of template `id` to the other nodes (when
+    /// it changed).
+    fn report_fleet(&mut self, id: &str) {
+        if self.gate.is_none() {
+            return;
+        }
+        let Some(entry) = self.entries.values().find(|e| e.id.as_deref() == Some(id)) else {
+            return;
+        };
+        let rollout = self.rollouts.get(id);
+        let revision = rollout
+            .map(|r| r.revision.clone())
+            .or_else(|| entry.in_place.clone());
+        let (phase, message) = match &entry.gated {
+            Some(Gated::Waiting { target, slots }) => (
+                fleet::Phase::Waiting,
+                Some(format!(
+                    "waiting for a slot to write target {target} (at most {slots} node(s) at once)"
+                )),
+            ),
+            Some(Gated::Halted { why, .. }) => (fleet::Phase::Halted, Some(why.clone())),
+            None => (
+                rollout.map_or(fleet::Phase::Written, |r| {
+                    // Ready is a success only once it lasted.
+                    match (phase_of(r.phase), &r.verdict) {
+                        (fleet::Phase::Ready, None) => fleet::Phase::Confirming,
+                        (phase, _) => phase,
+                    }
+                }),
+                None,
+            ),
+        };
+        let generation = entry
+            .incoming
+            .template
+            .as_ref()
+            .ok()
+            .and_then(|t| t.generation);
+        let gate = self.gate.as_mut().expect("checked");
+        let target = revision
+            .as_deref()
+            .and_then(|r| gate.target_of(id, r))
+            .map(str::to_string);
+        let wanted = match &entry.gated {
+            Some(Gated::Waiting { target, .. } | Gated::Halted { target, .. }) => {
+                Some(target.clone())
+            }
+            None => target.clone(),
+        };
+        let status = TemplateStatus {
+            target,
+            wanted,
+            revision,
+            generation,
+            phase: phase.as_str().to_string(),
+            since: String::new(),
+            message,
+            failed: self.fleet_failed.get(id).cloned(),
+        };
+        gate.report(id, status);
+    }
+
+    /// Frees the slots no longer needed: held for a template whose rollout
+    /// here has its verdict (or that has nothing to write). Never while
+    /// rollouts cannot be followed.
+    fn release_unneeded_slots(&mut self) {
+        let Some(gate) = &self.gate else { return };
+        if !self.confirming {
+            return;
+        }
+        let unneeded: Vec<String> = gate
+            .held()
+            .filter(|id| {
+                let pending = self.rollouts.get(id).is_some_and(|r| r.verdict.is_none());
+                let waiting = self.entries.values().any(|e| {
+                    e.id.as_deref() == Some(id.as_str())
+                        && matches!(e.gated, Some(Gated::Waiting { .. }))
+                });
+                !pending && !waiting
+            })
+            .cloned()
+            .collect();
+        for id in unneeded {
+            tracing::info!(template = %id, "rollout slot released: nothing of this template is rolling out here");
+            self.report_fleet(&id);
+            if let Some(gate) = &mut self.gate {
+                gate.release(&id);
+            }
+        }
     }
 
     /// Reports a rollout's verdict, and rolls a failed one back.
@@ -946,6 +1200,7 @@ impl Reconciler {
         let (reason, note) = match verdict {
             Verdict::Succeeded => {
                 self.metrics.rollout_result("succeeded");
+                self.fleet_verdict(id, &rollout, None);
                 if !rollout.written {
                     tracing::debug!(template = %id, revision = %rollout.revision, "revision in place is Ready");
                     return;
@@ -975,6 +1230,7 @@ impl Reconciler {
                 };
                 tracing::warn!(template = %id, revision = %rollout.revision, node = %node, reason = %reason,
                     "rollout failed: {message}; {outcome}");
+                self.fleet_verdict(id, &rollout, Some((reason.as_str(), message.as_str())));
                 (
                     Reason::RolloutFailed,
                     format!(
