@@ -2788,7 +2788,9 @@ fn an_expired_watch_history_is_a_relist_that_changes_nothing() {
     wait_logged(&daemon, "a second list", || {
         (daemon.metric(lists) >= 2.0).then_some(())
     });
-    assert!(server_lists(&rt, &client, "podtemplates") > served);
+    wait_logged(&daemon, "the server to count a second list", || {
+        (server_lists(&rt, &client, "podtemplates") > served).then_some(())
+    });
     assert_eq!(identity(&etcd), before, "a relist rewrites nothing");
     assert_eq!(daemon.get("/readyz").map(|r| r.0), Some(200));
     rt.block_on(templates.patch(
