@@ -901,7 +901,7 @@ const FAULTS: &[Fault] = &[
         area: "API server",
         fault: "watch history compacted (`--etcd-compaction-interval=1s --watch-cache=false`, watches renewed every 2 s by `--watch-timeout 2s`): resourceVersion expired, 410 Gone",
         kept: "the manifest untouched by the relist (same inode and mtime); still ready; later updates flow",
-        reported: "a warning; `podstamp_watch_restarts_total`",
+        reported: "a warning; `podstamp_watch_restarts_total`; one more list in `podstamp_watch_lists_total` (and in the API server's count of LIST requests)",
         says: "watch history expired (410 Gone",
         test: "an_expired_watch_history_is_a_relist_that_changes_nothing",
     },
@@ -949,6 +949,15 @@ const FAULTS: &[Fault] = &[
         reported: "a warning naming the Node and the field",
         says: "spec.taints[0].timeAdded",
         test: "an_undecodable_node_field_stops_nothing",
+    },
+    Fault {
+        id: "api-watch-dropped",
+        area: "API server",
+        fault: "every connection to the API server cut (by a proxy that also refuses new ones) until each watch has failed to resume; meanwhile a template is deleted and another changed",
+        kept: "every manifest untouched while cut; each watch (templates, Node, pods) resumes from the last resourceVersion it saw, without a new list (the API server's own count of LIST requests is unchanged): the deletion and the change arrive as watch events and are applied; still ready",
+        reported: "`podstamp_watch_restarts_total`; `podstamp_watch_lists_total` unchanged; a warning for each failed attempt",
+        says: "watch resumed where it stopped",
+        test: "a_dropped_watch_resumes_where_it_stopped_without_a_list",
     },
     Fault {
         id: "kubelet-crash-loop",
@@ -2754,6 +2763,9 @@ fn an_expired_watch_history_is_a_relist_that_changes_nothing() {
     wait_content(&daemon, &etcd, "image: etcd:1");
     daemon.wait_ready(CONVERGE);
     let before = identity(&etcd);
+    let lists = "podstamp_watch_lists_total{watch=\"podtemplates\"}";
+    assert_eq!(daemon.metric(lists), 1.0);
+    let served = server_lists(&rt, &client, "podtemplates");
 
     // Other writes move the revision on; each 2 s watch is renewed from a
     // resourceVersion that compaction has meanwhile removed.
@@ -2772,6 +2784,13 @@ fn an_expired_watch_history_is_a_relist_that_changes_nothing() {
         (daemon.metric("podstamp_watch_restarts_total{watch=\"podtemplates\"}") >= 1.0)
             .then_some(())
     });
+    // 410 Gone is listed again: counted by the daemon and by the server.
+    wait_logged(&daemon, "a second list", || {
+        (daemon.metric(lists) >= 2.0).then_some(())
+    });
+    wait_logged(&daemon, "the server to count a second list", || {
+        (server_lists(&rt, &client, "podtemplates") > served).then_some(())
+    });
     assert_eq!(identity(&etcd), before, "a relist rewrites nothing");
     assert_eq!(daemon.get("/readyz").map(|r| r.0), Some(200));
     rt.block_on(templates.patch(
@@ -2785,12 +2804,151 @@ fn an_expired_watch_history_is_a_relist_that_changes_nothing() {
     assert!(daemon.stop().success());
 }
 
+/// LIST requests for `resource` that the API server has served, whoever
+/// made them (its own `apiserver_request_total`).
+fn server_lists(rt: &tokio::runtime::Runtime, client: &kube::Client, resource: &str) -> f64 {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = rt.block_on(client.request_text(request)).unwrap();
+    let resource = format!("resource=\"{resource}\"");
+    text.lines()
+        .filter(|l| {
+            l.starts_with("apiserver_request_total{")
+                && l.contains("verb=\"LIST\"")
+                && l.contains(&resource)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_dropped_watch_resumes_where_it_stopped_without_a_list() {
+    use k8s_openapi::api::core::v1::{Namespace, Node, PodTemplate};
+    use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+    fn from<K: serde::de::DeserializeOwned>(v: serde_json::Value) -> K {
+        serde_json::from_value(v).unwrap()
+    }
+    let fault = row("api-watch-dropped");
+    // A server of its own: the LIST requests it counts are this daemon's.
+    let state = tempfile::tempdir().unwrap();
+    let server = ApiServer::start(&state.path().join("apiserver"));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt.block_on(server.admin());
+    let ns = "dropped";
+    let pp = PostParams::default();
+    let templates: Api<PodTemplate> = Api::namespaced(client.clone(), ns);
+    let template = |name: &str, image: &str| {
+        serde_json::json!({"metadata": {"name": name, "labels": {"podstamp.io/enabled": "true"}},
+            "template": {"spec": {"containers": [{"name": "main", "image": image}]}}})
+    };
+    rt.block_on(async {
+        Api::<Namespace>::all(client.clone())
+            .create(&pp, &from(serde_json::json!({"metadata": {"name": ns}})))
+            .await
+            .unwrap();
+        Api::<Node>::all(client.clone())
+            .create(&pp, &from(serde_json::json!({"metadata": {"name": "n1"}})))
+            .await
+            .unwrap();
+        for (name, image) in [("keep", "etcd:1"), ("gone", "busybox:1")] {
+            templates
+                .create(&pp, &from(template(name, image)))
+                .await
+                .unwrap();
+        }
+    });
+    let target: std::net::SocketAddr = server.url.trim_start_matches("https://").parse().unwrap();
+    let proxy = SlowProxy::start(target, Duration::ZERO);
+    let e = env();
+    let kubeconfig = proxy.kubeconfig(&server, "admin", &e.tmp.path().join("cut.kubeconfig"));
+    let daemon = Daemon::start(
+        &[
+            "--config",
+            e.config.to_str().unwrap(),
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--namespace",
+            ns,
+            "--node-name",
+            "n1",
+            "--manifest-dir",
+            e.manifests.to_str().unwrap(),
+        ],
+        e.tmp.path().join("dropped.log"),
+    );
+    let (keep, gone) = (e.manifest("keep"), e.manifest("gone"));
+    wait_content(&daemon, &keep, "image: etcd:1");
+    wait_content(&daemon, &gone, "image: busybox:1");
+    daemon.wait_ready(CONVERGE);
+    // Each watch and the resource it lists.
+    let watches = [
+        ("podtemplates", "podtemplates"),
+        ("node", "nodes"),
+        ("pods", "pods"),
+    ];
+    let metric = |name: &str, watch: &str| daemon.metric(&format!("{name}{{watch=\"{watch}\"}}"));
+    let lists = || {
+        watches.map(|(watch, resource)| {
+            (
+                metric("podstamp_watch_lists_total", watch),
+                server_lists(&rt, &client, resource),
+            )
+        })
+    };
+    let before = lists();
+    for ((watch, _), (ours, served)) in watches.iter().zip(before) {
+        assert_eq!((ours, served), (1.0, 1.0), "{watch}: listed once");
+    }
+
+    // Cut, until every watch has failed to resume at least twice.
+    proxy.cut(true);
+    wait_logged(&daemon, "failed attempts to resume", || {
+        watches
+            .iter()
+            .all(|(watch, _)| metric("podstamp_watch_restarts_total", watch) >= 2.0)
+            .then_some(())
+    });
+    let on_disk = (identity(&keep), identity(&gone));
+    rt.block_on(async {
+        templates
+            .delete("gone", &DeleteParams::default())
+            .await
+            .unwrap();
+        let image = serde_json::json!({"template": {"spec": {"containers": [{"name": "main", "image": "etcd:2"}]}}});
+        templates
+            .patch("keep", &PatchParams::default(), &Patch::Merge(image))
+            .await
+            .unwrap();
+    });
+    assert_eq!((identity(&keep), identity(&gone)), on_disk, "{}", fault.id);
+    assert_eq!(daemon.get("/readyz").map(|r| r.0), Some(200));
+
+    // Back: what happened meanwhile arrives on the resumed watch.
+    proxy.cut(false);
+    wait_content(&daemon, &keep, "image: etcd:2");
+    wait_logged(&daemon, "gone.yaml removed", || {
+        (!gone.exists()).then_some(())
+    });
+    wait_logged(&daemon, "every watch resumed", || {
+        let resumed = daemon.logs().matches(fault.says).count();
+        (resumed >= watches.len()).then_some(())
+    });
+    assert_eq!(lists(), before, "no watch listed again");
+    assert_eq!(daemon.get("/readyz").map(|r| r.0), Some(200));
+    kubelet_accepts_dir(&e.manifests);
+    assert!(daemon.stop().success());
+}
+
 /// A TCP proxy on 127.0.0.1 that delays every chunk it forwards, or holds
-/// them all while stalled. TLS passes through it untouched.
+/// them all while stalled, or, while cut, closes every connection it has
+/// and each new one at once. TLS passes through it untouched.
 struct SlowProxy {
     port: u16,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl SlowProxy {
@@ -2802,10 +2960,12 @@ impl SlowProxy {
         listener.set_nonblocking(true).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let stalled = Arc::new(AtomicBool::new(false));
-        let (stop2, stalled2) = (stop.clone(), stalled.clone());
+        let cut = Arc::new(AtomicBool::new(false));
+        let (stop2, stalled2, cut2) = (stop.clone(), stalled.clone(), cut.clone());
         std::thread::spawn(move || {
             while !stop2.load(Ordering::Relaxed) {
                 match listener.accept() {
+                    Ok((client, _)) if cut2.load(Ordering::Relaxed) => drop(client),
                     Ok((client, _)) => {
                         client.set_nonblocking(false).unwrap();
                         let Ok(upstream) = std::net::TcpStream::connect(target) else {
@@ -2815,8 +2975,11 @@ impl SlowProxy {
                             (client.try_clone().unwrap(), upstream.try_clone().unwrap()),
                             (upstream, client),
                         ] {
-                            let (stop, stalled) = (stop2.clone(), stalled2.clone());
-                            std::thread::spawn(move || pipe(from, to, delay, &stop, &stalled));
+                            let (stop, stalled, cut) =
+                                (stop2.clone(), stalled2.clone(), cut2.clone());
+                            std::thread::spawn(move || {
+                                pipe(from, to, delay, &stop, &stalled, &cut)
+                            });
                         }
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(20)),
@@ -2827,11 +2990,25 @@ impl SlowProxy {
             port,
             stop,
             stalled,
+            cut,
         }
     }
 
     fn stall(&self, on: bool) {
         self.stalled.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn cut(&self, on: bool) {
+        self.cut.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A copy of `server`'s kubeconfig `user` that goes through the proxy.
+    fn kubeconfig(&self, server: &ApiServer, user: &str, to: &Path) -> PathBuf {
+        let text = fs::read_to_string(server.kubeconfig(user)).unwrap();
+        let proxied = text.replace(&server.url, &format!("https://127.0.0.1:{}", self.port));
+        assert_ne!(proxied, text, "the kubeconfig names {}", server.url);
+        fs::write(to, proxied).unwrap();
+        to.to_path_buf()
     }
 }
 
@@ -2842,20 +3019,22 @@ impl Drop for SlowProxy {
 }
 
 /// Copies `from` to `to`, each chunk after `delay`, holding it while
-/// `stalled`; ends at EOF, on an error, or when `stop` is set.
+/// `stalled`; ends at EOF, on an error, or when `stop` or `cut` is set.
 fn pipe(
     mut from: std::net::TcpStream,
     mut to: std::net::TcpStream,
     delay: Duration,
     stop: &std::sync::atomic::AtomicBool,
     stalled: &std::sync::atomic::AtomicBool,
+    cut: &std::sync::atomic::AtomicBool,
 ) {
     use std::io::{ErrorKind, Read, Write};
     use std::sync::atomic::Ordering;
     from.set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
     let mut buf = [0u8; 16 << 10];
-    while !stop.load(Ordering::Relaxed) {
+    let over = || stop.load(Ordering::Relaxed) || cut.load(Ordering::Relaxed);
+    while !over() {
         let n = match from.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => n,
@@ -2863,10 +3042,10 @@ fn pipe(
             Err(_) => break,
         };
         std::thread::sleep(delay);
-        while stalled.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
+        while stalled.load(Ordering::Relaxed) && !over() {
             std::thread::sleep(Duration::from_millis(20));
         }
-        if to.write_all(&buf[..n]).is_err() {
+        if over() || to.write_all(&buf[..n]).is_err() {
             break;
         }
     }
@@ -2909,11 +3088,7 @@ fn slow_and_stalled_api_responses_converge_and_change_nothing_meanwhile() {
     let target: std::net::SocketAddr = server.url.trim_start_matches("https://").parse().unwrap();
     let proxy = SlowProxy::start(target, Duration::from_millis(300));
     let e = env();
-    let kubeconfig = e.tmp.path().join("slow.kubeconfig");
-    let text = fs::read_to_string(server.kubeconfig("admin")).unwrap();
-    let slow = text.replace(&server.url, &format!("https://127.0.0.1:{}", proxy.port));
-    assert_ne!(slow, text, "the kubeconfig names {}", server.url);
-    fs::write(&kubeconfig, slow).unwrap();
+    let kubeconfig = proxy.kubeconfig(server, "admin", &e.tmp.path().join("slow.kubeconfig"));
     let daemon = Daemon::start(
         &[
             "--config",

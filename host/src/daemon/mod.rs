@@ -14,6 +14,7 @@
 //! API server is down); 0 after SIGTERM or SIGINT.
 
 pub mod api_catalog;
+pub mod backoff;
 pub mod config_file;
 pub mod configmaps;
 pub mod coordinator;
@@ -29,6 +30,7 @@ pub mod revisions;
 mod rlimit;
 pub mod rollout;
 pub mod source;
+pub mod watch;
 pub mod watch_file;
 
 use std::collections::BTreeMap;

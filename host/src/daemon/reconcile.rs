@@ -90,12 +90,12 @@ pub enum Input {
     Catalog(Arc<Catalog>),
     /// What a mirror pod of ours says.
     Mirror(Observation),
-    /// The watch on this node's pods listed them all: rollouts can be
-    /// judged from now on.
+    /// The watch on this node's pods listed them all (or, after a failure,
+    /// resumed where it stopped): rollouts can be judged from now on.
     MirrorSynced,
     /// The watch on this node's pods failed (say, no permission): no
-    /// rollout is judged until it lists again, so that no deadline passes
-    /// for want of a status nobody could read.
+    /// rollout is judged until it lists or resumes again, so that no
+    /// deadline passes for want of a status nobody could read.
     MirrorLost,
     /// The coordinator of rollouts across nodes answers ([`Gate`]).
     Fleet(Answer),
