@@ -28,19 +28,20 @@ use std::sync::Arc;
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use std::ops::ControlFlow;
+
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, PostParams};
-use kube::runtime::watcher::{self, Event};
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::backoff::Backoff;
 use super::gate::{Answer, Ask};
 use super::metrics::Metrics;
 use super::raw::Raw;
 use super::reconcile::Input;
-use super::source::{Backoff, log_watch_error};
+use super::watch::{self, Event, Spec};
 use crate::fleet::{
     NodeStatus, ROLE_LABEL, ROLE_SLOT, ROLE_STATUS, STATUS_ANNOTATION, STATUS_VERSION,
     TARGET_ANNOTATION, TEMPLATE_ANNOTATION, TemplateStatus, slot_name, status_name,
@@ -517,6 +518,14 @@ async fn write(api: &Api<Lease>, lease: Lease, create: bool) -> Written {
     }
 }
 
+/// What the Lease watch tells the coordinator.
+enum LeaseEvent {
+    Listing,
+    Object(Value),
+    ListDone,
+    Deleted(String),
+}
+
 /// Coordinates this node's rollouts with the other nodes until the
 /// reconciler is gone.
 pub async fn run(
@@ -528,15 +537,33 @@ pub async fn run(
 ) {
     let raw: Api<Raw<Lease>> = Api::namespaced(client.clone(), &settings.namespace);
     let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
-    let mut config = watcher::Config::default().labels(ROLE_LABEL);
-    if let Some(secs) = settings.watch_timeout {
-        config = config.timeout(secs);
-    }
+    // The watch runs on a task of its own (the shared loop: resume, relist
+    // on 410, backoff) and hands its events over.
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let spec = Spec::new("leases", "leases", settings.watch_timeout).labels(ROLE_LABEL);
+    let watching = tokio::spawn(watch::run(
+        raw,
+        spec,
+        metrics.clone(),
+        Backoff::new(),
+        move |event| {
+            let message = match event {
+                Event::Listing => LeaseEvent::Listing,
+                Event::Listed(lease) | Event::Applied(lease) => {
+                    LeaseEvent::Object(lease.value().clone())
+                }
+                Event::ListDone => LeaseEvent::ListDone,
+                Event::Deleted(lease) => LeaseEvent::Deleted(lease.name().to_string()),
+                Event::Resumed | Event::Failed(_) => return ControlFlow::Continue(()),
+            };
+            match seen_tx.send(message) {
+                Ok(()) => ControlFlow::Continue(()),
+                Err(_) => ControlFlow::Break(()),
+            }
+        },
+    ));
     let mut state = State::new(settings.node.clone(), settings.lease_duration);
-    let mut watch_backoff = Backoff::new();
     let mut write_backoff = Backoff::new();
-    let mut stream = Box::pin(watcher::watcher(raw.clone(), config.clone()));
-    let mut watch_retry: Option<tokio::time::Instant> = None;
     let mut write_retry: Option<tokio::time::Instant> = None;
     let mut last_error: Option<String> = None;
     tracing::info!(namespace = %settings.namespace, lease_duration = ?settings.lease_duration,
@@ -555,39 +582,32 @@ pub async fn run(
                         state.ask(ask);
                     }
                 }
-                None => return,
+                None => {
+                    watching.abort();
+                    return;
+                }
             },
-            event = stream.next(), if watch_retry.is_none() => {
+            message = seen.recv() => {
                 let now = Instant::now();
-                match event {
-                    Some(Ok(Event::Init)) => state.relisting = Some(BTreeMap::new()),
-                    Some(Ok(Event::InitApply(lease) | Event::Apply(lease))) => {
-                        if let Some((name, seen)) = read_lease(lease.value(), now, settings.lease_duration) {
-                            state.seen(name, seen);
+                match message {
+                    Some(LeaseEvent::Listing) => state.relisting = Some(BTreeMap::new()),
+                    Some(LeaseEvent::Object(value)) => {
+                        if let Some((name, lease)) = read_lease(&value, now, settings.lease_duration) {
+                            state.seen(name, lease);
                         }
                     }
-                    Some(Ok(Event::Delete(lease))) => {
-                        state.leases.remove(lease.name());
+                    Some(LeaseEvent::Deleted(name)) => {
+                        state.leases.remove(&name);
                     }
-                    Some(Ok(Event::InitDone)) => {
-                        watch_backoff.reset();
+                    Some(LeaseEvent::ListDone) => {
                         for answer in state.list_done() {
                             if inputs.send(Input::Fleet(answer)).is_err() {
                                 return;
                             }
                         }
                     }
-                    Some(Err(e)) => {
-                        log_watch_error("leases", &e);
-                        metrics.watch_restart("leases");
-                        watch_retry = Some(tokio::time::Instant::now() + watch_backoff.delay());
-                    }
                     None => return,
                 }
-            },
-            _ = tokio::time::sleep_until(watch_retry.unwrap_or_else(tokio::time::Instant::now)), if watch_retry.is_some() => {
-                watch_retry = None;
-                stream = Box::pin(watcher::watcher(raw.clone(), config.clone()));
             },
             _ = tokio::time::sleep(tick) => {},
         }

@@ -27,7 +27,7 @@ const BUCKETS: [f64; 12] = [
 
 /// The `watch` label of the watch metrics: the daemon's watches of the API
 /// (all the ConfigMaps together).
-const WATCHES: [&str; 4] = ["podtemplates", "node", "pods", "configmaps"];
+const WATCHES: [&str; 5] = ["podtemplates", "node", "pods", "configmaps", "leases"];
 
 #[derive(Default)]
 struct Histogram {
