@@ -2006,7 +2006,11 @@ fn the_catalog_config_map_deleted_keeps_the_catalog_in_use_until_it_is_back() {
     kube.delete_config_map(CATALOG_CM);
     let says = format!("daemon.catalog.configMap: ConfigMap {ns}/{CATALOG_CM} does not exist");
     let line = wait_refusal(&daemon, &says);
-    assert_eq!(line.matches(" does not exist").count(), 1, "one line: {line}");
+    assert_eq!(
+        line.matches(" does not exist").count(),
+        1,
+        "one line: {line}"
+    );
     assert!(line.contains("the one in use keeps serving"), "{line}");
     assert!(
         daemon.metric("podstamp_config_reloads_total{result=\"refused\"}") >= 1.0,
