@@ -846,7 +846,10 @@ fn settings_come_from_flag_then_environment_then_file_then_default() {
     );
     assert_eq!(namespace_of(&out), "from-file");
     cache_entry(&env_cache, "identity");
-    assert!(!file_cache.exists(), "the environment's cache dir wins over the file's");
+    assert!(
+        !file_cache.exists(),
+        "the environment's cache dir wins over the file's"
+    );
     let env = [("PODSTAMP_NAMESPACE", "from-env")];
     assert_eq!(namespace_of(&render_env(&with_config, &env)), "from-env");
     let flag = [&with_config[..], &["--namespace", "from-flag"]].concat();
@@ -857,7 +860,9 @@ fn settings_come_from_flag_then_environment_then_file_then_default() {
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{err}");
         assert!(
-            err.contains(&format!("over the limit of {limit} (limits.maxManifestSize)")),
+            err.contains(&format!(
+                "over the limit of {limit} (limits.maxManifestSize)"
+            )),
             "{err}"
         );
     };

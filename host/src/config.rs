@@ -149,8 +149,9 @@ impl ConfigFile {
             )));
         }
         if let Some(catalog) = &config.daemon.catalog {
-            crate::validate::check_dns_subdomain(&catalog.config_map)
-                .map_err(|e| ConfigError::Invalid(format!("{origin}: daemon.catalog.configMap: {e}")))?;
+            crate::validate::check_dns_subdomain(&catalog.config_map).map_err(|e| {
+                ConfigError::Invalid(format!("{origin}: daemon.catalog.configMap: {e}"))
+            })?;
         }
         for entry in config.plugins.values_mut() {
             if let Some(path) = &mut entry.path {
@@ -197,9 +198,8 @@ impl ConfigFile {
     /// per-call `timeout` in force.
     pub fn render_budget(&self, timeout: Duration) -> Result<Duration, ConfigError> {
         match &self.limits.render_timeout {
-            Some(t) => {
-                parse_duration(t).map_err(|e| ConfigError::Invalid(format!("limits.renderTimeout: {e}")))
-            }
+            Some(t) => parse_duration(t)
+                .map_err(|e| ConfigError::Invalid(format!("limits.renderTimeout: {e}"))),
             None => Ok(default_render_budget(timeout)),
         }
     }

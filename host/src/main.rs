@@ -405,7 +405,9 @@ fn key_value<'a>(flag: &str, text: &'a str) -> Result<(&'a str, &'a str), Failur
 fn node_context(args: &RenderArgs) -> Result<NodeContext, Failure> {
     let usage = Failure::Usage;
     let mut node = match (&args.node, &args.node_name) {
-        (Some(path), _) => podstamp::node::read_node_file(path).map_err(usage)?,
+        (Some(path), _) => {
+            podstamp::node::read_node_file(path).map_err(|e| usage(e.to_string()))?
+        }
         (None, Some(name)) => NodeContext::named(name.clone()),
         (None, None) => {
             return Err(usage(

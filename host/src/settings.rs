@@ -131,11 +131,7 @@ impl Layer {
     /// The environment's layer; `var` reads a variable (`std::env::var`,
     /// or a map in tests).
     pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Layer {
-        let text = |key: &Key| {
-            key.env
-                .and_then(&var)
-                .filter(|value| !value.is_empty())
-        };
+        let text = |key: &Key| key.env.and_then(&var).filter(|value| !value.is_empty());
         let path = |key: &Key| text(key).map(PathBuf::from);
         Layer {
             config: path(&CONFIG),

@@ -211,7 +211,9 @@ impl Catalog {
                 (None, Some(file)) => read_settings(file)?,
                 (None, None) => Value::Object(Default::default()),
             };
-            let (source, pin) = entry.source(&field).map_err(|e| config_error(e.to_string()))?;
+            let (source, pin) = entry
+                .source(&field)
+                .map_err(|e| config_error(e.to_string()))?;
             checked.push((name, field, settings, source, pin));
         }
         let mut steps = BTreeMap::new();

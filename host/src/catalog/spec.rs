@@ -98,10 +98,9 @@ impl PluginEntry {
     /// entry's (`plugins.NAME`).
     pub fn source(&self, field: &str) -> Result<(Source<'_>, Option<String>), ConfigError> {
         let pin = match &self.sha256 {
-            Some(pin) => Some(
-                check_sha256(pin)
-                    .map_err(|e| ConfigError::Invalid(format!("{}: {e}", join_key(field, "sha256"))))?,
-            ),
+            Some(pin) => Some(check_sha256(pin).map_err(|e| {
+                ConfigError::Invalid(format!("{}: {e}", join_key(field, "sha256")))
+            })?),
             None => None,
         };
         let source = match (&self.path, &self.config_map) {
@@ -195,8 +194,7 @@ impl CatalogSpec {
                 )));
             }
         };
-        let value =
-            parse_document(text.as_bytes(), &origin)?;
+        let value = parse_document(text.as_bytes(), &origin)?;
         let spec: CatalogSpec = serde_path_to_error::deserialize(value)
             .map_err(|e| ConfigError::Invalid(format!("{origin}: {}: {}", e.path(), e.inner())))?;
         for (plugin, entry) in &spec.plugins {

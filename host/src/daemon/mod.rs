@@ -64,9 +64,8 @@ pub enum DaemonError {
     },
     #[error("--source dir:{}: not a directory", .0.display())]
     NotADirectory(PathBuf),
-    /// The node file's own message names the file.
-    #[error("{0}")]
-    NodeFile(String),
+    #[error(transparent)]
+    NodeFile(#[from] crate::node::NodeFileError),
     #[error("--node-file is for the dir: source; with the API the Node is read from it")]
     NodeFileWithApi,
     #[error("cannot start the async runtime: {0}")]
@@ -120,7 +119,7 @@ fn config_map_field(config: &ConfigFile) -> Option<String> {
 }
 
 fn read_node_file(path: &Path, node_name: &str) -> Result<NodeContext, DaemonError> {
-    let mut context = crate::node::read_node_file(path).map_err(DaemonError::NodeFile)?;
+    let mut context = crate::node::read_node_file(path)?;
     context.name = node_name.to_string();
     Ok(context)
 }
