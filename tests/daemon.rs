@@ -2004,7 +2004,9 @@ fn the_catalog_config_map_deleted_keeps_the_catalog_in_use_until_it_is_back() {
     let manifests = (identity(&a), identity(&b));
 
     kube.delete_config_map(CATALOG_CM);
-    let says = format!("daemon.catalog.configMap: ConfigMap {ns}/{CATALOG_CM} does not exist");
+    let says = format!(
+        "daemon.catalog.configMap: ConfigMap {ns}/{CATALOG_CM} does not exist: create it (its key catalog.yaml holds plugins and chain)"
+    );
     let line = wait_refusal(&daemon, &says);
     assert_eq!(
         line.matches(" does not exist").count(),
