@@ -107,6 +107,13 @@ pub enum ConfigError {
     /// Not YAML or JSON (the error names the file and the place).
     #[error(transparent)]
     Parse(#[from] crate::template::ParseError),
+    /// A ConfigMap the field names cannot be read.
+    #[error("{field}: {source}")]
+    ConfigMap {
+        field: &'static str,
+        #[source]
+        source: crate::catalog::ConfigMapError,
+    },
     /// A field of the wrong shape, or unknown.
     #[error("{origin}: {field}: {source}")]
     Field {

@@ -172,7 +172,10 @@ impl CatalogSpec {
         let origin = format!("ConfigMap {namespace}/{name} key {CATALOG_KEY}");
         let object = config_maps
             .get(name)
-            .map_err(|e| ConfigError::Invalid(format!("daemon.catalog.configMap: {e}")))?
+            .map_err(|source| ConfigError::ConfigMap {
+                field: "daemon.catalog.configMap",
+                source,
+            })?
             .ok_or_else(|| {
                 ConfigError::Invalid(format!(
                     "daemon.catalog.configMap: ConfigMap {namespace}/{name} does not exist: create it (its key {CATALOG_KEY} holds plugins and chain)"
