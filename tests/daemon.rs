@@ -1981,6 +1981,66 @@ fn a_catalog_and_plugins_from_configmaps_render_reload_and_refuse() {
     assert!(daemon.stop().success());
 }
 
+/// The catalog ConfigMap deleted while the daemon runs: the catalog in use
+/// keeps serving, nothing is rewritten or removed, one line says why; the
+/// ConfigMap created again is applied.
+#[test]
+fn the_catalog_config_map_deleted_keeps_the_catalog_in_use_until_it_is_back() {
+    let server = shared_server();
+    let t = api_catalog_setup(server);
+    let (kube, ns) = (&t.kube, &t.ns);
+    let (a, b) = (t.s.manifests.join("a.yaml"), t.s.manifests.join("b.yaml"));
+    let daemon = start_daemon(
+        &t.s,
+        &server.kubeconfig("podstamp"),
+        ns,
+        &t.node,
+        &t.s.manifests,
+    );
+    wait_content(&daemon, &a, &["--say=hello", "--zone=zone-c", "ZONE"]);
+    wait_content(&daemon, &b, &["ZONE"]);
+    wait_reloads(&daemon, "applied", 1);
+    let in_use = catalog_in_use(&daemon);
+    let manifests = (identity(&a), identity(&b));
+
+    kube.delete_config_map(CATALOG_CM);
+    let says = format!(
+        "daemon.catalog.configMap: ConfigMap {ns}/{CATALOG_CM} does not exist: create it (its key catalog.yaml holds plugins and chain)"
+    );
+    let line = wait_refusal(&daemon, &says);
+    assert_eq!(
+        line.matches(" does not exist").count(),
+        1,
+        "one line: {line}"
+    );
+    assert!(line.contains("the one in use keeps serving"), "{line}");
+    assert!(
+        daemon.metric("podstamp_config_reloads_total{result=\"refused\"}") >= 1.0,
+        "the refusal is counted"
+    );
+    assert_eq!(catalog_in_use(&daemon), in_use, "the catalog in use serves");
+    assert_eq!(
+        (identity(&a), identity(&b)),
+        manifests,
+        "nothing rewritten or removed"
+    );
+    // It still renders what changes meanwhile, with its plugins.
+    kube.patch_template(
+        "a",
+        json!({"template": {"spec": {"containers": [{"name": "main", "image": "a:2"}]}}}),
+    );
+    wait_content(&daemon, &a, &["image: a:2", "--say=hello", "ZONE"]);
+    assert_eq!(identity(&b), manifests.1, "b did not change");
+
+    // Created again, with other settings: applied.
+    kube.apply_config_map(catalog_config_map(&api_catalog("again", None)));
+    wait_content(&daemon, &a, &["image: a:2", "--say=again"]);
+    wait_reloads(&daemon, "applied", 2);
+    assert_ne!(catalog_in_use(&daemon), in_use);
+    assert_eq!(identity(&b), manifests.1, "b's chain did not change");
+    assert!(daemon.stop().success());
+}
+
 #[test]
 fn with_the_api_down_at_start_the_daemon_runs_the_remembered_catalog() {
     let state = tempfile::tempdir().unwrap();

@@ -852,6 +852,15 @@ const FAULTS: &[Fault] = &[
         test: "tests/daemon.rs: a_catalog_and_plugins_from_configmaps_render_reload_and_refuse",
     },
     Fault {
+        id: "reload-catalog-configmap-deleted",
+        area: "daemon",
+        fault: "the catalog ConfigMap (`daemon.catalog.configMap`) is deleted while the daemon runs, then created again",
+        kept: "the catalog in use keeps serving (templates that change meanwhile still render through its plugins); nothing rewritten or removed; the ConfigMap created again is applied",
+        reported: "`podstamp_config_reloads_total{result=\"refused\"}` and one error line saying the ConfigMap does not exist and that the catalog in use keeps serving (no Event: the object it would go on is gone)",
+        says: "does not exist: create it (its key catalog.yaml holds plugins and chain)",
+        test: "tests/daemon.rs: the_catalog_config_map_deleted_keeps_the_catalog_in_use_until_it_is_back",
+    },
+    Fault {
         id: "reload-configmap-not-granted",
         area: "daemon",
         fault: "the catalog pins a ConfigMap that the Role's `resourceNames` does not grant",

@@ -4,7 +4,8 @@
 //! [`node`] (what the node is) → [`chain`] of [`plugin`]s (Wasm transforms) →
 //! [`validate`] (a v1 Pod) → [`manifest`] (ownership, hash, YAML) →
 //! [`write`] (atomic file replacement). [`render`] ties them together and
-//! [`config`] describes a chain the way the daemon and the CLI share.
+//! [`config`] describes a chain the way the daemon and the CLI share;
+//! [`settings`] resolves flags, environment, file and defaults for both.
 
 pub mod catalog;
 pub mod chain;
@@ -16,6 +17,7 @@ pub mod node;
 pub mod plugin;
 pub mod reason;
 pub mod render;
+pub mod settings;
 pub mod template;
 pub mod text;
 pub mod validate;

@@ -229,7 +229,9 @@ pub struct Reconciler {
     /// Files were renamed or removed in the directory since it was last
     /// synced; synced once at the end of a pass, for all of them.
     dir_unsynced: bool,
-    /// `limits.maxManifestSize`: also bounds what a template alone produces.
+    /// `limits.maxManifestSize` as resolved ([`crate::settings`]): the
+    /// largest manifest written; the plugins' output limit alone would let
+    /// a template rendered without plugins through.
     max_manifest_bytes: usize,
     /// The revision history; None keeps none (the library's tests).
     revisions: Option<Store>,
@@ -258,6 +260,7 @@ impl Reconciler {
     pub fn new(
         dir: PathBuf,
         namespace: String,
+        max_manifest_bytes: usize,
         metrics: Arc<Metrics>,
         events: Option<EventSink>,
     ) -> std::io::Result<Reconciler> {
@@ -308,7 +311,7 @@ impl Reconciler {
             waiting_for_catalog_logged: false,
             first_list_at: None,
             dir_unsynced: false,
-            max_manifest_bytes: crate::plugin::Limits::default().max_output_bytes,
+            max_manifest_bytes,
             revisions: None,
             rollouts: Tracker::default(),
             confirming: false,
@@ -668,12 +671,6 @@ impl Reconciler {
                 }
             }
         }
-    }
-
-    /// The largest manifest written (`limits.maxManifestSize`); the plugin
-    /// limit alone would let a template rendered without plugins through.
-    pub fn set_max_manifest_size(&mut self, bytes: usize) {
-        self.max_manifest_bytes = bytes;
     }
 
     /// Coordinates updates with the other nodes through `gate`.
@@ -1373,6 +1370,7 @@ mod tests {
         Reconciler::new(
             dir.to_path_buf(),
             "kube-system".into(),
+            crate::plugin::Limits::default().max_output_bytes,
             Arc::new(Metrics::default()),
             None,
         )
