@@ -996,6 +996,24 @@ const FAULTS: &[Fault] = &[
         test: "tests/kubelet.rs: a_first_revision_that_fails_stays_and_is_reported",
     },
     Fault {
+        id: "rollout-slot-taken",
+        area: "rollouts",
+        fault: "a template update while another node is updating it (`podstamp.io/max-unavailable: 1`)",
+        kept: "the manifest in place, until the updating node's new revision is Ready for 10 s and its slot is freed",
+        reported: "`update waits for a rollout slot` in the log; phase `waiting` in `podstamp status`",
+        says: "waiting",
+        test: "tests/rollouts.rs: an_update_rolls_one_node_at_a_time_and_a_failure_halts_it_everywhere",
+    },
+    Fault {
+        id: "rollout-failed-elsewhere",
+        area: "rollouts",
+        fault: "an update whose container crashes (`CrashLoopBackOff`) on the first node that writes it",
+        kept: "on that node, the previous revision (rolled back); on every other node, its manifest: the failed target is never written there until the template changes",
+        reported: "`RolloutFailed` on the failing node, `RolloutHalted` Events from the others; `podstamp status`: failed 1, the others `halted` with the node and reason",
+        says: "halted",
+        test: "tests/rollouts.rs: an_update_rolls_one_node_at_a_time_and_a_failure_halts_it_everywhere",
+    },
+    Fault {
         id: "revisions-dir-in-manifest-dir",
         area: "kubelet",
         fault: "`--revisions-dir` inside the manifest directory (where the kubelet would run every kept revision)",
@@ -1100,6 +1118,7 @@ fn docs_reliability_md_is_the_fault_table() {
                 "tests/sandbox.rs" => include_str!("sandbox.rs"),
                 "tests/render.rs" => include_str!("render.rs"),
                 "tests/kubelet.rs" => include_str!("kubelet.rs"),
+                "tests/rollouts.rs" => include_str!("rollouts.rs"),
                 other => panic!("fault {}: unknown file {other}", f.id),
             };
             assert!(

@@ -36,6 +36,8 @@
 //! | (none) | `--watch-timeout` | | kube-rs's (290 s) |
 //! | `daemon.revisionsDir` | `--revisions-dir` | `PODSTAMP_REVISIONS_DIR` | `/var/lib/podstamp/revisions` |
 //! | `daemon.revisionHistory` | `--revision-history` | | `3` |
+//! | `daemon.rollouts.namespace` | `--rollout-namespace` | `PODSTAMP_ROLLOUT_NAMESPACE` | `namespace` |
+//! | `daemon.rollouts.leaseDuration` | `--slot-lease-duration` | | `30s` |
 //!
 //! Not settings in this sense: the catalog (`plugins`, `chain`, or
 //! `daemon.catalog`, with `limits.renderTimeout`, which the catalog's render

@@ -366,7 +366,7 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP podstamp_template_revision The revision in this node's manifest for each template, by its rollout phase (waiting, halted, written, running, ready, failed).\n\
+            "# HELP podstamp_template_revision The revision in this node's manifest for each template, by its rollout phase (written, running, ready, failed).\n\
              # TYPE podstamp_template_revision gauge"
         );
         for (template, (revision, phase)) in &inner.rollouts {
