@@ -199,31 +199,7 @@ fn phases(view: &Value) -> Vec<(String, String)> {
 fn start(server: &ApiServer, ns: &str, tmp: &Path, config: &Path, name: &str) -> NodeUnderTest {
     let dir = tmp.join(format!("manifests-{name}"));
     fs::create_dir(&dir).unwrap();
-    let history = tmp.join(format!("revisions-{name}"));
-    let daemon = Daemon::start(
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--kubeconfig",
-            server.kubeconfig("admin").to_str().unwrap(),
-            "--namespace",
-            ns,
-            "--node-name",
-            name,
-            "--manifest-dir",
-            dir.to_str().unwrap(),
-            "--revisions-dir",
-            history.to_str().unwrap(),
-            "--slot-lease-duration",
-            "5s",
-        ],
-        tmp.join(format!("podstamp-{name}.log")),
-    );
-    NodeUnderTest {
-        name: name.to_string(),
-        dir,
-        daemon,
-    }
+    start_again(server, ns, tmp, config, name, dir)
 }
 
 /// Waits until exactly `n` nodes have `image` in their manifest, checking
@@ -352,4 +328,130 @@ fn an_update_rolls_one_node_at_a_time_and_a_failure_halts_it_everywhere() {
     let node = &nodes[with[0]];
     kube.kubelet_reports(&node.name, &node.revision(), true);
     wait_written(&nodes, "web:4", 2);
+}
+
+/// Reports Ready for every node that has `image` and was not reported yet,
+/// until all of `expected` have it: the rollout walks through them.
+fn roll_through(kube: &Kube, nodes: &[&NodeUnderTest], image: &str) {
+    let mut reported: Vec<String> = Vec::new();
+    while reported.len() < nodes.len() {
+        let next = wait_for(&format!("another node writing {image}"), STEP, || {
+            for node in nodes {
+                node.daemon.assert_running();
+            }
+            nodes
+                .iter()
+                .find(|n| {
+                    !reported.contains(&n.name) && n.manifest().contains(&format!("image: {image}"))
+                })
+                .copied()
+        });
+        kube.kubelet_reports(&next.name, &next.revision(), true);
+        reported.push(next.name.clone());
+    }
+}
+
+/// The images of every revision a node kept (its revision history).
+fn kept_images(tmp: &Path, node: &str) -> String {
+    let mut all = String::new();
+    for dir in fs::read_dir(tmp.join(format!("revisions-{node}"))).unwrap() {
+        for file in fs::read_dir(dir.unwrap().path()).unwrap() {
+            all.push_str(&fs::read_to_string(file.unwrap().path()).unwrap());
+        }
+    }
+    all
+}
+
+#[test]
+fn a_killed_slot_holder_delays_the_rollout_by_its_lease_and_a_newer_target_supersedes() {
+    let server = shared_server();
+    let ns = unique("rollkill");
+    let kube = Kube::admin(server, &ns);
+    let tmp = tempfile::tempdir().unwrap();
+    let config = write_config(tmp.path());
+    kube.create_template("web:1");
+    let mut nodes = Vec::new();
+    for i in 1..=3 {
+        let name = unique(&format!("k{i}"));
+        kube.create_node(&name);
+        nodes.push(start(server, &ns, tmp.path(), &config, &name));
+    }
+    wait_written(&nodes, "web:1", 3);
+    for node in &nodes {
+        kube.kubelet_reports(&node.name, &node.revision(), true);
+    }
+    wait_for("every node ready on web:1", STEP, || {
+        (status(server, &ns)["templates"][0]["ready"] == 3).then_some(())
+    });
+
+    // The first node to write web:2 is killed while it holds the slot.
+    kube.set_image("web:2");
+    let first = wait_written(&nodes, "web:2", 1)[0];
+    let killed = nodes.remove(first);
+    let (killed_name, killed_dir) = (killed.name.clone(), killed.dir.clone());
+    drop(killed.daemon);
+    // Its slot expires (5 s without renewal): the next node writes.
+    let second = wait_written(&nodes, "web:2", 1)[0];
+    // A newer target while the second holds the slot: written with it at
+    // once, and the third node never writes web:2.
+    kube.set_image("web:3");
+    let holder = &nodes[second];
+    wait_for("the slot holder on web:3", STEP, || {
+        holder.manifest().contains("image: web:3").then_some(())
+    });
+    let third = &nodes[1 - second];
+    assert!(
+        third.manifest().contains("image: web:1"),
+        "{}",
+        third.manifest()
+    );
+    roll_through(&kube, &[&nodes[0], &nodes[1]], "web:3");
+    assert!(
+        !kept_images(tmp.path(), &third.name).contains("image: web:2"),
+        "{} wrote web:2",
+        third.name
+    );
+    // The killed node, back, catches up to web:3; its web:2 is gone.
+    let back = start_again(server, &ns, tmp.path(), &config, &killed_name, killed_dir);
+    roll_through(&kube, &[&back], "web:3");
+    let view = wait_for("every node ready on web:3", STEP, || {
+        let view = status(server, &ns);
+        (view["templates"][0]["ready"] == 3).then_some(view)
+    });
+    assert_eq!(view["templates"][0]["pending"], 0, "{view:#}");
+}
+
+/// A node's daemon, started (again) on its directories.
+fn start_again(
+    server: &ApiServer,
+    ns: &str,
+    tmp: &Path,
+    config: &Path,
+    name: &str,
+    dir: PathBuf,
+) -> NodeUnderTest {
+    let daemon = Daemon::start(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--kubeconfig",
+            server.kubeconfig("admin").to_str().unwrap(),
+            "--namespace",
+            ns,
+            "--node-name",
+            name,
+            "--manifest-dir",
+            dir.to_str().unwrap(),
+            "--revisions-dir",
+            tmp.join(format!("revisions-{name}")).to_str().unwrap(),
+            "--slot-lease-duration",
+            "5s",
+        ],
+        tmp.join(format!("podstamp-{name}-{}.log", unique("log"))),
+    );
+    NodeUnderTest {
+        name: name.to_string(),
+        dir,
+        daemon,
+    }
 }
