@@ -648,6 +648,54 @@ fn the_deploy_rbac_is_enough_and_a_missing_permission_is_named() {
     assert_eq!(daemon.get("/readyz").unwrap().0, 503);
 }
 
+/// Without `leases` in its Role, a daemon still installs, but an update
+/// (which needs a rollout slot) waits, and the log names the permission.
+#[test]
+fn without_lease_permissions_updates_wait_and_the_permission_is_named() {
+    let server = shared_server();
+    let ns = unique("rbac-nolease");
+    let node_name = unique("node");
+    let kube = Kube::admin_with_namespace(server, &ns);
+    kube.create_cluster::<Node>(node(&node_name, "zone-l"));
+    let mut rules = deploy_rules("Role");
+    rules.as_array_mut().unwrap().retain(|rule| {
+        !rule["resources"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("leases"))
+    });
+    assert_eq!(
+        rules.as_array().unwrap().len() + 1,
+        deploy_rules("Role").as_array().unwrap().len()
+    );
+    bind(&kube, &ns, rules, deploy_rules("ClusterRole"));
+    kube.create::<PodTemplate>(template("web", "busybox:1"));
+    let s = setup();
+    let daemon = start_daemon(
+        &s,
+        &server.kubeconfig("podstamp"),
+        &ns,
+        &node_name,
+        &s.manifests,
+    );
+    let path = s.manifests.join("web.yaml");
+    wait_content(&daemon, &path, &["image: busybox:1"]);
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "main", "image": "busybox:2"}]}}}),
+    );
+    let needle = "cannot list resource \"leases\" in API group \"coordination.k8s.io\"";
+    wait_for("the missing lease permission in the log", CONVERGE, || {
+        daemon.assert_running();
+        let logs = daemon.logs();
+        (logs.contains(needle) && logs.contains("update waits for a rollout slot")).then_some(())
+    });
+    assert!(
+        read(&path).unwrap().contains("image: busybox:1"),
+        "an update written without a slot"
+    );
+}
+
 /// Everything in deploy/, created in namespace `ns` (cluster objects get a
 /// unique name, since the server is shared), each first passed to `adjust`;
 /// returns the objects as the API server stored them.

@@ -392,6 +392,11 @@ fn a_killed_slot_holder_delays_the_rollout_by_its_lease_and_a_newer_target_super
     drop(killed.daemon);
     // Its slot expires (5 s without renewal): the next node writes.
     let second = wait_written(&nodes, "web:2", 1)[0];
+    assert!(
+        nodes[second].daemon.logs().contains("took a rollout slot"),
+        "{}",
+        nodes[second].daemon.logs()
+    );
     // A newer target while the second holds the slot: written with it at
     // once, and the third node never writes web:2.
     kube.set_image("web:3");
