@@ -1014,6 +1014,15 @@ const FAULTS: &[Fault] = &[
         test: "tests/rollouts.rs: a_killed_slot_holder_delays_the_rollout_by_its_lease_and_a_newer_target_supersedes",
     },
     Fault {
+        id: "rollout-api-outage",
+        area: "rollouts",
+        fault: "the API server away for longer than a slot's lease while a node holds it mid-rollout (nobody can renew or read it)",
+        kept: "the slot stays its holder's: no node takes a slot while its Lease watch does not follow, nor before it watched it unrenewed for a whole lease after coming back; the others keep their manifests",
+        reported: "the watches' `the API server may be unreachable`; phase `waiting` for the others in `podstamp status`",
+        says: "waiting",
+        test: "tests/rollouts.rs: an_api_server_outage_mid_rollout_takes_no_slot_from_its_holder",
+    },
+    Fault {
         id: "rollout-no-lease-permission",
         area: "rollouts",
         fault: "a Role without `leases` (coordination.k8s.io) in the rollout namespace",

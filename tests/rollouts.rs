@@ -54,6 +54,20 @@ impl Kube {
         kube
     }
 
+    /// A client of a restarted API server, for a namespace that exists.
+    fn reconnect(server: &ApiServer, ns: &str) -> Kube {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = rt.block_on(client(&server.kubeconfig("admin")));
+        Kube {
+            rt,
+            client,
+            ns: ns.to_string(),
+        }
+    }
+
     fn create_node(&self, name: &str) {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let node =
@@ -459,4 +473,73 @@ fn start_again(
         dir,
         daemon,
     }
+}
+
+/// An API server outage longer than the slot's lease, mid-rollout: its
+/// holder could not renew it meanwhile, and keeps it when the API server is
+/// back (the others wait a whole lease of watching first); the rollout goes
+/// on once the holder's revision is Ready.
+#[test]
+fn an_api_server_outage_mid_rollout_takes_no_slot_from_its_holder() {
+    let state = tempfile::tempdir().unwrap();
+    let mut server = ApiServer::start(&state.path().join("apiserver"));
+    let ns = unique("rollapi");
+    let kube = Kube::admin(&server, &ns);
+    let tmp = tempfile::tempdir().unwrap();
+    let config = write_config(tmp.path());
+    kube.create_template("web:1");
+    let mut nodes = Vec::new();
+    for i in 1..=2 {
+        let name = unique(&format!("a{i}"));
+        kube.create_node(&name);
+        nodes.push(start(&server, &ns, tmp.path(), &config, &name));
+    }
+    wait_written(&nodes, "web:1", 2);
+    for node in &nodes {
+        kube.kubelet_reports(&node.name, &node.revision(), true);
+    }
+    wait_for("both nodes ready on web:1", STEP, || {
+        (status(&server, &ns)["templates"][0]["ready"] == 2).then_some(())
+    });
+    kube.set_image("web:2");
+    let holder = &nodes[wait_written(&nodes, "web:2", 1)[0]];
+    let other = nodes.iter().find(|n| n.name != holder.name).unwrap();
+    let renewals = |node: &NodeUnderTest| {
+        node.daemon
+            .metric("podstamp_rollout_api_writes_total{object=\"slot\",result=\"ok\"}")
+    };
+
+    // Away for longer than the lease (5 s): nobody can renew or read it.
+    server.kill();
+    std::thread::sleep(Duration::from_secs(8));
+    let before = renewals(holder);
+    server = ApiServer::start(&state.path().join("apiserver"));
+    let renewed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("the holder renewing its slot again", STEP, || {
+            holder.daemon.assert_running();
+            (renewals(holder) > before).then_some(())
+        })
+    }));
+    if renewed.is_err() {
+        panic!("no renewal by {}:\n{}", holder.name, holder.daemon.logs());
+    }
+    // More than a lease later, the slot is still the holder's.
+    std::thread::sleep(Duration::from_secs(7));
+    assert!(
+        other.manifest().contains("image: web:1"),
+        "{} wrote web:2 while {} held the slot:\n{}",
+        other.name,
+        holder.name,
+        other.daemon.logs()
+    );
+    let view = status(&server, &ns);
+    let phases = phases(&view);
+    assert!(
+        phases.contains(&(other.name.clone(), "waiting".to_string())),
+        "{view:#}"
+    );
+    // The holder's revision Ready: the other node goes on.
+    let kube = Kube::reconnect(&server, &ns);
+    kube.kubelet_reports(&holder.name, &holder.revision(), true);
+    wait_written(&nodes, "web:2", 2);
 }

@@ -157,6 +157,9 @@ struct State {
     conflicted: BTreeMap<String, String>,
     /// The failed targets last sent to the reconciler.
     failed_sent: Option<BTreeMap<String, BTreeMap<String, String>>>,
+    /// The Lease watch is following (listed or resumed, not failed since):
+    /// only then can a slot be judged unrenewed, and taken.
+    watching: bool,
 }
 
 impl State {
@@ -177,6 +180,7 @@ impl State {
             },
             conflicted: BTreeMap::new(),
             failed_sent: None,
+            watching: false,
         }
     }
 
@@ -186,11 +190,12 @@ impl State {
 
     /// A Lease seen (listed or changed); a new version is observed now.
     fn seen(&mut self, name: String, mut lease: Seen) {
-        let known = self
-            .relisting
-            .as_ref()
-            .and_then(|m| m.get(&name))
-            .or_else(|| self.leases.get(&name));
+        // A relist follows a gap in what this node saw: every Lease in it
+        // is observed from now (see [`State::reobserve`]).
+        let known = match &self.relisting {
+            Some(listing) => listing.get(&name),
+            None => self.leases.get(&name),
+        };
         if let Some(old) = known
             && old.resource_version == lease.resource_version
         {
@@ -200,10 +205,28 @@ impl State {
         map.insert(name, lease);
     }
 
+    /// The watch was cut and resumed: nothing was seen meanwhile, so no
+    /// Lease counts as unrenewed for that time. A holder that could not
+    /// renew during an API outage is not taken over the moment it ends:
+    /// others wait a whole duration of watching first.
+    fn reobserve(&mut self, now: Instant) {
+        self.watching = true;
+        for lease in self.leases.values_mut() {
+            lease.observed = now;
+        }
+    }
+
+    /// The Lease watch failed: until it follows again, what this node
+    /// knows of the slots may be stale, and none is taken.
+    fn watch_failed(&mut self) {
+        self.watching = false;
+    }
+
     fn list_done(&mut self) -> Vec<Answer> {
         if let Some(listed) = self.relisting.take() {
             self.leases = listed;
         }
+        self.watching = true;
         let mut answers = Vec::new();
         if !self.synced {
             self.synced = true;
@@ -364,7 +387,10 @@ impl State {
                 });
             }
         }
-        for (id, (target, slots)) in &self.pending {
+        // A slot is judged free only from a watch that follows: after an
+        // outage, the holder could not renew, and others could not see.
+        let pending = self.pending.iter().filter(|_| self.watching);
+        for (id, (target, slots)) in pending {
             // A target that failed on a node is not started (the reconciler
             // withdraws the ask when it hears of it).
             let failed = self
@@ -521,6 +547,8 @@ async fn write(api: &Api<Lease>, lease: Lease, create: bool) -> Written {
 /// What the Lease watch tells the coordinator.
 enum LeaseEvent {
     Listing,
+    Resumed,
+    Failed,
     Object(Value),
     ListDone,
     Deleted(String),
@@ -554,7 +582,8 @@ pub async fn run(
                 }
                 Event::ListDone => LeaseEvent::ListDone,
                 Event::Deleted(lease) => LeaseEvent::Deleted(lease.name().to_string()),
-                Event::Resumed | Event::Failed(_) => return ControlFlow::Continue(()),
+                Event::Resumed => LeaseEvent::Resumed,
+                Event::Failed(_) => LeaseEvent::Failed,
             };
             match seen_tx.send(message) {
                 Ok(()) => ControlFlow::Continue(()),
@@ -591,6 +620,8 @@ pub async fn run(
                 let now = Instant::now();
                 match message {
                     Some(LeaseEvent::Listing) => state.relisting = Some(BTreeMap::new()),
+                    Some(LeaseEvent::Resumed) => state.reobserve(now),
+                    Some(LeaseEvent::Failed) => state.watch_failed(),
                     Some(LeaseEvent::Object(value)) => {
                         if let Some((name, lease)) = read_lease(&value, now, settings.lease_duration) {
                             state.seen(name, lease);
@@ -867,6 +898,27 @@ mod tests {
             s.next(now + D / 2),
             Some(Action::Take { name: n, resource_version: None, .. }) if n == slot_name("ns/web", 1)
         ));
+    }
+
+    #[test]
+    fn after_a_gap_in_the_watch_a_holder_gets_a_whole_duration_again() {
+        let now = Instant::now();
+        let mut s = synced("n1");
+        let name = slot_name("ns/web", 0);
+        s.seen(name.clone(), lease(ROLE_SLOT, Some("n2"), "5", now));
+        acquire(&mut s, 1);
+        // The API server goes away for longer than the lease: nothing is
+        // taken while the watch does not follow, nor at once when it does.
+        s.watch_failed();
+        assert_eq!(s.next(now + 2 * D), None, "not taken blind");
+        s.reobserve(now + 2 * D);
+        assert_eq!(s.next(now + 2 * D), None, "not taken at once");
+        assert!(matches!(s.next(now + 3 * D), Some(Action::Take { .. })));
+        // A relist too observes every Lease anew.
+        s.relisting = Some(BTreeMap::new());
+        s.seen(name.clone(), lease(ROLE_SLOT, Some("n2"), "5", now + 3 * D));
+        s.list_done();
+        assert_eq!(s.next(now + 3 * D), None);
     }
 
     #[test]
