@@ -83,9 +83,13 @@ impl Kube {
     }
 
     fn create_template(&self, image: &str) {
+        self.create_template_with(image, "1");
+    }
+
+    fn create_template_with(&self, image: &str, max_unavailable: &str) {
         let template = serde_json::from_value(json!({
             "metadata": {"name": "web", "labels": {"podstamp.io/enabled": "true"},
-                "annotations": {"podstamp.io/max-unavailable": "1", "podstamp.io/progress-deadline": "5m"}},
+                "annotations": {"podstamp.io/max-unavailable": max_unavailable, "podstamp.io/progress-deadline": "5m"}},
             "template": {"spec": {"containers": [{"name": "main", "image": image}]}}
         }))
         .unwrap();
@@ -542,4 +546,38 @@ fn an_api_server_outage_mid_rollout_takes_no_slot_from_its_holder() {
     let kube = Kube::reconnect(&server, &ns);
     kube.kubelet_reports(&holder.name, &holder.revision(), true);
     wait_written(&nodes, "web:2", 2);
+}
+
+#[test]
+fn with_two_slots_two_nodes_update_at_once_and_the_third_waits() {
+    let server = shared_server();
+    let ns = unique("roll2");
+    let kube = Kube::admin(server, &ns);
+    let tmp = tempfile::tempdir().unwrap();
+    let config = write_config(tmp.path());
+    kube.create_template_with("web:1", "2");
+    let mut nodes = Vec::new();
+    for i in 1..=3 {
+        let name = unique(&format!("t{i}"));
+        kube.create_node(&name);
+        nodes.push(start(server, &ns, tmp.path(), &config, &name));
+    }
+    wait_written(&nodes, "web:1", 3);
+    for node in &nodes {
+        kube.kubelet_reports(&node.name, &node.revision(), true);
+    }
+    wait_for("every node ready on web:1", STEP, || {
+        (status(server, &ns)["templates"][0]["ready"] == 3).then_some(())
+    });
+    kube.set_image("web:2");
+    // Two write it with no Ready in between; the third waits.
+    let two = wait_written(&nodes, "web:2", 2);
+    let third = (0..3).find(|i| !two.contains(i)).unwrap();
+    wait_for("the third waiting", STEP, || {
+        phases(&status(server, &ns))
+            .contains(&(nodes[third].name.clone(), "waiting".to_string()))
+            .then_some(())
+    });
+    kube.kubelet_reports(&nodes[two[0]].name, &nodes[two[0]].revision(), true);
+    wait_written(&nodes, "web:2", 3);
 }
