@@ -569,6 +569,13 @@ fn with_two_slots_two_nodes_update_at_once_and_the_third_waits() {
     wait_for("every node ready on web:1", STEP, || {
         (status(server, &ns)["templates"][0]["ready"] == 3).then_some(())
     });
+    // `status --watch` follows the rollout: it prints again on each change.
+    let mut watching = Command::new(env!("CARGO_BIN_EXE_podstamp"))
+        .args(["status", "-n", &ns, "--watch", "--kubeconfig"])
+        .arg(server.kubeconfig("admin"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     kube.set_image("web:2");
     // Two write it with no Ready in between; the third waits.
     let two = wait_written(&nodes, "web:2", 2);
@@ -580,4 +587,16 @@ fn with_two_slots_two_nodes_update_at_once_and_the_third_waits() {
     });
     kube.kubelet_reports(&nodes[two[0]].name, &nodes[two[0]].revision(), true);
     wait_written(&nodes, "web:2", 3);
+    wait_for("the third waiting no more", STEP, || {
+        (!phases(&status(server, &ns))
+            .contains(&(nodes[third].name.clone(), "waiting".to_string())))
+        .then_some(())
+    });
+    let _ = watching.kill();
+    let out = watching.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let tables: Vec<&str> = text.split("\n\n").collect();
+    assert!(tables.len() >= 3, "status --watch printed once:\n{text}");
+    assert!(tables.iter().any(|t| t.contains("waiting")), "{text}");
+    assert!(tables[0].starts_with("TEMPLATE"), "{text}");
 }
