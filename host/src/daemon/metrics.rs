@@ -283,7 +283,9 @@ impl Metrics {
             "# HELP podstamp_watch_restarts_total Watches restarted (with a fresh list) after an error.\n\
              # TYPE podstamp_watch_restarts_total counter"
         );
-        for watch in ["podtemplates", "node"] {
+        // Every watch that counts its restarts: one left out here would
+        // count in vain (the pods watch once did).
+        for watch in ["podtemplates", "node", "pods", "configmaps"] {
             let n = inner.watch_restarts.get(watch).copied().unwrap_or(0);
             let _ = writeln!(
                 out,
@@ -502,6 +504,7 @@ mod tests {
         m.render(RenderResult::Failed(Reason::RenderFailed));
         m.plugin_call("node-env", true, Duration::from_micros(700));
         m.watch_restart("node");
+        m.watch_restart("pods");
         m.reload(ReloadResult::Refused);
         m.set_catalog("ab12");
         let text = m.exposition();
@@ -513,6 +516,8 @@ mod tests {
             "podstamp_plugin_call_duration_seconds_bucket{plugin=\"node-env\",result=\"ok\",le=\"0.001\"} 1",
             "podstamp_plugin_call_duration_seconds_count{plugin=\"node-env\",result=\"ok\"} 1",
             "podstamp_watch_restarts_total{watch=\"node\"} 1",
+            "podstamp_watch_restarts_total{watch=\"pods\"} 1",
+            "podstamp_watch_restarts_total{watch=\"configmaps\"} 0",
             "podstamp_managed_manifests 0",
             "podstamp_events_dropped_total 0",
             "podstamp_templates 0",
