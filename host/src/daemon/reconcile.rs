@@ -29,7 +29,9 @@
 //!   ([`super::rollout`]); a new revision that fails within its progress
 //!   deadline is replaced by the previous good one from the revision history
 //!   ([`super::revisions`]), and is not written again while the template
-//!   renders it. A first revision has nothing to fall back to: it stays.
+//!   renders it and the good one is in place, whole, also across restarts
+//!   ([`super::rollout_state`]). A first revision has nothing to fall back
+//!   to: it stays.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -844,10 +846,28 @@ impl Reconciler {
         }
         let source = manifest.source.clone();
         let (done_source, revision) = (source.clone(), manifest.revision.clone());
-        let held = state_of(&mut self.states, self.revisions.as_ref(), &source)
+        let mut held = state_of(&mut self.states, self.revisions.as_ref(), &source)
             .held
             .as_deref()
             == Some(manifest.revision.as_str());
+        // Held only while the revision it was rolled back to is in place,
+        // whole: a manifest gone or edited (say, a node whose manifest
+        // directory was emptied, its revisions directory kept) would
+        // otherwise leave the template without a pod until it changes.
+        // Written instead, the failed revision fails again and is rolled
+        // back again.
+        if held
+            && !read_regular(&self.dir.join(&file))
+                .and_then(|bytes| manifest::ownership(&bytes))
+                .is_some_and(|o| o.intact && o.source == source)
+        {
+            tracing::warn!(template = %source, revision = %revision, file = %file,
+                "the held revision's fallback is no longer in place (missing or edited); writing the revision the template renders");
+            change_state(&mut self.states, self.revisions.as_ref(), &source, |s| {
+                s.held = None
+            });
+            held = false;
+        }
         if held {
             tracing::debug!(template = %source, revision = %revision, "revision held: it failed and was rolled back");
             self.owned.insert(file.clone(), source);
@@ -1490,7 +1510,10 @@ mod tests {
         }));
         r.reconcile();
         assert_eq!(revision_in(&dir, "a.yaml"), good, "rolled back");
-        let before = fs::metadata(dir.join("a.yaml")).unwrap().modified().unwrap();
+        let before = fs::metadata(dir.join("a.yaml"))
+            .unwrap()
+            .modified()
+            .unwrap();
 
         // Restarted: the template still renders the failed revision.
         let mut r = with_history();
@@ -1499,15 +1522,29 @@ mod tests {
         r.reconcile();
         assert_eq!(revision_in(&dir, "a.yaml"), good, "still held");
         assert_eq!(
-            fs::metadata(dir.join("a.yaml")).unwrap().modified().unwrap(),
+            fs::metadata(dir.join("a.yaml"))
+                .unwrap()
+                .modified()
+                .unwrap(),
             before
         );
+        // Its fallback gone from the directory: the template's pod is
+        // written rather than held out for good.
+        fs::remove_file(dir.join("a.yaml")).unwrap();
+        r.apply(Input::Applied(incoming("a", "a", "x:2")));
+        r.reconcile();
+        assert_eq!(revision_in(&dir, "a.yaml"), failing);
         // Another revision is written, and releases it.
         r.apply(Input::Applied(incoming("a", "a", "x:3")));
         r.reconcile();
         let next = revision_in(&dir, "a.yaml");
         assert!(next != good && next != failing);
-        let state = r.revisions.as_ref().unwrap().state("kube-system/a").unwrap();
+        let state = r
+            .revisions
+            .as_ref()
+            .unwrap()
+            .state("kube-system/a")
+            .unwrap();
         assert_eq!(state.held, None);
         assert_eq!(state.pending, Some(next));
     }
