@@ -1059,6 +1059,51 @@ const FAULTS: &[Fault] = &[
         test: "an_unsafe_revisions_dir_is_refused_at_start",
     },
     Fault {
+        id: "kubelet-hand-edit",
+        area: "kubelet",
+        fault: "a manifest of podstamp's edited by hand (another command, the same revision label), while podstamp is stopped or running; the real kubelet runs the edit",
+        kept: "podstamp's manifest written back, at start or at the next pass (`resync`), and the kubelet runs it again (mirror pod Ready with the revision)",
+        reported: "a warning at start",
+        says: "edited by hand",
+        test: "tests/kubelet.rs: a_hand_edit_of_the_manifest_is_restored_and_the_kubelet_runs_it_again",
+    },
+    Fault {
+        id: "kubelet-api-outage",
+        area: "kubelet",
+        fault: "the API server killed while a real kubelet runs podstamp's pods",
+        kept: "the same containers keep running; the manifest, the history and the rollout state unchanged (same inode and mtime); podstamp stays up (`/healthz` 200) and no rollout is judged; once the API server is back, an update is written, run and confirmed",
+        reported: "`podstamp_watch_restarts_total{watch=\"podtemplates\"}` and `{watch=\"pods\"}`; a warning per failed watch",
+        says: "the API server may be unreachable",
+        test: "tests/kubelet.rs: an_api_outage_leaves_the_node_running_and_podstamp_catches_up",
+    },
+    Fault {
+        id: "kubelet-kill-9-mid-update",
+        area: "kubelet",
+        fault: "podstamp killed with SIGKILL in the middle of updates (as a template changes; with a new revision written and not yet judged), leaving a torn temp file in the kubelet's directory and in the history",
+        kept: "the kubelet reads whole manifests only (temp files are dot-files it skips); after a restart the temp files are removed and the latest revision is written, run and confirmed; the history keeps at most N, the newest the manifest in place",
+        reported: "`RolloutSucceeded` Event, also for the revision the killed podstamp wrote; the log counts the temp files removed",
+        says: "removed stale temporary files",
+        test: "tests/kubelet.rs: podstamp_killed_mid_update_leaves_whole_manifests_and_converges_after_restart",
+    },
+    Fault {
+        id: "kubelet-restart-mid-rollout",
+        area: "kubelet",
+        fault: "podstamp stopped between writing a failing revision (a container that exits 1) and its verdict, then restarted; and restarted again once it was rolled back",
+        kept: "the restarted podstamp follows the revision in place as its own, rolls it back to the last revision that succeeded and holds it; the hold outlives a restart (`rollout.json` next to the history): the failed revision is not written again (manifest unchanged, same container) until the template changes",
+        reported: "`RolloutFailed` Event with the kubelet's reason, from the restarted podstamp",
+        says: "rolled back to revision",
+        test: "tests/kubelet.rs: a_restart_mid_rollout_still_rolls_back_and_a_held_revision_stays_held",
+    },
+    Fault {
+        id: "rollout-state-damaged",
+        area: "kubelet",
+        fault: "a template's `rollout.json` in the revisions directory that does not parse (edited by hand)",
+        kept: "read as empty (nothing held): the manifest is written and later changes too; the file is replaced at the next change of the rollout state",
+        reported: "an error in the log naming the file",
+        says: "cannot read the rollout state",
+        test: "a_damaged_rollout_state_is_named_and_read_as_empty",
+    },
+    Fault {
         id: "deploy-cache-volume",
         area: "deploy",
         fault: "deploy/'s DaemonSet started with each volume as the kubelet makes it (its cache was an emptyDir, 0777: `podstamp run` exited 2)",
@@ -3473,4 +3518,41 @@ fn an_unsafe_revisions_dir_is_refused_at_start() {
     }
     // Nothing was created in the manifest directory.
     assert_eq!(fs::read_dir(&manifests).unwrap().count(), 0);
+}
+
+#[test]
+fn a_damaged_rollout_state_is_named_and_read_as_empty() {
+    let fault = row("rollout-state-damaged");
+    let env = env();
+    let history = env.tmp.path().join("history");
+    let state_dir = history.join("kube-system_web");
+    fs::create_dir_all(&state_dir).unwrap();
+    let state = state_dir.join("rollout.json");
+    fs::write(&state, "{\"held\": 3}").unwrap();
+    env.put("web.yaml", &template("web", None, "busybox:1"));
+    let daemon = env.start(
+        &["--revisions-dir", history.to_str().unwrap()],
+        "podstamp.log",
+    );
+    wait_content(&daemon, &env.manifest("web"), "image: busybox:1");
+    let line = wait_logged(&daemon, "the damaged state reported", || {
+        daemon
+            .logs()
+            .lines()
+            .find(|l| l.contains(fault.says))
+            .map(str::to_string)
+    });
+    assert!(
+        line.contains(state.to_str().unwrap()) && line.contains("delete it"),
+        "{line}"
+    );
+    // Replaced by a readable one as the rollout state changes.
+    env.put("web.yaml", &template("web", None, "busybox:2"));
+    wait_content(&daemon, &env.manifest("web"), "image: busybox:2");
+    let text = wait_logged(&daemon, "a readable rollout state", || {
+        read(&state).filter(|t| t.contains("pending"))
+    });
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(value["pending"].is_string(), "{value}");
+    assert!(daemon.stop().success());
 }

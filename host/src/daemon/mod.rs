@@ -31,6 +31,7 @@ pub mod reload;
 pub mod revisions;
 mod rlimit;
 pub mod rollout;
+pub mod rollout_state;
 pub mod source;
 pub mod watch;
 pub mod watch_file;

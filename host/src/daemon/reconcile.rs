@@ -29,7 +29,9 @@
 //!   ([`super::rollout`]); a new revision that fails within its progress
 //!   deadline is replaced by the previous good one from the revision history
 //!   ([`super::revisions`]), and is not written again while the template
-//!   renders it. A first revision has nothing to fall back to: it stays.
+//!   renders it and the good one is in place, whole, also across restarts
+//!   ([`super::rollout_state`]). A first revision has nothing to fall back
+//!   to: it stays.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -58,6 +60,7 @@ use super::metrics::{Metrics, RenderResult};
 use super::mirror::Observation;
 use super::revisions::Store;
 use super::rollout::{self, Phase, Tracker, Verdict};
+use super::rollout_state::State;
 
 /// Files larger than this in the manifest directory are not read for
 /// ownership (no manifest podstamp writes is near it).
@@ -154,9 +157,6 @@ struct Entry {
     /// the catalog gave none); None when its render stopped before the chain
     /// mattered. A new catalog renders the entry again only if it differs.
     chain: Option<ChainKey>,
-    /// A revision that failed and was rolled back: not written again while
-    /// the template renders it.
-    held: Option<String>,
     /// An update not written for now (waiting for a slot, or halted), and
     /// why; None once the manifest holds what the template renders.
     gated: Option<Gated>,
@@ -251,6 +251,10 @@ pub struct Reconciler {
     gate: Option<Gate>,
     /// The last failed rollout per template on this node, as reported.
     fleet_failed: BTreeMap<String, fleet::Failed>,
+    /// Per template, what its rollouts leave for the next start (held,
+    /// good, pending), read from the revision history once, written there
+    /// when it changes ([`super::rollout_state`]).
+    states: BTreeMap<String, State>,
 }
 
 impl Reconciler {
@@ -318,6 +322,7 @@ impl Reconciler {
             written_unfollowed: BTreeMap::new(),
             gate: None,
             fleet_failed: BTreeMap::new(),
+            states: BTreeMap::new(),
         })
     }
 
@@ -487,7 +492,6 @@ impl Reconciler {
                         claims: None,
                         last_error: None,
                         chain: None,
-                        held: None,
                         gated: None,
                         in_place: None,
                     },
@@ -507,6 +511,12 @@ impl Reconciler {
                     gate.forget(id);
                 }
                 self.fleet_failed.remove(id);
+                self.states.remove(id);
+                if let Some(store) = &self.revisions
+                    && let Err(e) = store.forget_state(id)
+                {
+                    tracing::error!(template = %id, "cannot remove the rollout state: {e}");
+                }
                 self.metrics.forget_rollout(id);
             }
             self.gc_due = true;
@@ -729,9 +739,18 @@ impl Reconciler {
                 {
                     gate.remember(&id, &done.revision, target);
                 }
-                if !done.held && entry.held.take().is_some() {
-                    tracing::info!(template = %id, revision = %done.revision,
-                        "the template renders another revision; the failed one is no longer held");
+                if !done.held {
+                    let mut released = None;
+                    change_state(
+                        &mut self.states,
+                        self.revisions.as_ref(),
+                        &done.source,
+                        |s| released = s.held.take(),
+                    );
+                    if let Some(held) = released {
+                        tracing::info!(template = %id, revision = %done.revision, held = %held,
+                            "the template renders another revision; the failed one is no longer held");
+                    }
                 }
                 self.metrics.render(match outcome {
                     Outcome::Written => RenderResult::Written,
@@ -918,7 +937,29 @@ impl Reconciler {
         }
         let source = manifest.source.clone();
         let (done_source, revision) = (source.clone(), manifest.revision.clone());
-        if entry.held.as_deref() == Some(manifest.revision.as_str()) {
+        let mut held = state_of(&mut self.states, self.revisions.as_ref(), &source)
+            .held
+            .as_deref()
+            == Some(manifest.revision.as_str());
+        // Held only while the revision it was rolled back to is in place,
+        // whole: a manifest gone or edited (say, a node whose manifest
+        // directory was emptied, its revisions directory kept) would
+        // otherwise leave the template without a pod until it changes.
+        // Written instead, the failed revision fails again and is rolled
+        // back again.
+        if held
+            && !read_regular(&self.dir.join(&file))
+                .and_then(|bytes| manifest::ownership(&bytes))
+                .is_some_and(|o| o.intact && o.source == source)
+        {
+            tracing::warn!(template = %source, revision = %revision, file = %file,
+                "the held revision's fallback is no longer in place (missing or edited); writing the revision the template renders");
+            change_state(&mut self.states, self.revisions.as_ref(), &source, |s| {
+                s.held = None
+            });
+            held = false;
+        }
+        if held {
             tracing::debug!(template = %source, revision = %revision, "revision held: it failed and was rolled back");
             self.owned.insert(file.clone(), source);
             return Ok(Done {
@@ -974,6 +1015,11 @@ impl Reconciler {
             Outcome::Unchanged
         } else {
             let manifest = rendered.verify().map_err(render_failed)?;
+            // Known before the file is in place: a daemon killed right after
+            // the rename still follows it as its own after a restart.
+            change_state(&mut self.states, self.revisions.as_ref(), &source, |s| {
+                s.pending = Some(manifest.revision.clone())
+            });
             let outcome =
                 write::replace(&self.dir, &file, &manifest.bytes).map_err(|e| Failure {
                     reason: Reason::WriteFailed,
@@ -1019,11 +1065,19 @@ impl Reconciler {
             return;
         }
         let written_before = self.written_unfollowed.remove(id);
+        let state = state_of(&mut self.states, self.revisions.as_ref(), id);
+        // Written by this daemon before a restart, and not judged yet.
+        let pending = state.pending.as_deref() == Some(done.revision.as_str());
+        let good = state.good.clone();
         let written = done.outcome == Outcome::Written
-            || written_before.as_deref() == Some(done.revision.as_str());
-        // What the history holds besides this revision: what to go back to
-        // when no revision was seen Ready in this run.
-        let fallback = self.revisions.as_ref().and_then(|store| {
+            || written_before.as_deref() == Some(done.revision.as_str())
+            || pending;
+        // What to go back to when no revision was seen Ready in this run:
+        // the last one that succeeded on this node (none, when that is this
+        // one), or else, for a history kept before the rollout state was,
+        // the newest other revision in it.
+        let fallback = good.or_else(|| {
+            let store = self.revisions.as_ref()?;
             let kept = store.kept(id).ok()?;
             kept.into_iter()
                 .rev()
@@ -1198,6 +1252,12 @@ impl Reconciler {
             Verdict::Succeeded => {
                 self.metrics.rollout_result("succeeded");
                 self.fleet_verdict(id, &rollout, None);
+                change_state(&mut self.states, self.revisions.as_ref(), id, |s| {
+                    s.good = Some(rollout.revision.clone());
+                    if s.pending.as_ref() == Some(&rollout.revision) {
+                        s.pending = None;
+                    }
+                });
                 if !rollout.written {
                     tracing::debug!(template = %id, revision = %rollout.revision, "revision in place is Ready");
                     return;
@@ -1225,6 +1285,11 @@ impl Reconciler {
                         Err(e) => format!("cannot roll back to revision {previous}: {e}; it stays"),
                     },
                 };
+                change_state(&mut self.states, self.revisions.as_ref(), id, |s| {
+                    if s.pending.as_ref() == Some(&rollout.revision) {
+                        s.pending = None;
+                    }
+                });
                 tracing::warn!(template = %id, revision = %rollout.revision, node = %node, reason = %reason,
                     "rollout failed: {message}; {outcome}");
                 self.fleet_verdict(id, &rollout, Some((reason.as_str(), message.as_str())));
@@ -1284,16 +1349,62 @@ impl Reconciler {
             .ok_or("the template is gone")?;
         let file = entry.claims.clone().ok_or("the template has no manifest")?;
         write::write_atomic(&self.dir, &file, &bytes).map_err(|e| format!("{file}: {e}"))?;
-        entry.held = Some(failed.revision.clone());
         if let Err(e) = store.record(id, previous, &bytes) {
             tracing::error!(template = %id, "cannot mark revision {previous} as the newest in the history: {e}");
         }
+        // Held only once the good revision is in place: a daemon killed
+        // in between writes the failed one again and rolls it back again,
+        // rather than keep it for good.
+        change_state(&mut self.states, self.revisions.as_ref(), id, |s| {
+            s.held = Some(failed.revision.clone())
+        });
         let deadline = failed.deadline - failed.started;
         self.rollouts
             .start_rollback(id, previous, deadline, Instant::now());
         self.metrics
             .set_rollout(id, previous, Phase::Written.as_str());
         Ok(())
+    }
+}
+
+/// Template `id`'s rollout state, read from `store` the first time (a file
+/// that cannot be read is reported and read as empty).
+fn state_of<'a>(
+    states: &'a mut BTreeMap<String, State>,
+    store: Option<&Store>,
+    id: &str,
+) -> &'a mut State {
+    states.entry(id.to_string()).or_insert_with(|| {
+        let Some(store) = store else {
+            return State::default();
+        };
+        store.state(id).unwrap_or_else(|e| {
+            tracing::error!(template = %id, "cannot read the rollout state: {e}; starting without it");
+            State::default()
+        })
+    })
+}
+
+/// Applies `change` to template `id`'s rollout state, and writes it to
+/// `store` if it changed. A failed write is logged: the change holds for
+/// this run, and a restart sees the state before it.
+fn change_state(
+    states: &mut BTreeMap<String, State>,
+    store: Option<&Store>,
+    id: &str,
+    change: impl FnOnce(&mut State),
+) {
+    let state = state_of(states, store, id);
+    let before = state.clone();
+    change(state);
+    if *state == before {
+        return;
+    }
+    if let Some(store) = store
+        && let Err(e) = store.save_state(id, state)
+    {
+        tracing::error!(template = %id, dir = %store.template_dir(id).display(),
+            "cannot keep the rollout state: {e}; a restart would not know it");
     }
 }
 
@@ -1609,5 +1720,86 @@ mod tests {
         r.reconcile();
         let rollout = r.rollouts.get("kube-system/a").expect("followed");
         assert!(!rollout.written, "found in place: {rollout:?}");
+    }
+
+    /// The revision label of `file` in `dir`.
+    fn revision_in(dir: &Path, file: &str) -> String {
+        let text = fs::read_to_string(dir.join(file)).unwrap();
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix("podstamp.io/revision: "))
+            .unwrap()
+            .trim_matches('"')
+            .to_string()
+    }
+
+    /// A failed revision rolled back stays held after a restart: the
+    /// template still renders it, and it is not written again.
+    #[test]
+    fn a_held_revision_is_not_written_again_after_a_restart() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("manifests");
+        fs::create_dir(&dir).unwrap();
+        let history = root.path().join("revisions");
+        let with_history = || {
+            let mut r = reconciler(&dir);
+            r.set_revisions(Store::open(history.clone(), 3, &dir).unwrap());
+            r
+        };
+        let mut r = with_history();
+        list(&mut r, vec![incoming("a", "a", "x:1")]);
+        let good = revision_in(&dir, "a.yaml");
+        r.apply(Input::Applied(incoming("a", "a", "x:2")));
+        r.reconcile();
+        let failing = revision_in(&dir, "a.yaml");
+        assert_ne!(good, failing);
+        r.apply(Input::MirrorSynced);
+        r.apply(Input::Mirror(Observation {
+            source: "kube-system/a".into(),
+            revision: failing.clone(),
+            state: super::super::mirror::PodState::Failed {
+                reason: "CrashLoopBackOff".into(),
+                message: "back-off".into(),
+            },
+            pod: ObjectReference::default(),
+        }));
+        r.reconcile();
+        assert_eq!(revision_in(&dir, "a.yaml"), good, "rolled back");
+        let before = fs::metadata(dir.join("a.yaml"))
+            .unwrap()
+            .modified()
+            .unwrap();
+
+        // Restarted: the template still renders the failed revision.
+        let mut r = with_history();
+        list(&mut r, vec![incoming("a", "a", "x:2")]);
+        r.apply(Input::MirrorSynced);
+        r.reconcile();
+        assert_eq!(revision_in(&dir, "a.yaml"), good, "still held");
+        assert_eq!(
+            fs::metadata(dir.join("a.yaml"))
+                .unwrap()
+                .modified()
+                .unwrap(),
+            before
+        );
+        // Its fallback gone from the directory: the template's pod is
+        // written rather than held out for good.
+        fs::remove_file(dir.join("a.yaml")).unwrap();
+        r.apply(Input::Applied(incoming("a", "a", "x:2")));
+        r.reconcile();
+        assert_eq!(revision_in(&dir, "a.yaml"), failing);
+        // Another revision is written, and releases it.
+        r.apply(Input::Applied(incoming("a", "a", "x:3")));
+        r.reconcile();
+        let next = revision_in(&dir, "a.yaml");
+        assert!(next != good && next != failing);
+        let state = r
+            .revisions
+            .as_ref()
+            .unwrap()
+            .state("kube-system/a")
+            .unwrap();
+        assert_eq!(state.held, None);
+        assert_eq!(state.pending, Some(next));
     }
 }
