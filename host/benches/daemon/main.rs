@@ -1,6 +1,6 @@
 //! `podstamp run` against the real kube-apiserver of the test harness, side
 //! by side with what users do today: tests/bench/kubectl-poller.sh, a loop
-//! of `kubectl get -o json` + write every second. One API server, five
+//! of `kubectl get -o json` + write every second. One API server, six
 //! parts, each in a namespace of its own and a module of its own (what
 //! they share is in `bench`, `objects`, `observe`, `report`):
 //!
@@ -18,14 +18,20 @@
 //!   is used by these. Then the same settings edit in a catalog ConfigMap
 //!   (`daemon.catalog.configMap`, the API source): time until the affected
 //!   manifest is renamed into place.
+//! * `kubelet`: a template change until the real kubelet (tests/harness
+//!   `podstamp-node`) runs the new container, side by side with the
+//!   kubelet's own floor: a manifest renamed into its directory by hand.
+//!   Needs root, containerd, runc and busybox-static; waits for the
+//!   machine-wide node lock of the kubelet tests.
 //!
 //! It prints figures next to the targets of issue 5 and asserts nothing
 //! about timing: the machine is shared and figures are noisy.
 //!
-//! Run: `bash tests/harness/build.sh && bash plugins/build.sh && cargo bench --bench daemon [-- latency|sync|footprint|fanout|reload]`.
+//! Run: `bash tests/harness/build.sh && bash plugins/build.sh && cargo bench --bench daemon [-- latency|sync|footprint|fanout|reload|kubelet]`.
 //! Sizes: PODSTAMP_BENCH_UPDATES (default 200; the poller's share takes
 //! about 1.1 s per update, some 4 minutes), PODSTAMP_BENCH_DAEMONS (default 50),
-//! PODSTAMP_BENCH_RELOADS (default 100).
+//! PODSTAMP_BENCH_RELOADS (default 100), PODSTAMP_BENCH_KUBELET_CHANGES
+//! (default 20 of each shape; an update takes the kubelet 10–15 s).
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
@@ -33,11 +39,15 @@ mod common;
 #[allow(unused_imports)]
 #[path = "../../../tests/daemon/support.rs"]
 mod support;
+// The kubelet tests' node (podstamp-node), its teardown and their lock.
+#[path = "../../../tests/kubelet/support.rs"]
+mod node;
 
 mod apimetrics;
 mod bench;
 mod fanout;
 mod footprint;
+mod kubelet;
 mod latency;
 mod objects;
 mod observe;
@@ -58,7 +68,14 @@ const SELECTOR: &str = "podstamp.io/enabled=true";
 const CHANGE_LIMIT: Duration = Duration::from_secs(10);
 /// How long a daemon may take to become ready.
 const READY_LIMIT: Duration = Duration::from_secs(120);
-const PARTS: [&str; 5] = ["latency", "sync", "footprint", "fanout", "reload"];
+const PARTS: [&str; 6] = [
+    "latency",
+    "sync",
+    "footprint",
+    "fanout",
+    "reload",
+    "kubelet",
+];
 
 fn main() {
     // cargo bench passes `--bench`; the other words name the parts to run.
@@ -143,6 +160,9 @@ fn main() {
     }
     if run("reload") {
         bench.reload(env_size("PODSTAMP_BENCH_RELOADS", 100));
+    }
+    if run("kubelet") {
+        bench.kubelet(env_size("PODSTAMP_BENCH_KUBELET_CHANGES", 20));
     }
 }
 

@@ -24,7 +24,8 @@ pub fn time_to_ready(daemon: &Daemon, since: Instant, limit: Duration) -> Option
     None
 }
 
-/// Renames into place (IN_MOVED_TO) in a set of directories.
+/// Renames into place (IN_MOVED_TO) in a set of directories, or the events
+/// of [`Renames::watch_for`]'s mask.
 pub struct Renames {
     inotify: Inotify,
     dirs: Vec<PathBuf>,
@@ -34,15 +35,15 @@ pub struct Renames {
 
 impl Renames {
     pub fn watch(dirs: &[PathBuf]) -> Renames {
+        Renames::watch_for(dirs, WatchMask::MOVED_TO)
+    }
+
+    /// The events of `mask` (e.g. also IN_CREATE) in every one of `dirs`.
+    pub fn watch_for(dirs: &[PathBuf], mask: WatchMask) -> Renames {
         let inotify = Inotify::init().expect("inotify");
         let watches = dirs
             .iter()
-            .map(|d| {
-                inotify
-                    .watches()
-                    .add(d, WatchMask::MOVED_TO)
-                    .expect("inotify watch")
-            })
+            .map(|d| inotify.watches().add(d, mask).expect("inotify watch"))
             .collect();
         Renames {
             inotify,
