@@ -57,7 +57,6 @@ pub fn write_bench_config(root: &Path) -> PathBuf {
     path
 }
 
-/// A directory only its owner may write, as the code cache must be.
 /// Compiles the chain's plugins into `cache` with one offline render, so
 /// that every part that says "warm code cache" has one, whichever parts run.
 pub fn warm_cache(binary: &Path, config: &Path, cache: &Path) {
@@ -85,6 +84,7 @@ pub fn warm_cache(binary: &Path, config: &Path, cache: &Path) {
     assert!(status.success(), "warming the code cache failed: {status}");
 }
 
+/// A directory only its owner may write, as the code cache must be.
 pub fn private_dir(path: &Path) {
     fs::DirBuilder::new()
         .recursive(true)
