@@ -326,7 +326,11 @@ fn templates_become_manifests_and_follow_updates_deletes_and_the_node() {
         foreign_before,
         "a foreign file is never touched"
     );
-    assert_eq!(daemon.metric("podstamp_managed_manifests"), 1.0);
+    // The metric is set after the pass that renamed the file syncs the
+    // directory: it follows the file, it does not come with it.
+    wait_for("podstamp_managed_manifests 1", CONVERGE, || {
+        (daemon.metric("podstamp_managed_manifests") == 1.0).then_some(())
+    });
     assert!(daemon.metric("podstamp_manifests_removed_total") >= 2.0);
     assert!(daemon.metric("podstamp_last_successful_sync_timestamp_seconds") > 1.0e9);
     let (code, body) = daemon.get("/metrics").unwrap();
@@ -642,6 +646,54 @@ fn the_deploy_rbac_is_enough_and_a_missing_permission_is_named() {
         daemon.logs()
     );
     assert_eq!(daemon.get("/readyz").unwrap().0, 503);
+}
+
+/// Without `leases` in its Role, a daemon still installs, but an update
+/// (which needs a rollout slot) waits, and the log names the permission.
+#[test]
+fn without_lease_permissions_updates_wait_and_the_permission_is_named() {
+    let server = shared_server();
+    let ns = unique("rbac-nolease");
+    let node_name = unique("node");
+    let kube = Kube::admin_with_namespace(server, &ns);
+    kube.create_cluster::<Node>(node(&node_name, "zone-l"));
+    let mut rules = deploy_rules("Role");
+    rules.as_array_mut().unwrap().retain(|rule| {
+        !rule["resources"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("leases"))
+    });
+    assert_eq!(
+        rules.as_array().unwrap().len() + 1,
+        deploy_rules("Role").as_array().unwrap().len()
+    );
+    bind(&kube, &ns, rules, deploy_rules("ClusterRole"));
+    kube.create::<PodTemplate>(template("web", "busybox:1"));
+    let s = setup();
+    let daemon = start_daemon(
+        &s,
+        &server.kubeconfig("podstamp"),
+        &ns,
+        &node_name,
+        &s.manifests,
+    );
+    let path = s.manifests.join("web.yaml");
+    wait_content(&daemon, &path, &["image: busybox:1"]);
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "main", "image": "busybox:2"}]}}}),
+    );
+    let needle = "cannot list resource \"leases\" in API group \"coordination.k8s.io\"";
+    wait_for("the missing lease permission in the log", CONVERGE, || {
+        daemon.assert_running();
+        let logs = daemon.logs();
+        (logs.contains(needle) && logs.contains("update waits for a rollout slot")).then_some(())
+    });
+    assert!(
+        read(&path).unwrap().contains("image: busybox:1"),
+        "an update written without a slot"
+    );
 }
 
 /// Everything in deploy/, created in namespace `ns` (cluster objects get a
@@ -1978,6 +2030,66 @@ fn a_catalog_and_plugins_from_configmaps_render_reload_and_refuse() {
     on_catalog("not-granted: cannot be read: permission denied");
     assert!(a.exists() && b.exists());
     assert_eq!(catalog_in_use(&daemon), third);
+    assert!(daemon.stop().success());
+}
+
+/// The catalog ConfigMap deleted while the daemon runs: the catalog in use
+/// keeps serving, nothing is rewritten or removed, one line says why; the
+/// ConfigMap created again is applied.
+#[test]
+fn the_catalog_config_map_deleted_keeps_the_catalog_in_use_until_it_is_back() {
+    let server = shared_server();
+    let t = api_catalog_setup(server);
+    let (kube, ns) = (&t.kube, &t.ns);
+    let (a, b) = (t.s.manifests.join("a.yaml"), t.s.manifests.join("b.yaml"));
+    let daemon = start_daemon(
+        &t.s,
+        &server.kubeconfig("podstamp"),
+        ns,
+        &t.node,
+        &t.s.manifests,
+    );
+    wait_content(&daemon, &a, &["--say=hello", "--zone=zone-c", "ZONE"]);
+    wait_content(&daemon, &b, &["ZONE"]);
+    wait_reloads(&daemon, "applied", 1);
+    let in_use = catalog_in_use(&daemon);
+    let manifests = (identity(&a), identity(&b));
+
+    kube.delete_config_map(CATALOG_CM);
+    let says = format!(
+        "daemon.catalog.configMap: ConfigMap {ns}/{CATALOG_CM} does not exist: create it (its key catalog.yaml holds plugins and chain)"
+    );
+    let line = wait_refusal(&daemon, &says);
+    assert_eq!(
+        line.matches(" does not exist").count(),
+        1,
+        "one line: {line}"
+    );
+    assert!(line.contains("the one in use keeps serving"), "{line}");
+    assert!(
+        daemon.metric("podstamp_config_reloads_total{result=\"refused\"}") >= 1.0,
+        "the refusal is counted"
+    );
+    assert_eq!(catalog_in_use(&daemon), in_use, "the catalog in use serves");
+    assert_eq!(
+        (identity(&a), identity(&b)),
+        manifests,
+        "nothing rewritten or removed"
+    );
+    // It still renders what changes meanwhile, with its plugins.
+    kube.patch_template(
+        "a",
+        json!({"template": {"spec": {"containers": [{"name": "main", "image": "a:2"}]}}}),
+    );
+    wait_content(&daemon, &a, &["image: a:2", "--say=hello", "ZONE"]);
+    assert_eq!(identity(&b), manifests.1, "b did not change");
+
+    // Created again, with other settings: applied.
+    kube.apply_config_map(catalog_config_map(&api_catalog("again", None)));
+    wait_content(&daemon, &a, &["image: a:2", "--say=again"]);
+    wait_reloads(&daemon, "applied", 2);
+    assert_ne!(catalog_in_use(&daemon), in_use);
+    assert_eq!(identity(&b), manifests.1, "b's chain did not change");
     assert!(daemon.stop().success());
 }
 

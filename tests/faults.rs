@@ -852,6 +852,15 @@ const FAULTS: &[Fault] = &[
         test: "tests/daemon.rs: a_catalog_and_plugins_from_configmaps_render_reload_and_refuse",
     },
     Fault {
+        id: "reload-catalog-configmap-deleted",
+        area: "daemon",
+        fault: "the catalog ConfigMap (`daemon.catalog.configMap`) is deleted while the daemon runs, then created again",
+        kept: "the catalog in use keeps serving (templates that change meanwhile still render through its plugins); nothing rewritten or removed; the ConfigMap created again is applied",
+        reported: "`podstamp_config_reloads_total{result=\"refused\"}` and one error line saying the ConfigMap does not exist and that the catalog in use keeps serving (no Event: the object it would go on is gone)",
+        says: "does not exist: create it (its key catalog.yaml holds plugins and chain)",
+        test: "tests/daemon.rs: the_catalog_config_map_deleted_keeps_the_catalog_in_use_until_it_is_back",
+    },
+    Fault {
         id: "reload-configmap-not-granted",
         area: "daemon",
         fault: "the catalog pins a ConfigMap that the Role's `resourceNames` does not grant",
@@ -901,7 +910,7 @@ const FAULTS: &[Fault] = &[
         area: "API server",
         fault: "watch history compacted (`--etcd-compaction-interval=1s --watch-cache=false`, watches renewed every 2 s by `--watch-timeout 2s`): resourceVersion expired, 410 Gone",
         kept: "the manifest untouched by the relist (same inode and mtime); still ready; later updates flow",
-        reported: "a warning; `podstamp_watch_restarts_total`",
+        reported: "a warning; `podstamp_watch_restarts_total`; one more list in `podstamp_watch_lists_total` (and in the API server's count of LIST requests)",
         says: "watch history expired (410 Gone",
         test: "an_expired_watch_history_is_a_relist_that_changes_nothing",
     },
@@ -951,6 +960,15 @@ const FAULTS: &[Fault] = &[
         test: "an_undecodable_node_field_stops_nothing",
     },
     Fault {
+        id: "api-watch-dropped",
+        area: "API server",
+        fault: "every connection to the API server cut (by a proxy that also refuses new ones) until each watch has failed to resume; meanwhile a template is deleted and another changed",
+        kept: "every manifest untouched while cut; each watch (templates, Node, pods) resumes from the last resourceVersion it saw, without a new list (the API server's own count of LIST requests is unchanged): the deletion and the change arrive as watch events and are applied; still ready",
+        reported: "`podstamp_watch_restarts_total`; `podstamp_watch_lists_total` unchanged; a warning for each failed attempt",
+        says: "watch resumed where it stopped",
+        test: "a_dropped_watch_resumes_where_it_stopped_without_a_list",
+    },
+    Fault {
         id: "kubelet-crash-loop",
         area: "kubelet",
         fault: "an update whose container exits 1, run by the real kubelet (its `CrashLoopBackOff`; the container is Ready for a moment first)",
@@ -978,6 +996,51 @@ const FAULTS: &[Fault] = &[
         test: "tests/kubelet.rs: a_first_revision_that_fails_stays_and_is_reported",
     },
     Fault {
+        id: "rollout-slot-taken",
+        area: "rollouts",
+        fault: "a template update while another node is updating it (`podstamp.io/max-unavailable: 1`)",
+        kept: "the manifest in place, until the updating node's new revision is Ready for 10 s and its slot is freed",
+        reported: "`update waits for a rollout slot` in the log; phase `waiting` in `podstamp status`",
+        says: "waiting",
+        test: "tests/rollouts.rs: an_update_rolls_one_node_at_a_time_and_a_failure_halts_it_everywhere",
+    },
+    Fault {
+        id: "rollout-holder-killed",
+        area: "rollouts",
+        fault: "the daemon holding a template's rollout slot killed with -9 mid-update (or its node gone)",
+        kept: "every other node's manifest until the slot's Lease has gone unrenewed for its duration (`--slot-lease-duration`); then the next node takes the slot and the rollout goes on; the killed node catches up when it is back",
+        reported: "`took a rollout slot` on the next node; `podstamp_rollout_api_writes_total{object=\"slot\"}`",
+        says: "took a rollout slot",
+        test: "tests/rollouts.rs: a_killed_slot_holder_delays_the_rollout_by_its_lease_and_a_newer_target_supersedes",
+    },
+    Fault {
+        id: "rollout-api-outage",
+        area: "rollouts",
+        fault: "the API server away for longer than a slot's lease while a node holds it mid-rollout (nobody can renew or read it)",
+        kept: "the slot stays its holder's: no node takes a slot while its Lease watch does not follow, nor before it watched it unrenewed for a whole lease after coming back; the others keep their manifests",
+        reported: "the watches' `the API server may be unreachable`; phase `waiting` for the others in `podstamp status`",
+        says: "waiting",
+        test: "tests/rollouts.rs: an_api_server_outage_mid_rollout_takes_no_slot_from_its_holder",
+    },
+    Fault {
+        id: "rollout-no-lease-permission",
+        area: "rollouts",
+        fault: "a Role without `leases` (coordination.k8s.io) in the rollout namespace",
+        kept: "first installs are written; an update of a manifest in place waits (never written without a slot)",
+        reported: "the watch's and the write's `permission denied` naming leases and deploy/rbac.yaml; `update waits for a rollout slot`",
+        says: "update waits for a rollout slot",
+        test: "tests/daemon.rs: without_lease_permissions_updates_wait_and_the_permission_is_named",
+    },
+    Fault {
+        id: "rollout-failed-elsewhere",
+        area: "rollouts",
+        fault: "an update whose container crashes (`CrashLoopBackOff`) on the first node that writes it",
+        kept: "on that node, the previous revision (rolled back); on every other node, its manifest: the failed target is never written there until the template changes",
+        reported: "`RolloutFailed` on the failing node, `RolloutHalted` Events from the others; `podstamp status`: failed 1, the others `halted` with the node and reason",
+        says: "halted",
+        test: "tests/rollouts.rs: an_update_rolls_one_node_at_a_time_and_a_failure_halts_it_everywhere",
+    },
+    Fault {
         id: "revisions-dir-in-manifest-dir",
         area: "kubelet",
         fault: "`--revisions-dir` inside the manifest directory (where the kubelet would run every kept revision)",
@@ -994,6 +1057,51 @@ const FAULTS: &[Fault] = &[
         reported: "one line on stderr",
         says: "others can write it; chmod go-w it",
         test: "an_unsafe_revisions_dir_is_refused_at_start",
+    },
+    Fault {
+        id: "kubelet-hand-edit",
+        area: "kubelet",
+        fault: "a manifest of podstamp's edited by hand (another command, the same revision label), while podstamp is stopped or running; the real kubelet runs the edit",
+        kept: "podstamp's manifest written back, at start or at the next pass (`resync`), and the kubelet runs it again (mirror pod Ready with the revision)",
+        reported: "a warning at start",
+        says: "edited by hand",
+        test: "tests/kubelet.rs: a_hand_edit_of_the_manifest_is_restored_and_the_kubelet_runs_it_again",
+    },
+    Fault {
+        id: "kubelet-api-outage",
+        area: "kubelet",
+        fault: "the API server killed while a real kubelet runs podstamp's pods",
+        kept: "the same containers keep running; the manifest, the history and the rollout state unchanged (same inode and mtime); podstamp stays up (`/healthz` 200) and no rollout is judged; once the API server is back, an update is written, run and confirmed",
+        reported: "`podstamp_watch_restarts_total{watch=\"podtemplates\"}` and `{watch=\"pods\"}`; a warning per failed watch",
+        says: "the API server may be unreachable",
+        test: "tests/kubelet.rs: an_api_outage_leaves_the_node_running_and_podstamp_catches_up",
+    },
+    Fault {
+        id: "kubelet-kill-9-mid-update",
+        area: "kubelet",
+        fault: "podstamp killed with SIGKILL in the middle of updates (as a template changes; with a new revision written and not yet judged), leaving a torn temp file in the kubelet's directory and in the history",
+        kept: "the kubelet reads whole manifests only (temp files are dot-files it skips); after a restart the temp files are removed and the latest revision is written, run and confirmed; the history keeps at most N, the newest the manifest in place",
+        reported: "`RolloutSucceeded` Event, also for the revision the killed podstamp wrote; the log counts the temp files removed",
+        says: "removed stale temporary files",
+        test: "tests/kubelet.rs: podstamp_killed_mid_update_leaves_whole_manifests_and_converges_after_restart",
+    },
+    Fault {
+        id: "kubelet-restart-mid-rollout",
+        area: "kubelet",
+        fault: "podstamp stopped between writing a failing revision (a container that exits 1) and its verdict, then restarted; and restarted again once it was rolled back",
+        kept: "the restarted podstamp follows the revision in place as its own, rolls it back to the last revision that succeeded and holds it; the hold outlives a restart (`rollout.json` next to the history): the failed revision is not written again (manifest unchanged, same container) until the template changes",
+        reported: "`RolloutFailed` Event with the kubelet's reason, from the restarted podstamp",
+        says: "rolled back to revision",
+        test: "tests/kubelet.rs: a_restart_mid_rollout_still_rolls_back_and_a_held_revision_stays_held",
+    },
+    Fault {
+        id: "rollout-state-damaged",
+        area: "kubelet",
+        fault: "a template's `rollout.json` in the revisions directory that does not parse (edited by hand)",
+        kept: "read as empty (nothing held): the manifest is written and later changes too; the file is replaced at the next change of the rollout state",
+        reported: "an error in the log naming the file",
+        says: "cannot read the rollout state",
+        test: "a_damaged_rollout_state_is_named_and_read_as_empty",
     },
     Fault {
         id: "deploy-cache-volume",
@@ -1082,6 +1190,7 @@ fn docs_reliability_md_is_the_fault_table() {
                 "tests/sandbox.rs" => include_str!("sandbox.rs"),
                 "tests/render.rs" => include_str!("render.rs"),
                 "tests/kubelet.rs" => include_str!("kubelet.rs"),
+                "tests/rollouts.rs" => include_str!("rollouts.rs"),
                 other => panic!("fault {}: unknown file {other}", f.id),
             };
             assert!(
@@ -2754,6 +2863,9 @@ fn an_expired_watch_history_is_a_relist_that_changes_nothing() {
     wait_content(&daemon, &etcd, "image: etcd:1");
     daemon.wait_ready(CONVERGE);
     let before = identity(&etcd);
+    let lists = "podstamp_watch_lists_total{watch=\"podtemplates\"}";
+    assert_eq!(daemon.metric(lists), 1.0);
+    let served = server_lists(&rt, &client, "podtemplates");
 
     // Other writes move the revision on; each 2 s watch is renewed from a
     // resourceVersion that compaction has meanwhile removed.
@@ -2772,6 +2884,13 @@ fn an_expired_watch_history_is_a_relist_that_changes_nothing() {
         (daemon.metric("podstamp_watch_restarts_total{watch=\"podtemplates\"}") >= 1.0)
             .then_some(())
     });
+    // 410 Gone is listed again: counted by the daemon and by the server.
+    wait_logged(&daemon, "a second list", || {
+        (daemon.metric(lists) >= 2.0).then_some(())
+    });
+    wait_logged(&daemon, "the server to count a second list", || {
+        (server_lists(&rt, &client, "podtemplates") > served).then_some(())
+    });
     assert_eq!(identity(&etcd), before, "a relist rewrites nothing");
     assert_eq!(daemon.get("/readyz").map(|r| r.0), Some(200));
     rt.block_on(templates.patch(
@@ -2785,12 +2904,151 @@ fn an_expired_watch_history_is_a_relist_that_changes_nothing() {
     assert!(daemon.stop().success());
 }
 
+/// LIST requests for `resource` that the API server has served, whoever
+/// made them (its own `apiserver_request_total`).
+fn server_lists(rt: &tokio::runtime::Runtime, client: &kube::Client, resource: &str) -> f64 {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = rt.block_on(client.request_text(request)).unwrap();
+    let resource = format!("resource=\"{resource}\"");
+    text.lines()
+        .filter(|l| {
+            l.starts_with("apiserver_request_total{")
+                && l.contains("verb=\"LIST\"")
+                && l.contains(&resource)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_dropped_watch_resumes_where_it_stopped_without_a_list() {
+    use k8s_openapi::api::core::v1::{Namespace, Node, PodTemplate};
+    use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+    fn from<K: serde::de::DeserializeOwned>(v: serde_json::Value) -> K {
+        serde_json::from_value(v).unwrap()
+    }
+    let fault = row("api-watch-dropped");
+    // A server of its own: the LIST requests it counts are this daemon's.
+    let state = tempfile::tempdir().unwrap();
+    let server = ApiServer::start(&state.path().join("apiserver"));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt.block_on(server.admin());
+    let ns = "dropped";
+    let pp = PostParams::default();
+    let templates: Api<PodTemplate> = Api::namespaced(client.clone(), ns);
+    let template = |name: &str, image: &str| {
+        serde_json::json!({"metadata": {"name": name, "labels": {"podstamp.io/enabled": "true"}},
+            "template": {"spec": {"containers": [{"name": "main", "image": image}]}}})
+    };
+    rt.block_on(async {
+        Api::<Namespace>::all(client.clone())
+            .create(&pp, &from(serde_json::json!({"metadata": {"name": ns}})))
+            .await
+            .unwrap();
+        Api::<Node>::all(client.clone())
+            .create(&pp, &from(serde_json::json!({"metadata": {"name": "n1"}})))
+            .await
+            .unwrap();
+        for (name, image) in [("keep", "etcd:1"), ("gone", "busybox:1")] {
+            templates
+                .create(&pp, &from(template(name, image)))
+                .await
+                .unwrap();
+        }
+    });
+    let target: std::net::SocketAddr = server.url.trim_start_matches("https://").parse().unwrap();
+    let proxy = SlowProxy::start(target, Duration::ZERO);
+    let e = env();
+    let kubeconfig = proxy.kubeconfig(&server, "admin", &e.tmp.path().join("cut.kubeconfig"));
+    let daemon = Daemon::start(
+        &[
+            "--config",
+            e.config.to_str().unwrap(),
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--namespace",
+            ns,
+            "--node-name",
+            "n1",
+            "--manifest-dir",
+            e.manifests.to_str().unwrap(),
+        ],
+        e.tmp.path().join("dropped.log"),
+    );
+    let (keep, gone) = (e.manifest("keep"), e.manifest("gone"));
+    wait_content(&daemon, &keep, "image: etcd:1");
+    wait_content(&daemon, &gone, "image: busybox:1");
+    daemon.wait_ready(CONVERGE);
+    // Each watch and the resource it lists.
+    let watches = [
+        ("podtemplates", "podtemplates"),
+        ("node", "nodes"),
+        ("pods", "pods"),
+    ];
+    let metric = |name: &str, watch: &str| daemon.metric(&format!("{name}{{watch=\"{watch}\"}}"));
+    let lists = || {
+        watches.map(|(watch, resource)| {
+            (
+                metric("podstamp_watch_lists_total", watch),
+                server_lists(&rt, &client, resource),
+            )
+        })
+    };
+    let before = lists();
+    for ((watch, _), (ours, served)) in watches.iter().zip(before) {
+        assert_eq!((ours, served), (1.0, 1.0), "{watch}: listed once");
+    }
+
+    // Cut, until every watch has failed to resume at least twice.
+    proxy.cut(true);
+    wait_logged(&daemon, "failed attempts to resume", || {
+        watches
+            .iter()
+            .all(|(watch, _)| metric("podstamp_watch_restarts_total", watch) >= 2.0)
+            .then_some(())
+    });
+    let on_disk = (identity(&keep), identity(&gone));
+    rt.block_on(async {
+        templates
+            .delete("gone", &DeleteParams::default())
+            .await
+            .unwrap();
+        let image = serde_json::json!({"template": {"spec": {"containers": [{"name": "main", "image": "etcd:2"}]}}});
+        templates
+            .patch("keep", &PatchParams::default(), &Patch::Merge(image))
+            .await
+            .unwrap();
+    });
+    assert_eq!((identity(&keep), identity(&gone)), on_disk, "{}", fault.id);
+    assert_eq!(daemon.get("/readyz").map(|r| r.0), Some(200));
+
+    // Back: what happened meanwhile arrives on the resumed watch.
+    proxy.cut(false);
+    wait_content(&daemon, &keep, "image: etcd:2");
+    wait_logged(&daemon, "gone.yaml removed", || {
+        (!gone.exists()).then_some(())
+    });
+    wait_logged(&daemon, "every watch resumed", || {
+        let resumed = daemon.logs().matches(fault.says).count();
+        (resumed >= watches.len()).then_some(())
+    });
+    assert_eq!(lists(), before, "no watch listed again");
+    assert_eq!(daemon.get("/readyz").map(|r| r.0), Some(200));
+    kubelet_accepts_dir(&e.manifests);
+    assert!(daemon.stop().success());
+}
+
 /// A TCP proxy on 127.0.0.1 that delays every chunk it forwards, or holds
-/// them all while stalled. TLS passes through it untouched.
+/// them all while stalled, or, while cut, closes every connection it has
+/// and each new one at once. TLS passes through it untouched.
 struct SlowProxy {
     port: u16,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl SlowProxy {
@@ -2802,10 +3060,12 @@ impl SlowProxy {
         listener.set_nonblocking(true).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let stalled = Arc::new(AtomicBool::new(false));
-        let (stop2, stalled2) = (stop.clone(), stalled.clone());
+        let cut = Arc::new(AtomicBool::new(false));
+        let (stop2, stalled2, cut2) = (stop.clone(), stalled.clone(), cut.clone());
         std::thread::spawn(move || {
             while !stop2.load(Ordering::Relaxed) {
                 match listener.accept() {
+                    Ok((client, _)) if cut2.load(Ordering::Relaxed) => drop(client),
                     Ok((client, _)) => {
                         client.set_nonblocking(false).unwrap();
                         let Ok(upstream) = std::net::TcpStream::connect(target) else {
@@ -2815,8 +3075,11 @@ impl SlowProxy {
                             (client.try_clone().unwrap(), upstream.try_clone().unwrap()),
                             (upstream, client),
                         ] {
-                            let (stop, stalled) = (stop2.clone(), stalled2.clone());
-                            std::thread::spawn(move || pipe(from, to, delay, &stop, &stalled));
+                            let (stop, stalled, cut) =
+                                (stop2.clone(), stalled2.clone(), cut2.clone());
+                            std::thread::spawn(move || {
+                                pipe(from, to, delay, &stop, &stalled, &cut)
+                            });
                         }
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(20)),
@@ -2827,11 +3090,25 @@ impl SlowProxy {
             port,
             stop,
             stalled,
+            cut,
         }
     }
 
     fn stall(&self, on: bool) {
         self.stalled.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn cut(&self, on: bool) {
+        self.cut.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A copy of `server`'s kubeconfig `user` that goes through the proxy.
+    fn kubeconfig(&self, server: &ApiServer, user: &str, to: &Path) -> PathBuf {
+        let text = fs::read_to_string(server.kubeconfig(user)).unwrap();
+        let proxied = text.replace(&server.url, &format!("https://127.0.0.1:{}", self.port));
+        assert_ne!(proxied, text, "the kubeconfig names {}", server.url);
+        fs::write(to, proxied).unwrap();
+        to.to_path_buf()
     }
 }
 
@@ -2842,20 +3119,22 @@ impl Drop for SlowProxy {
 }
 
 /// Copies `from` to `to`, each chunk after `delay`, holding it while
-/// `stalled`; ends at EOF, on an error, or when `stop` is set.
+/// `stalled`; ends at EOF, on an error, or when `stop` or `cut` is set.
 fn pipe(
     mut from: std::net::TcpStream,
     mut to: std::net::TcpStream,
     delay: Duration,
     stop: &std::sync::atomic::AtomicBool,
     stalled: &std::sync::atomic::AtomicBool,
+    cut: &std::sync::atomic::AtomicBool,
 ) {
     use std::io::{ErrorKind, Read, Write};
     use std::sync::atomic::Ordering;
     from.set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
     let mut buf = [0u8; 16 << 10];
-    while !stop.load(Ordering::Relaxed) {
+    let over = || stop.load(Ordering::Relaxed) || cut.load(Ordering::Relaxed);
+    while !over() {
         let n = match from.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => n,
@@ -2863,10 +3142,10 @@ fn pipe(
             Err(_) => break,
         };
         std::thread::sleep(delay);
-        while stalled.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
+        while stalled.load(Ordering::Relaxed) && !over() {
             std::thread::sleep(Duration::from_millis(20));
         }
-        if to.write_all(&buf[..n]).is_err() {
+        if over() || to.write_all(&buf[..n]).is_err() {
             break;
         }
     }
@@ -2909,11 +3188,7 @@ fn slow_and_stalled_api_responses_converge_and_change_nothing_meanwhile() {
     let target: std::net::SocketAddr = server.url.trim_start_matches("https://").parse().unwrap();
     let proxy = SlowProxy::start(target, Duration::from_millis(300));
     let e = env();
-    let kubeconfig = e.tmp.path().join("slow.kubeconfig");
-    let text = fs::read_to_string(server.kubeconfig("admin")).unwrap();
-    let slow = text.replace(&server.url, &format!("https://127.0.0.1:{}", proxy.port));
-    assert_ne!(slow, text, "the kubeconfig names {}", server.url);
-    fs::write(&kubeconfig, slow).unwrap();
+    let kubeconfig = proxy.kubeconfig(server, "admin", &e.tmp.path().join("slow.kubeconfig"));
     let daemon = Daemon::start(
         &[
             "--config",
@@ -3243,4 +3518,41 @@ fn an_unsafe_revisions_dir_is_refused_at_start() {
     }
     // Nothing was created in the manifest directory.
     assert_eq!(fs::read_dir(&manifests).unwrap().count(), 0);
+}
+
+#[test]
+fn a_damaged_rollout_state_is_named_and_read_as_empty() {
+    let fault = row("rollout-state-damaged");
+    let env = env();
+    let history = env.tmp.path().join("history");
+    let state_dir = history.join("kube-system_web");
+    fs::create_dir_all(&state_dir).unwrap();
+    let state = state_dir.join("rollout.json");
+    fs::write(&state, "{\"held\": 3}").unwrap();
+    env.put("web.yaml", &template("web", None, "busybox:1"));
+    let daemon = env.start(
+        &["--revisions-dir", history.to_str().unwrap()],
+        "podstamp.log",
+    );
+    wait_content(&daemon, &env.manifest("web"), "image: busybox:1");
+    let line = wait_logged(&daemon, "the damaged state reported", || {
+        daemon
+            .logs()
+            .lines()
+            .find(|l| l.contains(fault.says))
+            .map(str::to_string)
+    });
+    assert!(
+        line.contains(state.to_str().unwrap()) && line.contains("delete it"),
+        "{line}"
+    );
+    // Replaced by a readable one as the rollout state changes.
+    env.put("web.yaml", &template("web", None, "busybox:2"));
+    wait_content(&daemon, &env.manifest("web"), "image: busybox:2");
+    let text = wait_logged(&daemon, "a readable rollout state", || {
+        read(&state).filter(|t| t.contains("pending"))
+    });
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(value["pending"].is_string(), "{value}");
+    assert!(daemon.stop().success());
 }

@@ -334,6 +334,20 @@ const ROLLOUT: Duration = Duration::from_secs(150);
 
 /// `podstamp run` for `node`, with the test's configuration and `extra` flags.
 fn start_podstamp(dir: &Path, server: &ApiServer, ns: &str, node: &Node, extra: &[&str]) -> Daemon {
+    start_podstamp_logged(dir, server, ns, node, extra, "podstamp.log")
+}
+
+/// [`start_podstamp`] logging to `log` in `dir`: one log per run of a
+/// daemon that is restarted (which then needs its `--revisions-dir`: the
+/// tests' default one is named after the log).
+fn start_podstamp_logged(
+    dir: &Path,
+    server: &ApiServer,
+    ns: &str,
+    node: &Node,
+    extra: &[&str],
+    log: &str,
+) -> Daemon {
     let config = write_config(dir);
     let kubeconfig = server.kubeconfig("admin");
     let manifests = node.manifests();
@@ -350,7 +364,7 @@ fn start_podstamp(dir: &Path, server: &ApiServer, ns: &str, node: &Node, extra: 
         manifests.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    Daemon::start(&args, dir.join("podstamp.log"))
+    Daemon::start(&args, dir.join(log))
 }
 
 /// The `podstamp.io/revision` label of a manifest's text.
@@ -463,6 +477,23 @@ fn kubelet_files(node: &Node) -> Vec<String> {
     names
 }
 
+/// The revision files kept in a template's history directory, sorted.
+fn kept_revisions(dir: &Path) -> Vec<String> {
+    let mut kept: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml"))
+        .collect();
+    kept.sort();
+    kept
+}
+
+/// A template's rollout state, kept next to its revisions.
+fn rollout_state(dir: &Path) -> Value {
+    let text = fs::read_to_string(dir.join("rollout.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
 #[test]
 fn a_good_update_is_confirmed_ready_with_its_revision_and_the_history_stays_bounded() {
     let _serial = serial();
@@ -515,11 +546,7 @@ fn a_good_update_is_confirmed_ready_with_its_revision_and_the_history_stays_boun
         revisions.push(revision);
         // The history: at most 2, the newest the revision in place, each
         // the manifest that was written; never a file the kubelet reads.
-        let mut kept: Vec<String> = fs::read_dir(&kept_dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        kept.sort();
+        let kept = kept_revisions(&kept_dir);
         let start = revisions.len().saturating_sub(2);
         let expected: Vec<String> = revisions[start..]
             .iter()
@@ -532,6 +559,9 @@ fn a_good_update_is_confirmed_ready_with_its_revision_and_the_history_stays_boun
             fs::read(node.manifests().join("web.yaml")).unwrap()
         );
         assert_eq!(kubelet_files(&node), ["web.yaml"]);
+        // Next to them, what a restart needs: the revision that succeeded.
+        let state = rollout_state(&kept_dir);
+        assert_eq!(state["good"], json!(revisions.last()), "{state}");
     }
     assert_eq!(
         daemon.metric("podstamp_rollouts_total{result=\"succeeded\"}"),
@@ -657,6 +687,442 @@ fn a_first_revision_that_fails_stays_and_is_reported() {
         daemon.metric("podstamp_rollouts_total{result=\"rolled_back\"}"),
         0.0
     );
+
+    stop_all(daemon, node, &dir);
+}
+
+/// Sets the VERSION of template web's container (and its command back to a
+/// sleep).
+fn set_version(kube: &Kube, version: &str) {
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "main", "image": "podstamp.test/busybox:1", "command": ["sleep", "3600"], "env": [{"name": "VERSION", "value": version}]}]}}}),
+    );
+}
+
+/// Waits for `renders` more renders that left the manifest as it was.
+fn wait_renders(node: &Node, daemon: &Daemon, renders: f64) {
+    let sample = "podstamp_renders_total{result=\"unchanged\"}";
+    let start = daemon.metric(sample);
+    converge(&format!("{renders} more renders"), node, daemon, || {
+        (daemon.metric(sample) >= start + renders).then_some(())
+    });
+}
+
+#[test]
+fn a_hand_edit_of_the_manifest_is_restored_and_the_kubelet_runs_it_again() {
+    let _serial = serial();
+    let server = shared_server();
+    let ns = unique("kledit");
+    let kube = Kube::new(server, &ns);
+    kube.create_namespace();
+    let dir = node_dir("kl-edit");
+    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-edit");
+    let history = dir.join("history");
+    let _ = fs::remove_dir_all(&history);
+    let flags = [
+        "--resync",
+        "1s",
+        "--revisions-dir",
+        history.to_str().unwrap(),
+    ];
+    kube.create_template(template("web", "1"));
+    let daemon = start_podstamp_logged(&dir, server, &ns, &node, &flags, "podstamp-1.log");
+    let revision = new_revision(&node, &daemon, None);
+    wait_ready_revision(&kube, &node, &daemon, &revision, "VERSION=1");
+    let manifest = node.manifests().join("web.yaml");
+    let written = fs::read_to_string(&manifest).unwrap();
+    // Another command, the same revision label: as a hand edit would.
+    let edited: String = written
+        .lines()
+        .map(|l| match l.trim_start().strip_prefix("- ") {
+            Some(item) if item.trim_matches(['\'', '"']) == "3600" => l.replace("3600", "7200"),
+            _ => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n";
+    assert_ne!(edited, written, "the edit applies: {written}");
+    let args_are = |c: &node::Container, seconds: &str| {
+        c.args.as_deref() == Some(&["sleep".to_string(), seconds.to_string()][..])
+    };
+
+    // Edited while no podstamp runs: the kubelet runs the edit; a
+    // podstamp that starts restores it at once, and the kubelet runs that.
+    assert!(daemon.stop().success());
+    fs::write(&manifest, &edited).unwrap();
+    let edit_running = wait_ready_revision_with(&kube, &node, &revision, |c| args_are(c, "7200"));
+    let daemon = start_podstamp_logged(&dir, server, &ns, &node, &flags, "podstamp-2.log");
+    let restored = wait_ready_revision_with(&kube, &node, &revision, |c| {
+        args_are(c, "3600") && c.has_env("VERSION=1")
+    });
+    assert_ne!(restored, edit_running);
+    assert_eq!(fs::read_to_string(&manifest).unwrap(), written);
+    assert!(
+        daemon.logs().contains("edited by hand"),
+        "{}",
+        daemon.logs()
+    );
+
+    // Edited under a running podstamp: restored at its next pass, and the
+    // kubelet runs the manifest podstamp wrote.
+    fs::write(&manifest, &edited).unwrap();
+    converge("the manifest restored", &node, &daemon, || {
+        (fs::read_to_string(&manifest).ok()? == written).then_some(())
+    });
+    wait_ready_revision_with(&kube, &node, &revision, |c| {
+        args_are(c, "3600") && c.has_env("VERSION=1")
+    });
+    assert_eq!(fs::read_to_string(&manifest).unwrap(), written);
+    assert_eq!(kubelet_files(&node), ["web.yaml"]);
+
+    stop_all(daemon, node, &dir);
+}
+
+/// Waits for the mirror pod Ready with `revision` and one running
+/// container for which `matches` holds; that container's id.
+fn wait_ready_revision_with(
+    kube: &Kube,
+    node: &Node,
+    revision: &str,
+    matches: impl Fn(&node::Container) -> bool,
+) -> String {
+    let mirror = format!("web-{}", node.name);
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(
+            "the mirror pod Ready, running the expected container",
+            ROLLOUT,
+            || {
+                let pod = kube.pod(&mirror)?;
+                let running = node.running(&mirror);
+                (mirror_revision(&pod) == Some(revision)
+                    && is_ready(&pod)
+                    && running.len() == 1
+                    && matches(&running[0]))
+                .then(|| running[0].id.clone())
+            },
+        )
+    }));
+    found.unwrap_or_else(|_| {
+        panic!(
+            "timed out waiting for the mirror pod Ready with revision {revision} and the expected container\nmirror pod: {:#?}\ncontainers: {:#?}\n{}",
+            kube.pod(&mirror).map(|p| (p.metadata.labels, p.status)),
+            node.containers(),
+            node.logs(),
+        )
+    })
+}
+
+#[test]
+fn an_api_outage_leaves_the_node_running_and_podstamp_catches_up() {
+    let _serial = serial();
+    // A server of its own: the shared one must stay up for other tests.
+    let api_dir = common::repo().join("target/kubelet-tests/kl-outage-api");
+    let _ = fs::remove_dir_all(&api_dir);
+    let mut server = ApiServer::start(&api_dir);
+    let ns = unique("kloutage");
+    let kube = Kube::new(&server, &ns);
+    kube.create_namespace();
+    let dir = node_dir("kl-outage");
+    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-outage");
+    let history = dir.join("history");
+    let _ = fs::remove_dir_all(&history);
+    kube.create_template(template("web", "1"));
+    let daemon = start_podstamp(
+        &dir,
+        &server,
+        &ns,
+        &node,
+        &[
+            "--resync",
+            "1s",
+            "--revisions-dir",
+            history.to_str().unwrap(),
+        ],
+    );
+    let first = new_revision(&node, &daemon, None);
+    wait_ready_revision(&kube, &node, &daemon, &first, "VERSION=1");
+    wait_event(&kube, &node, &daemon, "RolloutSucceeded", &[&first]);
+    let mirror = format!("web-{}", node.name);
+    let manifest = node.manifests().join("web.yaml");
+    let kept_dir = history.join(format!("{ns}_web"));
+    let running = node.running(&mirror);
+    let on_disk = || {
+        let mut files = vec![identity(&manifest)];
+        files.extend(
+            kept_revisions(&kept_dir)
+                .iter()
+                .map(|f| identity(&kept_dir.join(f))),
+        );
+        files.push(identity(&kept_dir.join("rollout.json")));
+        files
+    };
+    let before = on_disk();
+
+    // The control plane goes away under the node and the daemon.
+    server.kill();
+    converge("both watches restarted", &node, &daemon, || {
+        (daemon.metric("podstamp_watch_restarts_total{watch=\"podtemplates\"}") >= 1.0
+            && daemon.metric("podstamp_watch_restarts_total{watch=\"pods\"}") >= 1.0)
+            .then_some(())
+    });
+    // Every template rendered again, several times, without the API.
+    wait_renders(&node, &daemon, 3.0);
+    daemon.assert_running();
+    assert_eq!(daemon.get("/healthz").unwrap().0, 200);
+    assert_eq!(on_disk(), before, "nothing on disk changes");
+    let still: Vec<String> = node.running(&mirror).into_iter().map(|c| c.id).collect();
+    assert_eq!(
+        still,
+        running.iter().map(|c| c.id.clone()).collect::<Vec<_>>(),
+        "the same container keeps running"
+    );
+    let log = daemon.logs();
+    assert!(log.contains("the API server may be unreachable"), "{log}");
+    assert!(
+        !log.contains("rollout failed"),
+        "no verdict for want of a status:\n{log}"
+    );
+
+    // Back: the daemon follows the mirror pods again and updates flow.
+    server = ApiServer::start(&api_dir);
+    let kube = Kube::new(&server, &ns);
+    set_version(&kube, "2");
+    let second = new_revision(&node, &daemon, Some(&first));
+    wait_ready_revision(&kube, &node, &daemon, &second, "VERSION=2");
+    wait_event(&kube, &node, &daemon, "RolloutSucceeded", &[&second]);
+    assert_eq!(kubelet_files(&node), ["web.yaml"]);
+
+    stop_all(daemon, node, &dir);
+    server.kill();
+    let _ = fs::remove_dir_all(&api_dir);
+}
+
+#[test]
+fn podstamp_killed_mid_update_leaves_whole_manifests_and_converges_after_restart() {
+    let _serial = serial();
+    let server = shared_server();
+    let ns = unique("klkill");
+    let kube = Kube::new(server, &ns);
+    kube.create_namespace();
+    let dir = node_dir("kl-kill");
+    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-kill");
+    let history = dir.join("history");
+    let _ = fs::remove_dir_all(&history);
+    let flags = [
+        "--revisions-dir",
+        history.to_str().unwrap(),
+        "--revision-history",
+        "2",
+    ];
+    kube.create_template(template("web", "1"));
+    let mut daemon = start_podstamp_logged(&dir, server, &ns, &node, &flags, "podstamp-1.log");
+    let mut revision = new_revision(&node, &daemon, None);
+    wait_ready_revision(&kube, &node, &daemon, &revision, "VERSION=1");
+    let mirror = format!("web-{}", node.name);
+    let manifest = node.manifests().join("web.yaml");
+    let kept_dir = history.join(format!("{ns}_web"));
+    let torn = ".podstamp-web.yaml.999999.0.tmp";
+    for version in ["2", "3", "4"] {
+        set_version(&kube, version);
+        if version == "3" {
+            // Killed with the new revision in place, before its verdict.
+            let written = new_revision(&node, &daemon, Some(&revision));
+            let log = daemon.logs();
+            drop(daemon);
+            assert!(
+                !log.lines()
+                    .any(|l| l.contains("rollout succeeded") && l.contains(&written)),
+                "killed before the verdict:\n{log}"
+            );
+        } else {
+            // Killed as the change arrives: before, while or after it writes.
+            drop(daemon);
+        }
+        // Only whole manifests where the kubelet reads.
+        assert_eq!(kubelet_files(&node), ["web.yaml"]);
+        kubelet_accepts(&[&manifest], &node.name);
+        if version == "4" {
+            // What a kill in the middle of a write leaves: a torn temp
+            // file, in the kubelet's directory and in the history.
+            let text = fs::read(&manifest).unwrap();
+            let half = &text[..text.len() / 2];
+            fs::write(node.manifests().join(torn), half).unwrap();
+            fs::write(
+                kept_dir.join(".podstamp-00000009-torn.yaml.999999.0.tmp"),
+                half,
+            )
+            .unwrap();
+        }
+        daemon = start_podstamp_logged(
+            &dir,
+            server,
+            &ns,
+            &node,
+            &flags,
+            &format!("podstamp-{version}.log"),
+        );
+        let next = new_revision(&node, &daemon, Some(&revision));
+        wait_ready_revision(&kube, &node, &daemon, &next, &format!("VERSION={version}"));
+        // Confirmed, and announced as podstamp's own rollout, also when the
+        // killed daemon wrote it.
+        wait_event(&kube, &node, &daemon, "RolloutSucceeded", &[&next]);
+        if version == "4" {
+            assert!(
+                daemon.logs().contains("removed stale temporary files"),
+                "{}",
+                daemon.logs()
+            );
+        }
+        revision = next;
+    }
+
+    // The torn files were never read, and are gone.
+    let all: Vec<String> = fs::read_dir(node.manifests())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(all, ["web.yaml"], "only the manifest, no temp file");
+    let kubelet_log = fs::read_to_string(dir.join("kubelet.log")).unwrap();
+    assert!(
+        !kubelet_log.contains("Could not process manifest file"),
+        "the kubelet read a file that is not a whole manifest:\n{}",
+        node.logs()
+    );
+    // Every container the kubelet ran for it came from a whole manifest.
+    for c in node.containers().iter().filter(|c| c.pod_name == mirror) {
+        let version = ["1", "2", "3", "4"]
+            .iter()
+            .filter(|v| c.has_env(&format!("VERSION={v}")))
+            .count();
+        assert!(
+            version == 1 && c.has_env("NODE=kl-kill") && c.has_env("HOST=kl-kill"),
+            "{c:?}"
+        );
+    }
+    // The history: at most 2, the newest the manifest in place, each file
+    // the revision its name says, no temp file; the rollout state says the
+    // latest revision succeeded and nothing is pending or held.
+    let kept = kept_revisions(&kept_dir);
+    assert!(!kept.is_empty() && kept.len() <= 2, "{kept:?}");
+    assert!(kept.last().unwrap().ends_with(&format!("-{revision}.yaml")));
+    assert_eq!(
+        fs::read(kept_dir.join(kept.last().unwrap())).unwrap(),
+        fs::read(&manifest).unwrap()
+    );
+    for file in &kept {
+        let text = fs::read_to_string(kept_dir.join(file)).unwrap();
+        let named = revision_of(&text).unwrap();
+        assert!(file.ends_with(&format!("-{named}.yaml")), "{file}: {named}");
+    }
+    let mut others: Vec<String> = fs::read_dir(&kept_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !kept.contains(n))
+        .collect();
+    others.sort();
+    assert_eq!(others, ["rollout.json"]);
+    assert_eq!(rollout_state(&kept_dir), json!({"good": revision}));
+
+    // The check above can see a torn manifest: one without the dot is
+    // reported by the kubelet.
+    let text = fs::read(&manifest).unwrap();
+    fs::write(node.manifests().join("torn.yaml"), &text[..text.len() / 2]).unwrap();
+    converge("the kubelet to refuse torn.yaml", &node, &daemon, || {
+        let log = fs::read_to_string(dir.join("kubelet.log")).ok()?;
+        log.lines()
+            .any(|l| l.contains("Could not process manifest file") && l.contains("torn.yaml"))
+            .then_some(())
+    });
+    fs::remove_file(node.manifests().join("torn.yaml")).unwrap();
+
+    stop_all(daemon, node, &dir);
+}
+
+#[test]
+fn a_restart_mid_rollout_still_rolls_back_and_a_held_revision_stays_held() {
+    let _serial = serial();
+    let server = shared_server();
+    let ns = unique("klresume");
+    let kube = Kube::new(server, &ns);
+    kube.create_namespace();
+    let dir = node_dir("kl-resume");
+    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-resume");
+    let history = dir.join("history");
+    let _ = fs::remove_dir_all(&history);
+    let flags = [
+        "--revisions-dir",
+        history.to_str().unwrap(),
+        "--resync",
+        "1s",
+    ];
+    kube.create_template(template("web", "1"));
+    let daemon = start_podstamp_logged(&dir, server, &ns, &node, &flags, "podstamp-1.log");
+    let good = new_revision(&node, &daemon, None);
+    wait_ready_revision(&kube, &node, &daemon, &good, "VERSION=1");
+    wait_event(&kube, &node, &daemon, "RolloutSucceeded", &[&good]);
+    let kept_dir = history.join(format!("{ns}_web"));
+    let manifest = node.manifests().join("web.yaml");
+    let mirror = format!("web-{}", node.name);
+
+    // A container that exits 1, written; podstamp killed before the verdict.
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "main", "command": ["sh", "-c", "exit 1"]}]}}}),
+    );
+    let crashing = new_revision(&node, &daemon, Some(&good));
+    let log = daemon.logs();
+    drop(daemon);
+    assert!(
+        !log.contains("rollout failed"),
+        "killed before the verdict:\n{log}"
+    );
+
+    // Restarted: it resumes from the manifest in place, the history and the
+    // mirror pod, and rolls back.
+    let daemon = start_podstamp_logged(&dir, server, &ns, &node, &flags, "podstamp-2.log");
+    wait_event(
+        &kube,
+        &node,
+        &daemon,
+        "RolloutFailed",
+        &[
+            &crashing,
+            "CrashLoopBackOff",
+            &format!("rolled back to revision {good}"),
+        ],
+    );
+    wait_ready_revision(&kube, &node, &daemon, &good, "VERSION=1");
+    let state = rollout_state(&kept_dir);
+    assert_eq!(state, json!({"good": good, "held": crashing}));
+    assert!(daemon.stop().success());
+
+    // Restarted again: the failed revision, still what the template
+    // renders, is not written again.
+    let in_place = identity(&manifest);
+    let container = node.running(&mirror)[0].id.clone();
+    let daemon = start_podstamp_logged(&dir, server, &ns, &node, &flags, "podstamp-3.log");
+    wait_renders(&node, &daemon, 3.0);
+    assert_eq!(
+        identity(&manifest),
+        in_place,
+        "the held revision was written"
+    );
+    assert_eq!(
+        daemon.metric("podstamp_renders_total{result=\"written\"}"),
+        0.0
+    );
+    let running: Vec<String> = node.running(&mirror).into_iter().map(|c| c.id).collect();
+    assert_eq!(running, [container]);
+
+    // Until the template changes.
+    set_version(&kube, "2");
+    let next = new_revision(&node, &daemon, Some(&good));
+    assert_ne!(next, crashing);
+    wait_ready_revision(&kube, &node, &daemon, &next, "VERSION=2");
+    wait_event(&kube, &node, &daemon, "RolloutSucceeded", &[&next]);
+    assert_eq!(rollout_state(&kept_dir), json!({"good": next}));
+    assert_eq!(kubelet_files(&node), ["web.yaml"]);
 
     stop_all(daemon, node, &dir);
 }

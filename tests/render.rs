@@ -790,6 +790,92 @@ fn root_never_uses_the_invoking_users_cache() {
     );
 }
 
+/// `podstamp render` with `env` set (and no other PODSTAMP_ variable).
+fn render_env(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_podstamp"));
+    command.args(args).current_dir(common::repo());
+    for name in [
+        "RUST_LOG",
+        "PODSTAMP_NAMESPACE",
+        "PODSTAMP_MAX_MANIFEST_SIZE",
+        "PODSTAMP_CACHE_DIR",
+    ] {
+        command.env_remove(name);
+    }
+    command.envs(env.iter().copied());
+    command.output().unwrap()
+}
+
+/// Each setting is taken from the flag, else the environment, else the
+/// configuration file, else the default: the namespace, the size limit and
+/// the cache directory alike.
+#[test]
+fn settings_come_from_flag_then_environment_then_file_then_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("podstamp.yaml");
+    let (file_cache, env_cache) = (dir.path().join("file-cache"), dir.path().join("env-cache"));
+    let write_config = |limit: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "namespace: from-file\ncacheDir: {}\nplugins:\n  identity: {{path: {}}}\nchain: [identity]\nlimits: {{maxManifestSize: '{limit}'}}\n",
+                file_cache.display(),
+                plugin("identity").display()
+            ),
+        )
+        .unwrap();
+    };
+    let base = ["render", CHECKPOINTER, "--node", NODE];
+    let with_config = [&base[..], &["--config", config.to_str().unwrap()]].concat();
+    let namespace_of = |out: &std::process::Output| {
+        assert!(out.status.success(), "{}", stderr(out));
+        let text = stdout(out);
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix("namespace: "))
+            .unwrap_or_else(|| panic!("no namespace in:\n{text}"))
+            .to_string()
+    };
+
+    // The namespace, and the cache directory PODSTAMP_CACHE_DIR names over
+    // the file's cacheDir.
+    write_config("1Mi");
+    assert_eq!(namespace_of(&render_env(&base, &[])), "kube-system");
+    let out = render_env(
+        &with_config,
+        &[("PODSTAMP_CACHE_DIR", env_cache.to_str().unwrap())],
+    );
+    assert_eq!(namespace_of(&out), "from-file");
+    cache_entry(&env_cache, "identity");
+    assert!(
+        !file_cache.exists(),
+        "the environment's cache dir wins over the file's"
+    );
+    let env = [("PODSTAMP_NAMESPACE", "from-env")];
+    assert_eq!(namespace_of(&render_env(&with_config, &env)), "from-env");
+    let flag = [&with_config[..], &["--namespace", "from-flag"]].concat();
+    assert_eq!(namespace_of(&render_env(&flag, &env)), "from-flag");
+
+    // The size limit: the error names the limit in force.
+    let over = |out: std::process::Output, limit: &str| {
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains(&format!(
+                "over the limit of {limit} (limits.maxManifestSize)"
+            )),
+            "{err}"
+        );
+    };
+    write_config("100");
+    over(render_env(&with_config, &[]), "100");
+    let env = [("PODSTAMP_MAX_MANIFEST_SIZE", "200")];
+    over(render_env(&with_config, &env), "200");
+    let flag = [&with_config[..], &["--max-manifest-size", "300"]].concat();
+    over(render_env(&flag, &env), "300");
+    let flag = [&with_config[..], &["--max-manifest-size", "1Mi"]].concat();
+    assert_eq!(namespace_of(&render_env(&flag, &env)), "from-file");
+}
+
 // ------------------------------------------- plugins and catalogs from ConfigMaps
 
 /// sha256 of `bytes`, hex.

@@ -26,7 +26,6 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::plugin::Limits;
 use crate::template::parse_document;
 
 // The catalog lived here; its callers keep their paths.
@@ -76,6 +75,18 @@ pub struct DaemonEntry {
     pub revisions_dir: Option<PathBuf>,
     /// How many manifests are kept per template.
     pub revision_history: Option<usize>,
+    /// Rollouts across nodes: where their Leases are, and how long a slot
+    /// outlives a holder that stopped renewing it.
+    pub rollouts: Option<RolloutsEntry>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RolloutsEntry {
+    /// The namespace of the slot and node status Leases.
+    pub namespace: Option<String>,
+    /// A slot's `leaseDurationSeconds`, e.g. `30s`.
+    pub lease_duration: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -92,32 +103,74 @@ pub struct LimitsEntry {
     pub render_timeout: Option<String>,
 }
 
-/// A configuration error; the message names the file and the field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigError(pub String);
+/// A configuration error; the message names the file and the field, and
+/// the error it comes from stays its source.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A value that is not valid (the message says which and why).
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not YAML or JSON (the error names the file and the place).
+    #[error(transparent)]
+    Parse(#[from] crate::template::ParseError),
+    /// A ConfigMap the field names cannot be read.
+    #[error("{field}: {source}")]
+    ConfigMap {
+        field: &'static str,
+        #[source]
+        source: crate::catalog::ConfigMapError,
+    },
+    /// A field of the wrong shape, or unknown.
+    #[error("{origin}: {field}: {source}")]
+    Field {
+        origin: String,
+        field: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl ConfigError {
+    fn read(path: &Path, source: std::io::Error) -> ConfigError {
+        ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
 
 impl ConfigFile {
     /// Reads a configuration file (YAML or JSON).
     pub fn read(path: &Path) -> Result<ConfigFile, ConfigError> {
         let origin = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|e| ConfigError(format!("{origin}: {e}")))?;
-        let value = parse_document(&bytes, &origin).map_err(|e| ConfigError(e.to_string()))?;
-        let mut config: ConfigFile = serde_path_to_error::deserialize(value)
-            .map_err(|e| ConfigError(format!("{origin}: {}: {}", e.path(), e.inner())))?;
+        let bytes = std::fs::read(path).map_err(|e| ConfigError::read(path, e))?;
+        let value = parse_document(&bytes, &origin)?;
+        let mut config: ConfigFile =
+            serde_path_to_error::deserialize(value).map_err(|e| ConfigError::Field {
+                origin: origin.clone(),
+                field: e.path().to_string(),
+                source: e.into_inner(),
+            })?;
         // Paths in the file are relative to the file.
         let base = path.parent().unwrap_or(Path::new("."));
         if let Some(catalog) = &config.daemon.catalog
             && (!config.plugins.is_empty() || !config.chain.is_empty())
         {
-            return Err(ConfigError(format!(
+            return Err(ConfigError::Invalid(format!(
                 "{origin}: daemon.catalog: the catalog comes from ConfigMap {:?}, so plugins and chain must not be given here too: give one or the other",
                 catalog.config_map
             )));
         }
         if let Some(catalog) = &config.daemon.catalog {
-            crate::validate::check_dns_subdomain(&catalog.config_map)
-                .map_err(|e| ConfigError(format!("{origin}: daemon.catalog.configMap: {e}")))?;
+            crate::validate::check_dns_subdomain(&catalog.config_map).map_err(|e| {
+                ConfigError::Invalid(format!("{origin}: daemon.catalog.configMap: {e}"))
+            })?;
         }
         for entry in config.plugins.values_mut() {
             if let Some(path) = &mut entry.path {
@@ -160,31 +213,12 @@ impl ConfigFile {
         }
     }
 
-    pub fn sandbox_limits(&self) -> Result<Limits, ConfigError> {
-        let mut limits = Limits::default();
-        let field = |name: &str| ConfigError(format!("limits.{name}"));
-        if let Some(t) = &self.limits.timeout {
-            limits.timeout = parse_duration(t)
-                .map_err(|e| ConfigError(format!("{}: {e}", field("timeout").0)))?;
-        }
-        if let Some(m) = &self.limits.memory {
-            limits.memory_bytes =
-                parse_size(m).map_err(|e| ConfigError(format!("{}: {e}", field("memory").0)))?;
-        }
-        if let Some(m) = &self.limits.max_manifest_size {
-            limits.max_output_bytes = parse_size(m)
-                .map_err(|e| ConfigError(format!("{}: {e}", field("maxManifestSize").0)))?;
-        }
-        Ok(limits)
-    }
-
     /// The time budget of one render (`limits.renderTimeout`), given the
     /// per-call `timeout` in force.
     pub fn render_budget(&self, timeout: Duration) -> Result<Duration, ConfigError> {
         match &self.limits.render_timeout {
-            Some(t) => {
-                parse_duration(t).map_err(|e| ConfigError(format!("limits.renderTimeout: {e}")))
-            }
+            Some(t) => parse_duration(t)
+                .map_err(|e| ConfigError::Invalid(format!("limits.renderTimeout: {e}"))),
             None => Ok(default_render_budget(timeout)),
         }
     }
@@ -193,8 +227,8 @@ impl ConfigFile {
 /// Reads a settings file (YAML or JSON) into a JSON value.
 pub fn read_settings(path: &Path) -> Result<Value, ConfigError> {
     let origin = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| ConfigError(format!("{origin}: {e}")))?;
-    parse_document(&bytes, &origin).map_err(|e| ConfigError(e.to_string()))
+    let bytes = std::fs::read(path).map_err(|e| ConfigError::read(path, e))?;
+    Ok(parse_document(&bytes, &origin)?)
 }
 
 /// `250ms`, `2s`, `1m`.

@@ -4,17 +4,20 @@
 //! [`node`] (what the node is) → [`chain`] of [`plugin`]s (Wasm transforms) →
 //! [`validate`] (a v1 Pod) → [`manifest`] (ownership, hash, YAML) →
 //! [`write`] (atomic file replacement). [`render`] ties them together and
-//! [`config`] describes a chain the way the daemon and the CLI share.
+//! [`config`] describes a chain the way the daemon and the CLI share;
+//! [`settings`] resolves flags, environment, file and defaults for both.
 
 pub mod catalog;
 pub mod chain;
 pub mod config;
 pub mod daemon;
+pub mod fleet;
 pub mod manifest;
 pub mod node;
 pub mod plugin;
 pub mod reason;
 pub mod render;
+pub mod settings;
 pub mod template;
 pub mod text;
 pub mod validate;

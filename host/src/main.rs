@@ -3,12 +3,24 @@
 //! Exit codes: 0 success; 1 the render failed (the template, a plugin or the
 //! rendered pod is wrong); 2 usage error (the command line, configuration,
 //! settings or node description is wrong). Every error is one line on stderr.
+//! `podstamp run`: 2 when it cannot start (a usage or configuration error,
+//! or what it needs is unusable), 0 after SIGTERM or SIGINT, 70 when its
+//! reconciler panicked (better restarted by the kubelet than alive and
+//! doing nothing).
+//!
+//! The flags are the top layer of the settings; [`podstamp::settings`]
+//! resolves them with the environment, the configuration file and the
+//! defaults.
+
+mod run_args;
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+
+mod status_command;
 
 use podstamp::catalog::{
     ComponentError, ConfigMapError, ConfigMapSet, ConfigMaps, NoConfigMaps, PluginError, gzip,
@@ -18,6 +30,7 @@ use podstamp::config::{self, Catalog, CatalogError, ConfigFile};
 use podstamp::node::{NodeAddress, NodeContext};
 use podstamp::plugin::{Limits, Runtime, WIT_PACKAGE};
 use podstamp::render::{check_size, render};
+use podstamp::settings::Layer;
 use podstamp::template::{Template, parse_document};
 
 #[derive(Parser)]
@@ -48,10 +61,12 @@ enum Command {
     /// Render one PodTemplate for one node, offline, and print the manifest.
     Render(RenderArgs),
     /// Run the node daemon: keep this node's static pod manifests in step with its PodTemplates.
-    Run(podstamp::daemon::RunArgs),
+    Run(run_args::RunArgs),
     /// Work with plugin components.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Show how each template's update rolls across the nodes, as their daemons report it.
+    Status(status_command::StatusArgs),
 }
 
 #[derive(Subcommand)]
@@ -122,7 +137,7 @@ struct RenderArgs {
     /// that --config names, as the daemon would read it from its namespace.
     #[arg(long, value_name = "FILE", requires = "config")]
     configmap: Vec<PathBuf>,
-    /// Namespace written into the manifest [default: the config's, else kube-system].
+    /// Namespace written into the manifest [env: PODSTAMP_NAMESPACE] [default: the config's, else kube-system].
     #[arg(long)]
     namespace: Option<String>,
     /// Write the manifest to this file (atomically) instead of stdout.
@@ -134,7 +149,10 @@ struct RenderArgs {
     /// Memory limit per plugin instance, e.g. 64Mi [default: the config's, else 64Mi].
     #[arg(long)]
     memory: Option<String>,
-    /// Where compiled plugin code is cached [default: $PODSTAMP_CACHE_DIR, else $XDG_CACHE_HOME/podstamp, else ~/.cache/podstamp].
+    /// The largest manifest, and pod a plugin may return, e.g. 1Mi [env: PODSTAMP_MAX_MANIFEST_SIZE] [default: the config's limits.maxManifestSize, else 1Mi].
+    #[arg(long, value_name = "SIZE")]
+    max_manifest_size: Option<String>,
+    /// Where compiled plugin code is cached [env: PODSTAMP_CACHE_DIR] [default: the config's cacheDir, else $XDG_CACHE_HOME/podstamp, else ~/.cache/podstamp].
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
     /// Compile plugins every time instead of using the cache.
@@ -155,7 +173,16 @@ fn main() -> ExitCode {
         Command::Render(args) => run_render(args),
         Command::Plugin(PluginCommand::Inspect { path }) => run_inspect(&path),
         Command::Plugin(PluginCommand::Configmap(args)) => run_configmap(&args),
-        Command::Run(args) => return podstamp::daemon::main(args),
+        Command::Run(args) => return run_daemon(&args),
+        Command::Status(args) => {
+            return match status_command::run(args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err((code, message)) => {
+                    eprintln!("podstamp: error: {}", message.replace('\n', " "));
+                    ExitCode::from(code)
+                }
+            };
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -168,6 +195,26 @@ fn main() -> ExitCode {
             eprintln!("podstamp: error: {}", message.replace('\n', " "));
             ExitCode::from(code)
         }
+    }
+}
+
+/// `podstamp run`: the settings resolved, then the daemon until it stops.
+fn run_daemon(args: &run_args::RunArgs) -> ExitCode {
+    let fail = |code: u8, message: &dyn std::fmt::Display| {
+        eprintln!(
+            "podstamp: error: {}",
+            message.to_string().replace('\n', " ")
+        );
+        ExitCode::from(code)
+    };
+    let settings = match podstamp::settings::daemon(&args.layer(), &Layer::from_process_env()) {
+        Ok(s) => s,
+        Err(e) => return fail(2, &e),
+    };
+    match podstamp::daemon::run(settings) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ podstamp::daemon::DaemonError::ReconcilerPanicked) => fail(70, &e),
+        Err(e) => fail(2, &e),
     }
 }
 
@@ -195,24 +242,23 @@ fn init_logging(format: LogFormat, filter: &str) {
 
 fn run_render(args: RenderArgs) -> Result<(), Failure> {
     let usage = Failure::Usage;
-    let config = match &args.config {
-        Some(path) => ConfigFile::read(path).map_err(|e| usage(e.to_string()))?,
-        None => ConfigFile::default(),
+    let flags = Layer {
+        config: args.config.clone(),
+        namespace: args.namespace.clone(),
+        timeout: args.timeout.clone(),
+        memory: args.memory.clone(),
+        max_manifest_size: args.max_manifest_size.clone(),
+        cache_dir: args.cache_dir.clone(),
+        no_cache: args.no_cache,
+        ..Layer::default()
     };
-    let mut limits = config.sandbox_limits().map_err(|e| usage(e.to_string()))?;
-    if let Some(t) = &args.timeout {
-        limits.timeout = config::parse_duration(t).map_err(|e| usage(format!("--timeout: {e}")))?;
-    }
-    if let Some(m) = &args.memory {
-        limits.memory_bytes = config::parse_size(m).map_err(|e| usage(format!("--memory: {e}")))?;
-    }
-    let namespace = args
-        .namespace
-        .clone()
-        .or_else(|| config.namespace.clone())
-        .unwrap_or_else(|| config::DEFAULT_NAMESPACE.to_string());
-    podstamp::validate::check_dns_label(&namespace)
-        .map_err(|e| usage(format!("namespace: {e}")))?;
+    let podstamp::settings::RenderSettings {
+        config,
+        namespace,
+        limits,
+        cache_dir,
+    } = podstamp::settings::render(&flags, &Layer::from_process_env())
+        .map_err(|e| usage(e.to_string()))?;
     let node = node_context(&args)?;
 
     let (template_text, origin) = read_input(&args.template).map_err(usage)?;
@@ -225,11 +271,6 @@ fn run_render(args: RenderArgs) -> Result<(), Failure> {
         eprintln!("podstamp: warning: {warning}");
     }
 
-    let cache_dir = podstamp::plugin::choose_cache_dir(
-        args.no_cache,
-        args.cache_dir.as_deref(),
-        config.cache_dir.as_deref(),
-    );
     let max_manifest = limits.max_output_bytes;
     // Without --configmap, a ConfigMap source says where it would come from.
     let config_maps: Box<dyn ConfigMaps> = if args.configmap.is_empty() {
@@ -377,7 +418,9 @@ fn key_value<'a>(flag: &str, text: &'a str) -> Result<(&'a str, &'a str), Failur
 fn node_context(args: &RenderArgs) -> Result<NodeContext, Failure> {
     let usage = Failure::Usage;
     let mut node = match (&args.node, &args.node_name) {
-        (Some(path), _) => podstamp::node::read_node_file(path).map_err(usage)?,
+        (Some(path), _) => {
+            podstamp::node::read_node_file(path).map_err(|e| usage(e.to_string()))?
+        }
         (None, Some(name)) => NodeContext::named(name.clone()),
         (None, None) => {
             return Err(usage(

@@ -131,17 +131,49 @@ pub fn undecodable_field(node: &Value) -> Option<String> {
         .map(|e| format!("{}: {}", e.path(), e.inner()))
 }
 
+/// Why a Node file cannot be used; each message names the file (and the
+/// field), the error it comes from stays its source.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeFileError {
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Parse(#[from] crate::template::ParseError),
+    #[error("{origin}: kind: expected a Node object")]
+    NotANode { origin: String },
+    #[error("{origin}: {field}: {source}")]
+    Field {
+        origin: String,
+        field: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The Node decodes but says too little (e.g. no name).
+    #[error("{origin}: {message}")]
+    Invalid { origin: String, message: String },
+}
+
 /// Reads a Node object (YAML or JSON) from a file; errors name the file and field.
-pub fn read_node_file(path: &std::path::Path) -> Result<NodeContext, String> {
+pub fn read_node_file(path: &std::path::Path) -> Result<NodeContext, NodeFileError> {
     let origin = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| format!("{origin}: {e}"))?;
-    let value = crate::template::parse_document(&bytes, &origin).map_err(|e| e.to_string())?;
+    let bytes = std::fs::read(path).map_err(|source| NodeFileError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let value = crate::template::parse_document(&bytes, &origin)?;
     if value.get("kind").and_then(|k| k.as_str()) != Some("Node") {
-        return Err(format!("{origin}: kind: expected a Node object"));
+        return Err(NodeFileError::NotANode { origin });
     }
-    let node: Node = serde_path_to_error::deserialize(value)
-        .map_err(|e| format!("{origin}: {}: {}", e.path(), e.inner()))?;
-    NodeContext::from_node(&node).map_err(|e| format!("{origin}: {e}"))
+    let node: Node = serde_path_to_error::deserialize(value).map_err(|e| NodeFileError::Field {
+        origin: origin.clone(),
+        field: e.path().to_string(),
+        source: e.into_inner(),
+    })?;
+    NodeContext::from_node(&node).map_err(|message| NodeFileError::Invalid { origin, message })
 }
 
 /// This machine's architecture in Go's naming, which is what Kubernetes uses.

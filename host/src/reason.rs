@@ -35,6 +35,9 @@ pub enum Reason {
     /// A revision written failed on this node (the kubelet's reason, or not
     /// Ready within its progress deadline).
     RolloutFailed,
+    /// An update not written on this node: its target failed on a node
+    /// (this one or another) and the rollout stopped there.
+    RolloutHalted,
 }
 
 impl Reason {
@@ -52,6 +55,7 @@ impl Reason {
             Reason::CatalogRefused => "CatalogRefused",
             Reason::RolloutSucceeded => "RolloutSucceeded",
             Reason::RolloutFailed => "RolloutFailed",
+            Reason::RolloutHalted => "RolloutHalted",
         }
     }
 }

@@ -82,6 +82,9 @@ pub struct Template {
     /// The length of `pod` written as JSON, counted once when the template
     /// is read: every render checks it against the manifest size limit.
     pod_json_len: usize,
+    /// The PodTemplate's `metadata.generation` (the API server counts the
+    /// changes of `template`); None in a file. Shown, never decided on.
+    pub generation: Option<i64>,
 }
 
 /// What [`Template::from_value`] dropped from `template.metadata`.
@@ -153,6 +156,24 @@ impl Template {
     /// The length of the template's pod written as JSON, in bytes.
     pub fn pod_json_len(&self) -> usize {
         self.pod_json_len
+    }
+
+    /// What every node reads of this template, hashed: its identity, its
+    /// own annotations and its pod. The same PodTemplate gives the same
+    /// fingerprint on every node (a rollout's target is made of it).
+    pub fn fingerprint(&self) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        for part in [&self.namespace, &self.name] {
+            hash.update(part.as_bytes());
+            hash.update([0]);
+        }
+        // A BTreeMap and a `Value` (whose maps are sorted) serialize the
+        // same way wherever they were read from.
+        hash.update(serde_json::to_vec(&self.annotations).expect("strings serialize"));
+        hash.update([0]);
+        hash.update(serde_json::to_vec(&self.pod).expect("a Value serializes"));
+        hash.finalize().into()
     }
 
     /// `namespace/name`, how templates are named in logs and errors.
@@ -283,6 +304,9 @@ impl Template {
                 namespace,
                 name,
                 annotations,
+                generation: object
+                    .pointer("/metadata/generation")
+                    .and_then(Value::as_i64),
                 pod_json_len: json_len(&pod),
                 pod,
                 ignored,

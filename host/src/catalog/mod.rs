@@ -191,7 +191,7 @@ impl Catalog {
         plugin: &mut PluginFor<'_>,
     ) -> Result<Catalog, CatalogError> {
         let config_error = |message: String| {
-            CatalogError::Config(ConfigError(if origin.is_empty() {
+            CatalogError::Config(ConfigError::Invalid(if origin.is_empty() {
                 message
             } else {
                 format!("{origin}: {message}")
@@ -211,7 +211,9 @@ impl Catalog {
                 (None, Some(file)) => read_settings(file)?,
                 (None, None) => Value::Object(Default::default()),
             };
-            let (source, pin) = entry.source(&field).map_err(|e| config_error(e.0))?;
+            let (source, pin) = entry
+                .source(&field)
+                .map_err(|e| config_error(e.to_string()))?;
             checked.push((name, field, settings, source, pin));
         }
         let mut steps = BTreeMap::new();

@@ -98,20 +98,19 @@ impl PluginEntry {
     /// entry's (`plugins.NAME`).
     pub fn source(&self, field: &str) -> Result<(Source<'_>, Option<String>), ConfigError> {
         let pin = match &self.sha256 {
-            Some(pin) => Some(
-                check_sha256(pin)
-                    .map_err(|e| ConfigError(format!("{}: {e}", join_key(field, "sha256"))))?,
-            ),
+            Some(pin) => Some(check_sha256(pin).map_err(|e| {
+                ConfigError::Invalid(format!("{}: {e}", join_key(field, "sha256")))
+            })?),
             None => None,
         };
         let source = match (&self.path, &self.config_map) {
             (Some(_), Some(_)) => {
-                return Err(ConfigError(format!(
+                return Err(ConfigError::Invalid(format!(
                     "{field}: give path or configMap, not both (one entry, one component)"
                 )));
             }
             (None, None) => {
-                return Err(ConfigError(format!(
+                return Err(ConfigError::Invalid(format!(
                     "{field}: no component: give path (a file on the node) or configMap: {{name, key}}"
                 )));
             }
@@ -119,11 +118,11 @@ impl PluginEntry {
             (None, Some(config_map)) => {
                 let at = join_key(field, "configMap");
                 crate::validate::check_dns_subdomain(&config_map.name)
-                    .map_err(|e| ConfigError(format!("{}: {e}", join_key(&at, "name"))))?;
+                    .map_err(|e| ConfigError::Invalid(format!("{}: {e}", join_key(&at, "name"))))?;
                 check_config_map_key(config_map.key())
-                    .map_err(|e| ConfigError(format!("{}: {e}", join_key(&at, "key"))))?;
+                    .map_err(|e| ConfigError::Invalid(format!("{}: {e}", join_key(&at, "key"))))?;
                 if pin.is_none() {
-                    return Err(ConfigError(format!(
+                    return Err(ConfigError::Invalid(format!(
                         "{field}: configMap {:?} has no sha256: a component from a ConfigMap must be pinned; add sha256: (printed by `podstamp plugin configmap`, or `sha256sum` of the .wasm)",
                         config_map.name
                     )));
@@ -173,9 +172,12 @@ impl CatalogSpec {
         let origin = format!("ConfigMap {namespace}/{name} key {CATALOG_KEY}");
         let object = config_maps
             .get(name)
-            .map_err(|e| ConfigError(format!("daemon.catalog.configMap: {e}")))?
+            .map_err(|source| ConfigError::ConfigMap {
+                field: "daemon.catalog.configMap",
+                source,
+            })?
             .ok_or_else(|| {
-                ConfigError(format!(
+                ConfigError::Invalid(format!(
                     "daemon.catalog.configMap: ConfigMap {namespace}/{name} does not exist: create it (its key {CATALOG_KEY} holds plugins and chain)"
                 ))
             })?;
@@ -185,24 +187,23 @@ impl CatalogSpec {
                 .pointer(&format!("/binaryData/{CATALOG_KEY}"))
                 .is_some() =>
             {
-                return Err(ConfigError(format!(
+                return Err(ConfigError::Invalid(format!(
                     "{origin}: is under binaryData; the catalog is text: put it under data"
                 )));
             }
             _ => {
-                return Err(ConfigError(format!(
+                return Err(ConfigError::Invalid(format!(
                     "{origin}: missing: the catalog ConfigMap holds plugins and chain under data.{CATALOG_KEY}"
                 )));
             }
         };
-        let value =
-            parse_document(text.as_bytes(), &origin).map_err(|e| ConfigError(e.to_string()))?;
+        let value = parse_document(text.as_bytes(), &origin)?;
         let spec: CatalogSpec = serde_path_to_error::deserialize(value)
-            .map_err(|e| ConfigError(format!("{origin}: {}: {}", e.path(), e.inner())))?;
+            .map_err(|e| ConfigError::Invalid(format!("{origin}: {}: {}", e.path(), e.inner())))?;
         for (plugin, entry) in &spec.plugins {
             let field = join_key("plugins", plugin);
             if entry.settings_file.is_some() {
-                return Err(ConfigError(format!(
+                return Err(ConfigError::Invalid(format!(
                     "{origin}: {}: a catalog in a ConfigMap has no file to read settings from: give settings inline",
                     join_key(&field, "settingsFile")
                 )));
@@ -210,7 +211,7 @@ impl CatalogSpec {
             if let Some(path) = &entry.path
                 && !path.is_absolute()
             {
-                return Err(ConfigError(format!(
+                return Err(ConfigError::Invalid(format!(
                     "{origin}: {}: {:?} is relative, but a catalog in a ConfigMap has no directory: give an absolute path on the node",
                     join_key(&field, "path"),
                     path.display()

@@ -23,6 +23,9 @@ pub struct FileSource {
     path: PathBuf,
     /// The file as the daemon started with it.
     started: ConfigFile,
+    /// The namespace in use (resolved from flags, environment, file), where
+    /// a ConfigMap named by the file would be.
+    namespace: String,
     /// What each node-local setting is in use, as shown in the log.
     in_use: BTreeMap<&'static str, String>,
     /// The file's value of each node-local setting last reported as
@@ -31,16 +34,19 @@ pub struct FileSource {
 }
 
 impl FileSource {
-    /// `started` is the file as read at start; `in_use` what each
-    /// node-local setting resolved to (flags, environment, file, default).
+    /// `started` is the file as read at start; `namespace` and `in_use`
+    /// what the namespace and each node-local setting resolved to (flags,
+    /// environment, file, default: [`crate::settings`]).
     pub fn new(
         path: PathBuf,
         started: ConfigFile,
+        namespace: String,
         in_use: BTreeMap<&'static str, String>,
     ) -> FileSource {
         FileSource {
             path,
             started,
+            namespace,
             in_use,
             reported: BTreeMap::new(),
         }
@@ -105,10 +111,7 @@ impl CatalogSource for FileSource {
         let config = self.read()?;
         // Components whose bytes did not change are not compiled again.
         let config_maps = NoConfigMaps {
-            namespace: config
-                .namespace
-                .clone()
-                .unwrap_or_else(|| crate::config::DEFAULT_NAMESPACE.to_string()),
+            namespace: self.namespace.clone(),
         };
         Ok(Catalog::load_config(
             &config,
@@ -143,6 +146,14 @@ pub fn node_local(config: &ConfigFile) -> Vec<(&'static str, String)> {
         ("daemon.resync", shown(&d.resync)),
         ("daemon.revisionsDir", shown(&d.revisions_dir)),
         ("daemon.revisionHistory", shown(&d.revision_history)),
+        (
+            "daemon.rollouts.namespace",
+            shown(&d.rollouts.as_ref().and_then(|r| r.namespace.clone())),
+        ),
+        (
+            "daemon.rollouts.leaseDuration",
+            shown(&d.rollouts.as_ref().and_then(|r| r.lease_duration.clone())),
+        ),
         ("limits.timeout", shown(&l.timeout)),
         ("limits.memory", shown(&l.memory)),
         ("limits.maxManifestSize", shown(&l.max_manifest_size)),

@@ -16,18 +16,18 @@
 //! * No ConfigMap's content is logged.
 
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};
 use serde_json::Value;
 
+use super::backoff::Backoff;
 use super::metrics::Metrics;
 use super::raw::Raw;
-use super::source::{Backoff, log_watch_error};
+use super::watch::{self, Event, Spec, WatchError};
 
 /// How long [`ConfigMapWatches::get`] waits for the first answer about a
 /// ConfigMap it was not watching yet.
@@ -248,64 +248,48 @@ async fn watch(shared: std::sync::Weak<Shared>, name: String) {
         return;
     };
     let api: Api<Raw<ConfigMap>> = Api::namespaced(strong.client.clone(), &strong.namespace);
-    let mut config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    if let Some(secs) = strong.watch_timeout {
-        config = config.timeout(secs);
-    }
-    let label = format!("configmap {}/{name}", strong.namespace);
+    let spec = Spec::new(
+        format!("configmap {}/{name}", strong.namespace),
+        "configmaps",
+        strong.watch_timeout,
+    )
+    .fields(&format!("metadata.name={name}"));
+    let metrics = strong.metrics.clone();
     drop(strong);
-    let mut backoff = Backoff::new();
-    loop {
-        let mut stream = std::pin::pin!(watcher::watcher(api.clone(), config.clone()));
-        let mut seen = false;
-        while let Some(event) = stream.next().await {
-            let Some(shared) = shared.upgrade() else {
-                return;
-            };
-            let present = |object: &Raw<ConfigMap>| Known::Present {
-                version: object.meta().resource_version.clone().unwrap_or_default(),
-                object: Arc::new(object.value().clone()),
-            };
-            match event {
-                Ok(Event::Init) => seen = false,
-                Ok(Event::InitApply(object) | Event::Apply(object)) => {
-                    seen = true;
-                    shared.learn(&name, Some(present(&object)), Some(None));
-                }
-                Ok(Event::InitDone) => {
-                    backoff.reset();
-                    if !seen {
-                        shared.learn(&name, Some(Known::Absent), Some(None));
-                    } else {
-                        shared.learn(&name, None, Some(None));
-                    }
-                }
-                Ok(Event::Delete(_)) => shared.learn(&name, Some(Known::Absent), Some(None)),
-                Err(e) => {
-                    log_watch_error(&label, &e);
-                    if let Some(message) = refusal(&e) {
-                        shared.learn(&name, None, Some(Some(message)));
-                    }
-                    break;
+    // Whether the list being read holds the ConfigMap.
+    let mut seen = false;
+    watch::run(api, spec, metrics, Backoff::new(), |event| {
+        let Some(shared) = shared.upgrade() else {
+            return ControlFlow::Break(());
+        };
+        let present = |object: &Raw<ConfigMap>| Known::Present {
+            version: object.meta().resource_version.clone().unwrap_or_default(),
+            object: Arc::new(object.value().clone()),
+        };
+        match event {
+            Event::Listing => seen = false,
+            Event::Listed(object) | Event::Applied(object) => {
+                seen = true;
+                shared.learn(&name, Some(present(&object)), Some(None));
+            }
+            Event::ListDone if !seen => shared.learn(&name, Some(Known::Absent), Some(None)),
+            // Answered: whatever refused it before no longer does.
+            Event::ListDone | Event::Resumed => shared.learn(&name, None, Some(None)),
+            Event::Deleted(_) => shared.learn(&name, Some(Known::Absent), Some(None)),
+            Event::Failed(e) => {
+                if let Some(message) = refusal(e) {
+                    shared.learn(&name, None, Some(Some(message)));
                 }
             }
         }
-        if let Some(shared) = shared.upgrade() {
-            shared.metrics.watch_restart("configmaps");
-        }
-        tokio::time::sleep(backoff.delay()).await;
-    }
+        ControlFlow::Continue(())
+    })
+    .await;
 }
 
 /// The API server's refusal in a watch error, worded with what to do.
-fn refusal(error: &watcher::Error) -> Option<String> {
-    let (watcher::Error::InitialListFailed(e)
-    | watcher::Error::WatchStartFailed(e)
-    | watcher::Error::WatchFailed(e)) = error
-    else {
-        return None;
-    };
-    match e {
+fn refusal(error: &WatchError) -> Option<String> {
+    match error.client()? {
         kube::Error::Api(status) if status.is_forbidden() => Some(format!(
             "permission denied: {}; grant podstamp get, list and watch on this ConfigMap (its name in the resourceNames of the Role podstamp, deploy/rbac.yaml)",
             status.message

@@ -131,6 +131,7 @@ async fn publish(recorder: Recorder, mut rx: Receiver<Report>) {
         let (type_, action) = match report.reason {
             Reason::RolloutSucceeded => (EventType::Normal, "Rollout"),
             Reason::RolloutFailed => (EventType::Warning, "Rollout"),
+            Reason::RolloutHalted => (EventType::Warning, "Rollout"),
             // What podstamp was doing with the object the Event is on.
             Reason::CatalogRefused => (EventType::Warning, "Reload"),
             _ => (EventType::Warning, "Render"),

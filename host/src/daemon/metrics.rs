@@ -25,6 +25,10 @@ const BUCKETS: [f64; 12] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 
+/// The `watch` label of the watch metrics: the daemon's watches of the API
+/// (all the ConfigMaps together).
+const WATCHES: [&str; 5] = ["podtemplates", "node", "pods", "configmaps", "leases"];
+
 #[derive(Default)]
 struct Histogram {
     counts: [u64; BUCKETS.len()],
@@ -42,6 +46,7 @@ struct Inner {
     last_sync: Option<f64>,
     initial_sync: Option<Duration>,
     watch_restarts: BTreeMap<&'static str, u64>,
+    watch_lists: BTreeMap<&'static str, u64>,
     removed: u64,
     events_dropped: u64,
     reloads: BTreeMap<&'static str, u64>,
@@ -50,6 +55,9 @@ struct Inner {
     /// Per template: the revision in place and its rollout phase.
     rollouts: BTreeMap<String, (String, &'static str)>,
     rollout_results: BTreeMap<&'static str, u64>,
+    /// Writes to the API for rollouts across nodes: (object, result).
+    fleet_writes: BTreeMap<(&'static str, &'static str), u64>,
+    slots_held: usize,
 }
 
 /// Everything `/metrics` and `/readyz` report; shared by the daemon's parts.
@@ -167,8 +175,22 @@ impl Metrics {
         self.lock().last_sync = Some(now);
     }
 
+    /// A watch failed and is tried again (resumed, or listed again).
     pub fn watch_restart(&self, watch: &'static str) {
         *self.lock().watch_restarts.entry(watch).or_default() += 1;
+    }
+
+    /// A watch starts a complete list.
+    pub fn watch_list(&self, watch: &'static str) {
+        *self.lock().watch_lists.entry(watch).or_default() += 1;
+    }
+
+    pub fn watch_restarts(&self, watch: &str) -> u64 {
+        self.lock().watch_restarts.get(watch).copied().unwrap_or(0)
+    }
+
+    pub fn watch_lists(&self, watch: &str) -> u64 {
+        self.lock().watch_lists.get(watch).copied().unwrap_or(0)
     }
 
     /// Template `id`'s revision in place and its rollout phase.
@@ -186,6 +208,20 @@ impl Metrics {
     /// `failed` when the previous revision was written back.
     pub fn rollout_result(&self, result: &'static str) {
         *self.lock().rollout_results.entry(result).or_default() += 1;
+    }
+
+    /// A write of a rollout object (`slot` or `status`) to the API:
+    /// `ok`, `conflict` (someone else wrote first) or `error`.
+    pub fn fleet_write(&self, object: &'static str, result: &'static str) {
+        *self
+            .lock()
+            .fleet_writes
+            .entry((object, result))
+            .or_default() += 1;
+    }
+
+    pub fn set_slots_held(&self, n: usize) {
+        self.lock().slots_held = n;
     }
 
     pub fn set_ready(&self) {
@@ -280,15 +316,24 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP podstamp_watch_restarts_total Watches restarted (with a fresh list) after an error.\n\
+            "# HELP podstamp_watch_restarts_total Watches tried again after a failure: resumed from the last resourceVersion seen, or listed again after 410 Gone.\n\
              # TYPE podstamp_watch_restarts_total counter"
         );
-        for watch in ["podtemplates", "node"] {
+        for watch in WATCHES {
             let n = inner.watch_restarts.get(watch).copied().unwrap_or(0);
             let _ = writeln!(
                 out,
                 "podstamp_watch_restarts_total{{watch=\"{watch}\"}} {n}"
             );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_watch_lists_total Complete lists a watch started: its first, and one after each 410 Gone (a dropped watch resumes without one).\n\
+             # TYPE podstamp_watch_lists_total counter"
+        );
+        for watch in WATCHES {
+            let n = inner.watch_lists.get(watch).copied().unwrap_or(0);
+            let _ = writeln!(out, "podstamp_watch_lists_total{{watch=\"{watch}\"}} {n}");
         }
         let _ = writeln!(
             out,
@@ -341,6 +386,29 @@ impl Metrics {
             let n = inner.rollout_results.get(result).copied().unwrap_or(0);
             let _ = writeln!(out, "podstamp_rollouts_total{{result=\"{result}\"}} {n}");
         }
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_rollout_api_writes_total Writes to the API server for rollouts across nodes, by object (slot, status) and result (ok, conflict, error); none while nothing rolls.\n\
+             # TYPE podstamp_rollout_api_writes_total counter"
+        );
+        for object in ["slot", "status"] {
+            for result in ["ok", "conflict", "error"] {
+                let n = inner
+                    .fleet_writes
+                    .get(&(object, result))
+                    .copied()
+                    .unwrap_or(0);
+                let _ = writeln!(
+                    out,
+                    "podstamp_rollout_api_writes_total{{object=\"{object}\",result=\"{result}\"}} {n}"
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_rollout_slots_held Rollout slots this node holds (templates it is updating).\n# TYPE podstamp_rollout_slots_held gauge\npodstamp_rollout_slots_held {}",
+            inner.slots_held
+        );
         let _ = writeln!(
             out,
             "# HELP podstamp_ready Whether the first full sync is done.\n# TYPE podstamp_ready gauge\npodstamp_ready {}",
@@ -502,6 +570,7 @@ mod tests {
         m.render(RenderResult::Failed(Reason::RenderFailed));
         m.plugin_call("node-env", true, Duration::from_micros(700));
         m.watch_restart("node");
+        m.watch_list("pods");
         m.reload(ReloadResult::Refused);
         m.set_catalog("ab12");
         let text = m.exposition();
@@ -513,6 +582,9 @@ mod tests {
             "podstamp_plugin_call_duration_seconds_bucket{plugin=\"node-env\",result=\"ok\",le=\"0.001\"} 1",
             "podstamp_plugin_call_duration_seconds_count{plugin=\"node-env\",result=\"ok\"} 1",
             "podstamp_watch_restarts_total{watch=\"node\"} 1",
+            "podstamp_watch_restarts_total{watch=\"configmaps\"} 0",
+            "podstamp_watch_lists_total{watch=\"pods\"} 1",
+            "podstamp_watch_lists_total{watch=\"podtemplates\"} 0",
             "podstamp_managed_manifests 0",
             "podstamp_events_dropped_total 0",
             "podstamp_templates 0",

@@ -13,19 +13,19 @@
 //!   read as absent.
 //! * No pod's content is logged.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use serde_json::Value;
 
+use super::backoff::Backoff;
 use super::metrics::Metrics;
 use super::raw::Raw;
 use super::reconcile::Input;
-use super::source::{Backoff, log_watch_error};
+use super::watch::{self, Event, Spec};
 use crate::manifest::{REVISION_LABEL, SOURCE_ANNOTATION};
 
 /// The kubelet's annotation on a mirror pod.
@@ -158,7 +158,9 @@ fn state(status: &Value) -> PodState {
 }
 
 /// Watches this node's pods in `namespace` and sends what their mirror pods
-/// say to the reconciler, until it is gone.
+/// say to the reconciler, until it is gone: `MirrorSynced` once listed (or,
+/// after a failure, once the watch resumed where it stopped), `MirrorLost`
+/// at each failure.
 pub async fn watch(
     client: Client,
     namespace: String,
@@ -168,41 +170,26 @@ pub async fn watch(
     metrics: Arc<Metrics>,
 ) {
     let api: Api<Raw<Pod>> = Api::namespaced(client, &namespace);
-    let mut config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
-    if let Some(secs) = watch_timeout {
-        config = config.timeout(secs);
-    }
-    let mut backoff = Backoff::new();
-    loop {
-        let mut stream = std::pin::pin!(watcher::watcher(api.clone(), config.clone()));
-        while let Some(event) = stream.next().await {
-            let pod = match event {
-                Ok(Event::InitApply(pod) | Event::Apply(pod)) => pod,
-                Ok(Event::InitDone) => {
-                    backoff.reset();
-                    if inputs.send(Input::MirrorSynced).is_err() {
-                        return;
-                    }
-                    continue;
-                }
-                // A pod gone says nothing about the revision now in place:
-                // its successor, if any, is another pod.
-                Ok(Event::Init | Event::Delete(_)) => continue,
-                Err(e) => {
-                    log_watch_error("pods", &e);
-                    let _ = inputs.send(Input::MirrorLost);
-                    break;
-                }
-            };
-            if let Some(observation) = observe(pod.value())
-                && inputs.send(Input::Mirror(observation)).is_err()
-            {
-                return;
-            }
+    let spec =
+        Spec::new("pods", "pods", watch_timeout).fields(&format!("spec.nodeName={node_name}"));
+    watch::run(api, spec, metrics, Backoff::new(), |event| {
+        let input = match event {
+            Event::Listed(pod) | Event::Applied(pod) => match observe(pod.value()) {
+                Some(observation) => Input::Mirror(observation),
+                None => return ControlFlow::Continue(()),
+            },
+            Event::ListDone | Event::Resumed => Input::MirrorSynced,
+            Event::Failed(_) => Input::MirrorLost,
+            // A pod gone says nothing about the revision now in place:
+            // its successor, if any, is another pod.
+            Event::Listing | Event::Deleted(_) => return ControlFlow::Continue(()),
+        };
+        match inputs.send(input) {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(_) => ControlFlow::Break(()),
         }
-        metrics.watch_restart("pods");
-        tokio::time::sleep(backoff.delay()).await;
-    }
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Objects as the API server sent them, decoded so that no single object can
 //! fail a list or a watch.
 //!
-//! kube-runtime's watcher decodes a whole list page at once. With a typed
+//! A list page is decoded at once (`Api::list`, in [`super::watch`]). With a typed
 //! k8s-openapi object, one item that the API server stores but the typed
 //! model cannot hold (a timestamp past the time library's range, say) fails
 //! the whole list, and the watch relists forever: nothing is applied for

@@ -29,7 +29,9 @@
 //!   ([`super::rollout`]); a new revision that fails within its progress
 //!   deadline is replaced by the previous good one from the revision history
 //!   ([`super::revisions`]), and is not written again while the template
-//!   renders it. A first revision has nothing to fall back to: it stays.
+//!   renders it and the good one is in place, whole, also across restarts
+//!   ([`super::rollout_state`]). A first revision has nothing to fall back
+//!   to: it stays.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -44,6 +46,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 
 use crate::chain::Chain;
 use crate::config::Catalog;
+use crate::fleet::{self, TemplateStatus, policy};
 use crate::manifest;
 use crate::node::NodeContext;
 use crate::reason::Reason;
@@ -52,10 +55,12 @@ use crate::template::Template;
 use crate::write::{self, Outcome};
 
 use super::events::{EventSink, Report};
+use super::gate::{Answer, Decision, Gate, phase_of};
 use super::metrics::{Metrics, RenderResult};
 use super::mirror::Observation;
 use super::revisions::Store;
 use super::rollout::{self, Phase, Tracker, Verdict};
+use super::rollout_state::State;
 
 /// Files larger than this in the manifest directory are not read for
 /// ownership (no manifest podstamp writes is near it).
@@ -88,13 +93,15 @@ pub enum Input {
     Catalog(Arc<Catalog>),
     /// What a mirror pod of ours says.
     Mirror(Observation),
-    /// The watch on this node's pods listed them all: rollouts can be
-    /// judged from now on.
+    /// The watch on this node's pods listed them all (or, after a failure,
+    /// resumed where it stopped): rollouts can be judged from now on.
     MirrorSynced,
     /// The watch on this node's pods failed (say, no permission): no
-    /// rollout is judged until it lists again, so that no deadline passes
-    /// for want of a status nobody could read.
+    /// rollout is judged until it lists or resumes again, so that no
+    /// deadline passes for want of a status nobody could read.
     MirrorLost,
+    /// The coordinator of rollouts across nodes answers ([`Gate`]).
+    Fleet(Answer),
 }
 
 /// A template as a source delivers it.
@@ -150,9 +157,20 @@ struct Entry {
     /// the catalog gave none); None when its render stopped before the chain
     /// mattered. A new catalog renders the entry again only if it differs.
     chain: Option<ChainKey>,
-    /// A revision that failed and was rolled back: not written again while
-    /// the template renders it.
-    held: Option<String>,
+    /// An update not written for now (waiting for a slot, or halted), and
+    /// why; None once the manifest holds what the template renders.
+    gated: Option<Gated>,
+    /// The revision of the manifest in place, as last written or found.
+    in_place: Option<String>,
+}
+
+/// Why an update of a manifest in place is not written yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Gated {
+    /// Waiting for a slot to write `target`.
+    Waiting { target: String, slots: u32 },
+    /// `target` failed on a node.
+    Halted { target: String, why: String },
 }
 
 /// What a template's render depends on in the catalog.
@@ -175,6 +193,10 @@ struct Done {
     deadline: Duration,
     /// The revision rendered is held (it failed); the file keeps another.
     held: bool,
+    /// The update is not written for now; the file keeps another revision.
+    gated: Option<Gated>,
+    /// The rollout target rendered (with a gate only).
+    target: Option<String>,
 }
 
 /// A failed render, as reported.
@@ -207,7 +229,9 @@ pub struct Reconciler {
     /// Files were renamed or removed in the directory since it was last
     /// synced; synced once at the end of a pass, for all of them.
     dir_unsynced: bool,
-    /// `limits.maxManifestSize`: also bounds what a template alone produces.
+    /// `limits.maxManifestSize` as resolved ([`crate::settings`]): the
+    /// largest manifest written; the plugins' output limit alone would let
+    /// a template rendered without plugins through.
     max_manifest_bytes: usize,
     /// The revision history; None keeps none (the library's tests).
     revisions: Option<Store>,
@@ -222,6 +246,15 @@ pub struct Reconciler {
     /// as revisions found in place. Which comes first, the first render or
     /// the pods watch's list, is a race the outcome must not depend on.
     written_unfollowed: BTreeMap<String, String>,
+    /// Rollouts across nodes; None with a `dir:` source (nothing to
+    /// coordinate through).
+    gate: Option<Gate>,
+    /// The last failed rollout per template on this node, as reported.
+    fleet_failed: BTreeMap<String, fleet::Failed>,
+    /// Per template, what its rollouts leave for the next start (held,
+    /// good, pending), read from the revision history once, written there
+    /// when it changes ([`super::rollout_state`]).
+    states: BTreeMap<String, State>,
 }
 
 impl Reconciler {
@@ -231,6 +264,7 @@ impl Reconciler {
     pub fn new(
         dir: PathBuf,
         namespace: String,
+        max_manifest_bytes: usize,
         metrics: Arc<Metrics>,
         events: Option<EventSink>,
     ) -> std::io::Result<Reconciler> {
@@ -281,11 +315,14 @@ impl Reconciler {
             waiting_for_catalog_logged: false,
             first_list_at: None,
             dir_unsynced: false,
-            max_manifest_bytes: crate::plugin::Limits::default().max_output_bytes,
+            max_manifest_bytes,
             revisions: None,
             rollouts: Tracker::default(),
             confirming: false,
             written_unfollowed: BTreeMap::new(),
+            gate: None,
+            fleet_failed: BTreeMap::new(),
+            states: BTreeMap::new(),
         })
     }
 
@@ -369,6 +406,18 @@ impl Reconciler {
                     self.mark_all_dirty();
                 }
             }
+            Input::Fleet(answer) => {
+                let Some(gate) = &mut self.gate else { return };
+                for id in gate.answer(answer) {
+                    let keys: Vec<String> = self
+                        .entries
+                        .iter()
+                        .filter(|(_, e)| e.id.as_deref() == Some(id.as_str()))
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    self.dirty.extend(keys);
+                }
+            }
             Input::MirrorLost => {
                 if self.confirming {
                     self.confirming = false;
@@ -443,7 +492,8 @@ impl Reconciler {
                         claims: None,
                         last_error: None,
                         chain: None,
-                        held: None,
+                        gated: None,
+                        in_place: None,
                     },
                 );
             }
@@ -457,6 +507,16 @@ impl Reconciler {
             if let Some(id) = &entry.id {
                 self.rollouts.forget(id);
                 self.written_unfollowed.remove(id);
+                if let Some(gate) = &mut self.gate {
+                    gate.forget(id);
+                }
+                self.fleet_failed.remove(id);
+                self.states.remove(id);
+                if let Some(store) = &self.revisions
+                    && let Err(e) = store.forget_state(id)
+                {
+                    tracing::error!(template = %id, "cannot remove the rollout state: {e}");
+                }
                 self.metrics.forget_rollout(id);
             }
             self.gc_due = true;
@@ -524,6 +584,7 @@ impl Reconciler {
         if rendered && self.synced {
             self.collect_garbage();
         }
+        self.release_unneeded_slots();
         self.sync_dir();
         self.metrics.set_managed(self.owned.len());
         if self.synced {
@@ -622,10 +683,9 @@ impl Reconciler {
         }
     }
 
-    /// The largest manifest written (`limits.maxManifestSize`); the plugin
-    /// limit alone would let a template rendered without plugins through.
-    pub fn set_max_manifest_size(&mut self, bytes: usize) {
-        self.max_manifest_bytes = bytes;
+    /// Coordinates updates with the other nodes through `gate`.
+    pub fn set_gate(&mut self, gate: Gate) {
+        self.gate = Some(gate);
     }
 
     /// Keeps the last manifests of each template in `store`.
@@ -645,9 +705,52 @@ impl Reconciler {
                 let Done { file, outcome, .. } = &done;
                 let (file, outcome) = (file.clone(), *outcome);
                 entry.claims = Some(file.clone());
-                if !done.held && entry.held.take().is_some() {
-                    tracing::info!(template = %id, revision = %done.revision,
-                        "the template renders another revision; the failed one is no longer held");
+                if done.gated.is_none() && !done.held {
+                    entry.in_place = Some(done.revision.clone());
+                }
+                if entry.gated != done.gated {
+                    match &done.gated {
+                        Some(Gated::Waiting { target, slots }) => {
+                            tracing::info!(template = %id, target = %target,
+                            "update waits for a rollout slot (at most {slots} node(s) updating at once); the manifest in place stays")
+                        }
+                        Some(Gated::Halted { why, .. }) => tracing::warn!(template = %id,
+                            "update halted: {why}; the manifest in place stays until the template changes"),
+                        None => {}
+                    }
+                    if let (Some(Gated::Halted { why, .. }), Some(events), Some(reference)) =
+                        (&done.gated, &self.events, &entry.incoming.reference)
+                    {
+                        events.report(Report {
+                            reference: reference.clone(),
+                            reason: Reason::RolloutHalted,
+                            note: format!(
+                                "node {}: {why}; not written here until the template changes",
+                                node.name
+                            ),
+                            related: None,
+                        });
+                    }
+                    entry.gated = done.gated.clone();
+                }
+                if let (Some(gate), Some(target)) = (&mut self.gate, &done.target)
+                    && done.gated.is_none()
+                    && !done.held
+                {
+                    gate.remember(&id, &done.revision, target);
+                }
+                if !done.held {
+                    let mut released = None;
+                    change_state(
+                        &mut self.states,
+                        self.revisions.as_ref(),
+                        &done.source,
+                        |s| released = s.held.take(),
+                    );
+                    if let Some(held) = released {
+                        tracing::info!(template = %id, revision = %done.revision, held = %held,
+                            "the template renders another revision; the failed one is no longer held");
+                    }
                 }
                 self.metrics.render(match outcome {
                     Outcome::Written => RenderResult::Written,
@@ -661,9 +764,10 @@ impl Reconciler {
                 if entry.last_error.take().is_some() {
                     tracing::info!(template = %id, "renders again");
                 }
-                if !done.held {
+                if !done.held && done.gated.is_none() {
                     self.track(&done);
                 }
+                self.report_fleet(&id);
             }
             Err(mut failure) => {
                 failure.message = crate::text::cut(failure.message, MAX_FAILURE_MESSAGE);
@@ -742,6 +846,8 @@ impl Reconciler {
                 }
             },
         };
+        let policy = policy::from_annotations(&template.annotations)
+            .map_err(|e| invalid(format!("PodTemplate {}: {e}", template.id())))?;
         let catalog = self.catalog.as_deref().expect("checked by reconcile");
         let chain = catalog.chain_for(&template.annotations);
         *chain_seen = Some(match &chain {
@@ -753,6 +859,10 @@ impl Reconciler {
             plugin: None,
             message: format!("PodTemplate {}: {e}", template.id()),
         })?;
+        let target = self
+            .gate
+            .is_some()
+            .then(|| fleet::target(&template.fingerprint(), &chain.fingerprint()));
         let render_failed = |e: RenderError| {
             let plugin = match &e.stage {
                 Stage::Plugin(f) => Some(f.step.clone()),
@@ -827,7 +937,29 @@ impl Reconciler {
         }
         let source = manifest.source.clone();
         let (done_source, revision) = (source.clone(), manifest.revision.clone());
-        if entry.held.as_deref() == Some(manifest.revision.as_str()) {
+        let mut held = state_of(&mut self.states, self.revisions.as_ref(), &source)
+            .held
+            .as_deref()
+            == Some(manifest.revision.as_str());
+        // Held only while the revision it was rolled back to is in place,
+        // whole: a manifest gone or edited (say, a node whose manifest
+        // directory was emptied, its revisions directory kept) would
+        // otherwise leave the template without a pod until it changes.
+        // Written instead, the failed revision fails again and is rolled
+        // back again.
+        if held
+            && !read_regular(&self.dir.join(&file))
+                .and_then(|bytes| manifest::ownership(&bytes))
+                .is_some_and(|o| o.intact && o.source == source)
+        {
+            tracing::warn!(template = %source, revision = %revision, file = %file,
+                "the held revision's fallback is no longer in place (missing or edited); writing the revision the template renders");
+            change_state(&mut self.states, self.revisions.as_ref(), &source, |s| {
+                s.held = None
+            });
+            held = false;
+        }
+        if held {
             tracing::debug!(template = %source, revision = %revision, "revision held: it failed and was rolled back");
             self.owned.insert(file.clone(), source);
             return Ok(Done {
@@ -837,15 +969,57 @@ impl Reconciler {
                 revision,
                 deadline,
                 held: true,
+                gated: None,
+                target,
             });
         }
         // Bytes already on disk were read back when they were written; only
         // new bytes are read back, just before they replace the file.
-        let outcome = if write::already_holds(&self.dir, &file, &manifest.bytes) {
+        let holds = write::already_holds(&self.dir, &file, &manifest.bytes);
+        if let (Some(gate), Some(target)) = (&mut self.gate, &target) {
+            if holds {
+                gate.cancel(&source);
+            } else if self.owned.contains_key(&file) && self.dir.join(&file).exists() {
+                // An update of a manifest in place: it may have to wait.
+                let gated = match gate.decide(&source, target, policy) {
+                    Decision::Write => None,
+                    Decision::Wait => Some(Gated::Waiting {
+                        target: target.clone(),
+                        slots: match policy {
+                            policy::Policy::NodeByNode { max_unavailable } => max_unavailable,
+                            policy::Policy::AllAtOnce => 0,
+                        },
+                    }),
+                    Decision::Halted(why) => Some(Gated::Halted {
+                        target: target.clone(),
+                        why,
+                    }),
+                };
+                if gated.is_some() {
+                    self.owned.insert(file.clone(), source);
+                    return Ok(Done {
+                        file,
+                        outcome: Outcome::Unchanged,
+                        source: done_source,
+                        revision,
+                        deadline,
+                        held: false,
+                        gated,
+                        target: Some(target.clone()),
+                    });
+                }
+            }
+        }
+        let outcome = if holds {
             record_revision(&mut self.revisions, manifest);
             Outcome::Unchanged
         } else {
             let manifest = rendered.verify().map_err(render_failed)?;
+            // Known before the file is in place: a daemon killed right after
+            // the rename still follows it as its own after a restart.
+            change_state(&mut self.states, self.revisions.as_ref(), &source, |s| {
+                s.pending = Some(manifest.revision.clone())
+            });
             let outcome =
                 write::replace(&self.dir, &file, &manifest.bytes).map_err(|e| Failure {
                     reason: Reason::WriteFailed,
@@ -866,6 +1040,8 @@ impl Reconciler {
             revision,
             deadline,
             held: false,
+            gated: None,
+            target,
         })
     }
 }
@@ -889,11 +1065,19 @@ impl Reconciler {
             return;
         }
         let written_before = self.written_unfollowed.remove(id);
+        let state = state_of(&mut self.states, self.revisions.as_ref(), id);
+        // Written by this daemon before a restart, and not judged yet.
+        let pending = state.pending.as_deref() == Some(done.revision.as_str());
+        let good = state.good.clone();
         let written = done.outcome == Outcome::Written
-            || written_before.as_deref() == Some(done.revision.as_str());
-        // What the history holds besides this revision: what to go back to
-        // when no revision was seen Ready in this run.
-        let fallback = self.revisions.as_ref().and_then(|store| {
+            || written_before.as_deref() == Some(done.revision.as_str())
+            || pending;
+        // What to go back to when no revision was seen Ready in this run:
+        // the last one that succeeded on this node (none, when that is this
+        // one), or else, for a history kept before the rollout state was,
+        // the newest other revision in it.
+        let fallback = good.or_else(|| {
+            let store = self.revisions.as_ref()?;
             let kept = store.kept(id).ok()?;
             kept.into_iter()
                 .rev()
@@ -930,6 +1114,127 @@ impl Reconciler {
         if let Some(verdict) = verdict {
             self.verdict(id, verdict);
         }
+        self.report_fleet(id);
+    }
+
+    /// Tells the other nodes how template `id`'s rollout ended here — a
+    /// failure first, so that no node takes the slot without knowing it —
+    /// and frees its slot.
+    fn fleet_verdict(
+        &mut self,
+        id: &str,
+        rollout: &rollout::Rollout,
+        failure: Option<(&str, &str)>,
+    ) {
+        let Some(gate) = &mut self.gate else { return };
+        if let Some((reason, message)) = failure {
+            let failed = fleet::Failed {
+                target: gate
+                    .target_of(id, &rollout.revision)
+                    .unwrap_or_default()
+                    .to_string(),
+                revision: rollout.revision.clone(),
+                reason: reason.to_string(),
+                message: crate::text::cut(message.to_string(), 1024),
+                at: fleet::now_rfc3339(),
+            };
+            self.fleet_failed.insert(id.to_string(), failed);
+        }
+        self.report_fleet(id);
+        if let Some(gate) = &mut self.gate {
+            gate.release(id);
+        }
+    }
+
+    /// Sends this node's state of template `id` to the other nodes (when
+    /// it changed).
+    fn report_fleet(&mut self, id: &str) {
+        if self.gate.is_none() {
+            return;
+        }
+        let Some(entry) = self.entries.values().find(|e| e.id.as_deref() == Some(id)) else {
+            return;
+        };
+        let rollout = self.rollouts.get(id);
+        let revision = rollout
+            .map(|r| r.revision.clone())
+            .or_else(|| entry.in_place.clone());
+        let (phase, message) = match &entry.gated {
+            Some(Gated::Waiting { target, slots }) => (
+                fleet::Phase::Waiting,
+                Some(format!(
+                    "waiting for a slot to write target {target} (at most {slots} node(s) at once)"
+                )),
+            ),
+            Some(Gated::Halted { why, .. }) => (fleet::Phase::Halted, Some(why.clone())),
+            None => (
+                rollout.map_or(fleet::Phase::Written, |r| {
+                    // Ready is a success only once it lasted.
+                    match (phase_of(r.phase), &r.verdict) {
+                        (fleet::Phase::Ready, None) => fleet::Phase::Confirming,
+                        (phase, _) => phase,
+                    }
+                }),
+                None,
+            ),
+        };
+        let generation = entry
+            .incoming
+            .template
+            .as_ref()
+            .ok()
+            .and_then(|t| t.generation);
+        let gate = self.gate.as_mut().expect("checked");
+        let target = revision
+            .as_deref()
+            .and_then(|r| gate.target_of(id, r))
+            .map(str::to_string);
+        let wanted = match &entry.gated {
+            Some(Gated::Waiting { target, .. } | Gated::Halted { target, .. }) => {
+                Some(target.clone())
+            }
+            None => target.clone(),
+        };
+        let status = TemplateStatus {
+            target,
+            wanted,
+            revision,
+            generation,
+            phase: phase.as_str().to_string(),
+            since: String::new(),
+            message,
+            failed: self.fleet_failed.get(id).cloned(),
+        };
+        gate.report(id, status);
+    }
+
+    /// Frees the slots no longer needed: held for a template whose rollout
+    /// here has its verdict (or that has nothing to write). Never while
+    /// rollouts cannot be followed.
+    fn release_unneeded_slots(&mut self) {
+        let Some(gate) = &self.gate else { return };
+        if !self.confirming {
+            return;
+        }
+        let unneeded: Vec<String> = gate
+            .held()
+            .filter(|id| {
+                let pending = self.rollouts.get(id).is_some_and(|r| r.verdict.is_none());
+                let waiting = self.entries.values().any(|e| {
+                    e.id.as_deref() == Some(id.as_str())
+                        && matches!(e.gated, Some(Gated::Waiting { .. }))
+                });
+                !pending && !waiting
+            })
+            .cloned()
+            .collect();
+        for id in unneeded {
+            tracing::info!(template = %id, "rollout slot released: nothing of this template is rolling out here");
+            self.report_fleet(&id);
+            if let Some(gate) = &mut self.gate {
+                gate.release(&id);
+            }
+        }
     }
 
     /// Reports a rollout's verdict, and rolls a failed one back.
@@ -946,6 +1251,13 @@ impl Reconciler {
         let (reason, note) = match verdict {
             Verdict::Succeeded => {
                 self.metrics.rollout_result("succeeded");
+                self.fleet_verdict(id, &rollout, None);
+                change_state(&mut self.states, self.revisions.as_ref(), id, |s| {
+                    s.good = Some(rollout.revision.clone());
+                    if s.pending.as_ref() == Some(&rollout.revision) {
+                        s.pending = None;
+                    }
+                });
                 if !rollout.written {
                     tracing::debug!(template = %id, revision = %rollout.revision, "revision in place is Ready");
                     return;
@@ -973,8 +1285,14 @@ impl Reconciler {
                         Err(e) => format!("cannot roll back to revision {previous}: {e}; it stays"),
                     },
                 };
+                change_state(&mut self.states, self.revisions.as_ref(), id, |s| {
+                    if s.pending.as_ref() == Some(&rollout.revision) {
+                        s.pending = None;
+                    }
+                });
                 tracing::warn!(template = %id, revision = %rollout.revision, node = %node, reason = %reason,
                     "rollout failed: {message}; {outcome}");
+                self.fleet_verdict(id, &rollout, Some((reason.as_str(), message.as_str())));
                 (
                     Reason::RolloutFailed,
                     format!(
@@ -1031,16 +1349,62 @@ impl Reconciler {
             .ok_or("the template is gone")?;
         let file = entry.claims.clone().ok_or("the template has no manifest")?;
         write::write_atomic(&self.dir, &file, &bytes).map_err(|e| format!("{file}: {e}"))?;
-        entry.held = Some(failed.revision.clone());
         if let Err(e) = store.record(id, previous, &bytes) {
             tracing::error!(template = %id, "cannot mark revision {previous} as the newest in the history: {e}");
         }
+        // Held only once the good revision is in place: a daemon killed
+        // in between writes the failed one again and rolls it back again,
+        // rather than keep it for good.
+        change_state(&mut self.states, self.revisions.as_ref(), id, |s| {
+            s.held = Some(failed.revision.clone())
+        });
         let deadline = failed.deadline - failed.started;
         self.rollouts
             .start_rollback(id, previous, deadline, Instant::now());
         self.metrics
             .set_rollout(id, previous, Phase::Written.as_str());
         Ok(())
+    }
+}
+
+/// Template `id`'s rollout state, read from `store` the first time (a file
+/// that cannot be read is reported and read as empty).
+fn state_of<'a>(
+    states: &'a mut BTreeMap<String, State>,
+    store: Option<&Store>,
+    id: &str,
+) -> &'a mut State {
+    states.entry(id.to_string()).or_insert_with(|| {
+        let Some(store) = store else {
+            return State::default();
+        };
+        store.state(id).unwrap_or_else(|e| {
+            tracing::error!(template = %id, "cannot read the rollout state: {e}; starting without it");
+            State::default()
+        })
+    })
+}
+
+/// Applies `change` to template `id`'s rollout state, and writes it to
+/// `store` if it changed. A failed write is logged: the change holds for
+/// this run, and a restart sees the state before it.
+fn change_state(
+    states: &mut BTreeMap<String, State>,
+    store: Option<&Store>,
+    id: &str,
+    change: impl FnOnce(&mut State),
+) {
+    let state = state_of(states, store, id);
+    let before = state.clone();
+    change(state);
+    if *state == before {
+        return;
+    }
+    if let Some(store) = store
+        && let Err(e) = store.save_state(id, state)
+    {
+        tracing::error!(template = %id, dir = %store.template_dir(id).display(),
+            "cannot keep the rollout state: {e}; a restart would not know it");
     }
 }
 
@@ -1117,6 +1481,7 @@ mod tests {
         Reconciler::new(
             dir.to_path_buf(),
             "kube-system".into(),
+            crate::plugin::Limits::default().max_output_bytes,
             Arc::new(Metrics::default()),
             None,
         )
@@ -1355,5 +1720,86 @@ mod tests {
         r.reconcile();
         let rollout = r.rollouts.get("kube-system/a").expect("followed");
         assert!(!rollout.written, "found in place: {rollout:?}");
+    }
+
+    /// The revision label of `file` in `dir`.
+    fn revision_in(dir: &Path, file: &str) -> String {
+        let text = fs::read_to_string(dir.join(file)).unwrap();
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix("podstamp.io/revision: "))
+            .unwrap()
+            .trim_matches('"')
+            .to_string()
+    }
+
+    /// A failed revision rolled back stays held after a restart: the
+    /// template still renders it, and it is not written again.
+    #[test]
+    fn a_held_revision_is_not_written_again_after_a_restart() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("manifests");
+        fs::create_dir(&dir).unwrap();
+        let history = root.path().join("revisions");
+        let with_history = || {
+            let mut r = reconciler(&dir);
+            r.set_revisions(Store::open(history.clone(), 3, &dir).unwrap());
+            r
+        };
+        let mut r = with_history();
+        list(&mut r, vec![incoming("a", "a", "x:1")]);
+        let good = revision_in(&dir, "a.yaml");
+        r.apply(Input::Applied(incoming("a", "a", "x:2")));
+        r.reconcile();
+        let failing = revision_in(&dir, "a.yaml");
+        assert_ne!(good, failing);
+        r.apply(Input::MirrorSynced);
+        r.apply(Input::Mirror(Observation {
+            source: "kube-system/a".into(),
+            revision: failing.clone(),
+            state: super::super::mirror::PodState::Failed {
+                reason: "CrashLoopBackOff".into(),
+                message: "back-off".into(),
+            },
+            pod: ObjectReference::default(),
+        }));
+        r.reconcile();
+        assert_eq!(revision_in(&dir, "a.yaml"), good, "rolled back");
+        let before = fs::metadata(dir.join("a.yaml"))
+            .unwrap()
+            .modified()
+            .unwrap();
+
+        // Restarted: the template still renders the failed revision.
+        let mut r = with_history();
+        list(&mut r, vec![incoming("a", "a", "x:2")]);
+        r.apply(Input::MirrorSynced);
+        r.reconcile();
+        assert_eq!(revision_in(&dir, "a.yaml"), good, "still held");
+        assert_eq!(
+            fs::metadata(dir.join("a.yaml"))
+                .unwrap()
+                .modified()
+                .unwrap(),
+            before
+        );
+        // Its fallback gone from the directory: the template's pod is
+        // written rather than held out for good.
+        fs::remove_file(dir.join("a.yaml")).unwrap();
+        r.apply(Input::Applied(incoming("a", "a", "x:2")));
+        r.reconcile();
+        assert_eq!(revision_in(&dir, "a.yaml"), failing);
+        // Another revision is written, and releases it.
+        r.apply(Input::Applied(incoming("a", "a", "x:3")));
+        r.reconcile();
+        let next = revision_in(&dir, "a.yaml");
+        assert!(next != good && next != failing);
+        let state = r
+            .revisions
+            .as_ref()
+            .unwrap()
+            .state("kube-system/a")
+            .unwrap();
+        assert_eq!(state.held, None);
+        assert_eq!(state.pending, Some(next));
     }
 }

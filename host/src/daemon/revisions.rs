@@ -20,6 +20,9 @@
 //! * At most `keep` files per template: the oldest go when a new one comes.
 //! * A revision recorded in this run is not looked up on disk again: a
 //!   template whose revision did not change costs no file system access.
+//! * Each template's directory also holds its rollout state
+//!   ([`rollout_state`], `rollout.json`): not a revision, never pruned with
+//!   them.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -27,6 +30,7 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use super::rollout_state::{self, State};
 use crate::write;
 
 pub const DEFAULT_DIR: &str = "/var/lib/podstamp/revisions";
@@ -121,18 +125,7 @@ impl Store {
         if self.recorded.get(id).map(String::as_str) == Some(revision) {
             return Ok(false);
         }
-        let dir = self.template_dir(id);
-        match fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
-        if !fs::symlink_metadata(&dir)?.is_dir() {
-            return Err(io::Error::other(format!(
-                "{} is not a directory; remove it",
-                dir.display()
-            )));
-        }
+        let dir = self.make_template_dir(id)?;
         let kept = self.kept_in(&dir)?;
         let next = kept.last().map_or(1, |k| k.seq + 1);
         let file = file_name(next, revision);
@@ -154,6 +147,45 @@ impl Store {
         write::sync_dir(&dir)?;
         self.recorded.insert(id.to_string(), revision.to_string());
         Ok(written)
+    }
+
+    /// Creates (0700) the directory of template `id` if missing.
+    fn make_template_dir(&self, id: &str) -> io::Result<PathBuf> {
+        let dir = self.template_dir(id);
+        match fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        if !fs::symlink_metadata(&dir)?.is_dir() {
+            return Err(io::Error::other(format!(
+                "{} is not a directory; remove it",
+                dir.display()
+            )));
+        }
+        Ok(dir)
+    }
+
+    /// What template `id`'s rollouts left ([`rollout_state`]).
+    pub fn state(&self, id: &str) -> Result<State, rollout_state::LoadError> {
+        rollout_state::load(&self.template_dir(id))
+    }
+
+    /// Replaces what template `id`'s rollouts leave for the next start.
+    pub fn save_state(&self, id: &str, state: &State) -> io::Result<()> {
+        let dir = self.make_template_dir(id)?;
+        rollout_state::save(&dir, state)
+    }
+
+    /// Removes template `id`'s rollout state (the template is gone); its
+    /// kept revisions stay, for people to compare.
+    pub fn forget_state(&self, id: &str) -> io::Result<()> {
+        let dir = self.template_dir(id);
+        match fs::remove_file(dir.join(rollout_state::FILE)) {
+            Ok(()) => write::sync_dir(&dir),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// The revisions kept for template `id`, oldest first.

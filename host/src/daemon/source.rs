@@ -1,5 +1,5 @@
-//! Where templates and the node come from: the Kubernetes API (watches with
-//! kube-runtime), or a directory of PodTemplate files (inotify).
+//! Where templates and the node come from: the Kubernetes API (watches,
+//! [`super::watch`]), or a directory of PodTemplate files (inotify).
 //!
 //! Invariants:
 //! * One object cannot stop a watch: objects are received as [`Raw`] JSON
@@ -13,50 +13,24 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{OsStr, OsString};
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, PodTemplate};
-use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};
 use serde_json::Value;
 
+use super::backoff::{self, Backoff};
 use super::metrics::Metrics;
 use super::poll::wait_readable;
 use super::raw::Raw;
 use super::reconcile::{Incoming, Input, SourceError};
+use super::watch::{self, Event, Spec};
 use crate::node::NodeContext;
 use crate::template::{Template, parse_document};
-
-/// Exponential backoff with jitter between watch restarts.
-pub(super) struct Backoff {
-    next: Duration,
-}
-
-const BACKOFF_MIN: Duration = Duration::from_millis(250);
-const BACKOFF_MAX: Duration = Duration::from_secs(8);
-
-impl Backoff {
-    pub(super) fn new() -> Self {
-        Backoff { next: BACKOFF_MIN }
-    }
-    pub(super) fn reset(&mut self) {
-        self.next = BACKOFF_MIN;
-    }
-    /// A delay in [next/2, next), then doubles next (up to the maximum).
-    pub(super) fn delay(&mut self) -> Duration {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let fraction = 0.5 + f64::from(nanos % 1000) / 2000.0;
-        let delay = self.next.mul_f64(fraction);
-        self.next = (self.next * 2).min(BACKOFF_MAX);
-        delay
-    }
-}
 
 /// A PodTemplate's key: `namespace/name`.
 fn api_key(object: &Raw<PodTemplate>) -> String {
@@ -77,58 +51,9 @@ pub fn incoming_from_api(object: &Raw<PodTemplate>) -> Incoming {
     }
 }
 
-/// Logs a watch error; a forbidden one says which permission is missing
-/// (the API server's message names the verb, the resource and the namespace).
-pub(super) fn log_watch_error(watch: &str, error: &watcher::Error) {
-    let source = match error {
-        watcher::Error::InitialListFailed(e)
-        | watcher::Error::WatchStartFailed(e)
-        | watcher::Error::WatchFailed(e) => Some(e),
-        _ => None,
-    };
-    if let watcher::Error::WatchError(status) = error
-        && status.code == 410
-    {
-        tracing::warn!(
-            watch,
-            "watch history expired (410 Gone: {}); listing again (manifests on disk are kept)",
-            status.message
-        );
-        return;
-    }
-    match source {
-        Some(kube::Error::Api(status)) if status.code == 401 => tracing::error!(
-            watch,
-            "unauthorized: the API server does not accept podstamp's credentials ({}); check the bearer token or client certificate of the kubeconfig (--kubeconfig) or the ServiceAccount token",
-            status.message
-        ),
-        Some(kube::Error::Api(status)) if status.is_forbidden() => tracing::error!(
-            watch,
-            "permission denied: {}; grant it to podstamp's ServiceAccount (see deploy/rbac.yaml)",
-            status.message
-        ),
-        // The API server answered, but not in a form podstamp can read. Not
-        // an outage; the error never holds the response body.
-        Some(kube::Error::SerdeError(e)) => tracing::error!(
-            watch,
-            "cannot decode the API server's response ({e}); listing again (manifests on disk are kept)"
-        ),
-        Some(kube::Error::Api(status)) => tracing::warn!(
-            watch,
-            "the API server refused the request ({} {}: {}); retrying (manifests on disk are kept)",
-            status.code,
-            status.reason,
-            status.message
-        ),
-        _ => tracing::warn!(
-            watch,
-            "watch failed, the API server may be unreachable (manifests on disk are kept): {error}"
-        ),
-    }
-}
-
-/// Watches the PodTemplates in `namespace` that match `selector`. After an
-/// error the watch starts over with a fresh list, after a backoff with jitter.
+/// Watches the PodTemplates in `namespace` that match `selector`
+/// ([`watch::run`]: a list, then a watch resumed where it stopped, listed
+/// again only after 410 Gone).
 pub async fn watch_templates(
     client: Client,
     namespace: String,
@@ -138,35 +63,22 @@ pub async fn watch_templates(
     metrics: Arc<Metrics>,
 ) {
     let api: Api<Raw<PodTemplate>> = Api::namespaced(client, &namespace);
-    let mut config = watcher::Config::default().labels(&selector);
-    if let Some(secs) = watch_timeout {
-        config = config.timeout(secs);
-    }
-    let mut backoff = Backoff::new();
-    loop {
-        let mut stream = std::pin::pin!(watcher::watcher(api.clone(), config.clone()));
-        while let Some(event) = stream.next().await {
-            let input = match event {
-                Ok(Event::Init) => Input::ListStarted,
-                Ok(Event::InitApply(t)) => Input::Listed(incoming_from_api(&t)),
-                Ok(Event::InitDone) => {
-                    backoff.reset();
-                    Input::ListDone
-                }
-                Ok(Event::Apply(t)) => Input::Applied(incoming_from_api(&t)),
-                Ok(Event::Delete(t)) => Input::Deleted { key: api_key(&t) },
-                Err(e) => {
-                    log_watch_error("podtemplates", &e);
-                    break;
-                }
-            };
-            if inputs.send(input).is_err() {
-                return;
-            }
+    let spec = Spec::new("podtemplates", "podtemplates", watch_timeout).labels(&selector);
+    watch::run(api, spec, metrics, Backoff::new(), |event| {
+        let input = match event {
+            Event::Listing => Input::ListStarted,
+            Event::Listed(t) => Input::Listed(incoming_from_api(&t)),
+            Event::ListDone => Input::ListDone,
+            Event::Applied(t) => Input::Applied(incoming_from_api(&t)),
+            Event::Deleted(t) => Input::Deleted { key: api_key(&t) },
+            Event::Resumed | Event::Failed(_) => return ControlFlow::Continue(()),
+        };
+        match inputs.send(input) {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(_) => ControlFlow::Break(()),
         }
-        metrics.watch_restart("podtemplates");
-        tokio::time::sleep(backoff.delay()).await;
-    }
+    })
+    .await;
 }
 
 /// Watches this node's own Node object (a field selector on its name, so
@@ -179,46 +91,33 @@ pub async fn watch_node(
     metrics: Arc<Metrics>,
 ) {
     let api: Api<Raw<Node>> = Api::all(client);
-    let mut config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
-    if let Some(secs) = watch_timeout {
-        config = config.timeout(secs);
-    }
-    let mut backoff = Backoff::new();
+    let spec =
+        Spec::new("node", "node", watch_timeout).fields(&format!("metadata.name={node_name}"));
+    // Whether the list being read holds the Node.
+    let mut seen = false;
     // The last problem reported for the Node, to report each one once (the
     // Node changes with every status update).
     let mut reported = None;
-    loop {
-        let mut stream = std::pin::pin!(watcher::watcher(api.clone(), config.clone()));
-        let mut seen = false;
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(Event::Init) => seen = false,
-                Ok(Event::InitApply(node) | Event::Apply(node)) => {
-                    seen = true;
-                    if let Some(context) = node_input(&node_name, &node, &mut reported)
-                        && inputs.send(Input::Node(context)).is_err()
-                    {
-                        return;
-                    }
-                }
-                Ok(Event::InitDone) => {
-                    backoff.reset();
-                    if !seen {
-                        tracing::warn!(node = %node_name,
-                            "the Node does not exist (yet); templates are rendered once it does");
-                    }
-                }
-                Ok(Event::Delete(_)) => tracing::warn!(node = %node_name,
-                    "the Node was deleted; rendering goes on with what was last known of it"),
-                Err(e) => {
-                    log_watch_error("node", &e);
-                    break;
+    watch::run(api, spec, metrics, Backoff::new(), |event| {
+        match event {
+            Event::Listing => seen = false,
+            Event::Listed(node) | Event::Applied(node) => {
+                seen = true;
+                if let Some(context) = node_input(&node_name, &node, &mut reported)
+                    && inputs.send(Input::Node(context)).is_err()
+                {
+                    return ControlFlow::Break(());
                 }
             }
+            Event::ListDone if !seen => tracing::warn!(node = %node_name,
+                "the Node does not exist (yet); templates are rendered once it does"),
+            Event::Deleted(_) => tracing::warn!(node = %node_name,
+                "the Node was deleted; rendering goes on with what was last known of it"),
+            Event::ListDone | Event::Resumed | Event::Failed(_) => {}
         }
-        metrics.watch_restart("node");
-        tokio::time::sleep(backoff.delay()).await;
-    }
+        ControlFlow::Continue(())
+    })
+    .await;
 }
 
 /// The node context from a Node as the API server sent it, reporting (once
@@ -384,7 +283,7 @@ pub fn run_dir_source(dir: PathBuf, namespace: String, inputs: Sender<Input>) {
         let delay = backoff.delay();
         if last_problem.as_ref() != Some(&problem) {
             tracing::error!(dir = %dir.display(),
-                "{problem}; keeping the manifests as they are, and trying again (every {:?} at most)", BACKOFF_MAX);
+                "{problem}; keeping the manifests as they are, and trying again (every {:?} at most)", backoff::MAX);
             last_problem = Some(problem);
         } else {
             tracing::debug!(dir = %dir.display(), "{problem}; trying again in {delay:?}");

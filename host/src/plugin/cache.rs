@@ -83,23 +83,16 @@ pub fn default_cache_dir() -> Option<PathBuf> {
         .or_else(|| from_env("HOME").map(|d| d.join(".cache/podstamp")))
 }
 
-/// The cache directory to use: none with `no_cache`, else the flag's, else
-/// the configuration's, else `$PODSTAMP_CACHE_DIR` (all three explicit: the
-/// runtime refuses them when unsafe), else [`default_cache_dir`] if it is
-/// safe to use; if not, a warning says why and there is no cache.
-pub fn choose_cache_dir(
-    no_cache: bool,
-    flag: Option<&Path>,
-    configured: Option<&Path>,
-) -> Option<PathBuf> {
+/// The cache directory to use: none with `no_cache`, else the one `given`
+/// (by a flag, the environment or the configuration, as
+/// [`crate::settings`] resolves it; the runtime refuses it when unsafe),
+/// else [`default_cache_dir`] if it is safe to use; if not, a warning says
+/// why and there is no cache.
+pub fn choose_cache_dir(no_cache: bool, given: Option<&Path>) -> Option<PathBuf> {
     if no_cache {
         return None;
     }
-    let explicit = flag.or(configured).map(Path::to_path_buf).or_else(|| {
-        std::env::var_os("PODSTAMP_CACHE_DIR")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    });
+    let explicit = given.map(Path::to_path_buf);
     if explicit.is_some() {
         return explicit;
     }

@@ -1,0 +1,362 @@
+//! The reconciler's side of rollouts across nodes: whether an update may be
+//! written now, and what this node tells the others.
+//!
+//! The reconciler runs on a thread of its own and never waits for the API
+//! server: it asks the [`super::coordinator`] (an async task) for a slot
+//! with an [`Ask`] and goes on; the answer comes back as an
+//! [`super::reconcile::Input::Fleet`], which renders the template again.
+//!
+//! Invariants:
+//! * Only an update of a manifest in place is gated; a first install, a
+//!   deletion and an unchanged manifest never are.
+//! * A target that failed on any node is not written by this one (halted)
+//!   until the template renders another target.
+//! * A slot is held from before the write until the rollout's verdict; it
+//!   is never released while rollouts cannot be followed (the pods watch has
+//!   not listed): a node that cannot confirm must not let the next one go.
+//! * This node's record is reported before its slot is released, in that
+//!   order on one channel: a node that takes the slot next has already seen
+//!   the failure (both objects come through one watch, in order).
+
+use std::collections::BTreeMap;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::fleet::policy::Policy;
+use crate::fleet::{Failed, Phase, TemplateStatus, now_rfc3339};
+
+/// What the reconciler asks of the coordinator.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ask {
+    /// A slot of template `id` (one of `slots`), to write `target`.
+    Acquire {
+        id: String,
+        target: String,
+        slots: u32,
+    },
+    /// No slot is needed any more for `id` (asked, not granted).
+    Cancel { id: String },
+    /// The slot held for `id` is free for the next node.
+    Release { id: String },
+    /// This node's state for `id`; None: the template is gone.
+    Report {
+        id: String,
+        status: Option<Box<TemplateStatus>>,
+    },
+}
+
+/// What the coordinator tells the reconciler.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// This node holds a slot of `id` (asked for, or found held by it at
+    /// start).
+    Granted { id: String, target: String },
+    /// The slot of `id` was taken over by another node (this one did not
+    /// renew it in time).
+    Lost { id: String },
+    /// Every target that failed on some node: template → target → who and
+    /// why. Sent whole, when it changes.
+    Failed(BTreeMap<String, BTreeMap<String, String>>),
+}
+
+/// What to do with a rendered update.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Write,
+    /// Asked for a slot; the manifest in place stays meanwhile.
+    Wait,
+    /// The target failed on a node: the manifest in place stays; the text
+    /// says where and why.
+    Halted(String),
+}
+
+/// The gate, owned by the reconciler.
+pub struct Gate {
+    asks: UnboundedSender<Ask>,
+    /// Templates whose slot this node holds → the target it was taken for.
+    held: BTreeMap<String, String>,
+    /// Asked, not granted: template → target.
+    asked: BTreeMap<String, String>,
+    failed: BTreeMap<String, BTreeMap<String, String>>,
+    /// The last record sent per template: only changes are sent.
+    reported: BTreeMap<String, TemplateStatus>,
+    /// Per template, the target of each revision written or found here
+    /// lately (the last few), to name a failed revision's target.
+    targets: BTreeMap<String, Vec<(String, String)>>,
+}
+
+/// How many (revision, target) pairs are remembered per template.
+const TARGETS_KEPT: usize = 8;
+
+impl Gate {
+    pub fn new(asks: UnboundedSender<Ask>) -> Gate {
+        Gate {
+            asks,
+            held: BTreeMap::new(),
+            asked: BTreeMap::new(),
+            failed: BTreeMap::new(),
+            reported: BTreeMap::new(),
+            targets: BTreeMap::new(),
+        }
+    }
+
+    fn send(&self, ask: Ask) {
+        // The coordinator lives as long as the daemon; gone, nothing
+        // coordinates any more and the daemon is stopping.
+        let _ = self.asks.send(ask);
+    }
+
+    /// Whether template `id` may replace its manifest in place with one of
+    /// `target` now.
+    pub fn decide(&mut self, id: &str, target: &str, policy: Policy) -> Decision {
+        if let Some(why) = self.failed.get(id).and_then(|t| t.get(target)).cloned() {
+            self.cancel(id);
+            return Decision::Halted(format!("target {target} failed on {why}"));
+        }
+        let slots = match policy {
+            Policy::AllAtOnce => return Decision::Write,
+            Policy::NodeByNode { max_unavailable } => max_unavailable,
+        };
+        if self.held.contains_key(id) {
+            // A newer target while this node updates: it goes on with the
+            // slot it holds, and no node ends on the older one.
+            self.held.insert(id.to_string(), target.to_string());
+            return Decision::Write;
+        }
+        if self.asked.get(id).map(String::as_str) != Some(target) {
+            self.asked.insert(id.to_string(), target.to_string());
+            self.send(Ask::Acquire {
+                id: id.to_string(),
+                target: target.to_string(),
+                slots,
+            });
+        }
+        Decision::Wait
+    }
+
+    /// Nothing to write for `id` any more: a pending ask is withdrawn.
+    pub fn cancel(&mut self, id: &str) {
+        if self.asked.remove(id).is_some() {
+            self.send(Ask::Cancel { id: id.to_string() });
+        }
+    }
+
+    /// Applies an answer; returns the templates to render again.
+    pub fn answer(&mut self, answer: Answer) -> Vec<String> {
+        match answer {
+            Answer::Granted { id, target } => {
+                self.asked.remove(&id);
+                self.held.insert(id.clone(), target);
+                vec![id]
+            }
+            Answer::Lost { id } => {
+                self.held.remove(&id);
+                Vec::new()
+            }
+            Answer::Failed(failed) => {
+                let mut changed: Vec<String> = failed
+                    .iter()
+                    .filter(|(id, t)| self.failed.get(*id) != Some(t))
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                changed.extend(
+                    self.failed
+                        .keys()
+                        .filter(|id| !failed.contains_key(*id))
+                        .cloned(),
+                );
+                self.failed = failed;
+                changed
+            }
+        }
+    }
+
+    pub fn holds(&self, id: &str) -> bool {
+        self.held.contains_key(id)
+    }
+
+    pub fn held(&self) -> impl Iterator<Item = &String> {
+        self.held.keys()
+    }
+
+    /// Frees the slot of `id`, after reporting (the caller reports first).
+    pub fn release(&mut self, id: &str) {
+        if self.held.remove(id).is_some() {
+            self.send(Ask::Release { id: id.to_string() });
+        }
+    }
+
+    /// `revision` of template `id` is in place (written or found) for
+    /// `target`.
+    pub fn remember(&mut self, id: &str, revision: &str, target: &str) {
+        let kept = self.targets.entry(id.to_string()).or_default();
+        if kept.last().is_some_and(|(r, _)| r == revision) {
+            return;
+        }
+        kept.retain(|(r, _)| r != revision);
+        kept.push((revision.to_string(), target.to_string()));
+        if kept.len() > TARGETS_KEPT {
+            kept.remove(0);
+        }
+    }
+
+    pub fn target_of(&self, id: &str, revision: &str) -> Option<&str> {
+        self.targets
+            .get(id)?
+            .iter()
+            .find(|(r, _)| r == revision)
+            .map(|(_, t)| t.as_str())
+    }
+
+    /// Sends this node's state of `id` if it changed (the time of the
+    /// phase aside).
+    pub fn report(&mut self, id: &str, mut status: TemplateStatus) {
+        let last = self.reported.get(id);
+        if let Some(last) = last {
+            let mut same = status.clone();
+            same.since = last.since.clone();
+            if same == *last {
+                return;
+            }
+            if last.phase == status.phase {
+                status.since = last.since.clone();
+            }
+        }
+        if status.since.is_empty() {
+            status.since = now_rfc3339();
+        }
+        self.reported.insert(id.to_string(), status.clone());
+        self.send(Ask::Report {
+            id: id.to_string(),
+            status: Some(Box::new(status)),
+        });
+    }
+
+    /// Template `id` is gone: its ask, slot and record go too.
+    pub fn forget(&mut self, id: &str) {
+        self.cancel(id);
+        self.release(id);
+        self.targets.remove(id);
+        if self.reported.remove(id).is_some() {
+            self.send(Ask::Report {
+                id: id.to_string(),
+                status: None,
+            });
+        }
+    }
+
+    /// The failure last reported for `id`, kept in later records.
+    pub fn last_failed(&self, id: &str) -> Option<Failed> {
+        self.reported.get(id)?.failed.clone()
+    }
+}
+
+/// The phase of a template on this node as the rollout tracker says it.
+pub fn phase_of(phase: super::rollout::Phase) -> Phase {
+    match phase {
+        super::rollout::Phase::Written => Phase::Written,
+        super::rollout::Phase::Running => Phase::Running,
+        super::rollout::Phase::Ready => Phase::Ready,
+        super::rollout::Phase::Failed => Phase::Failed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::mpsc::unbounded_channel;
+
+    const ONE: Policy = Policy::NodeByNode { max_unavailable: 1 };
+
+    #[test]
+    fn an_update_waits_for_a_slot_and_is_asked_once() {
+        let (tx, mut rx) = unbounded_channel();
+        let mut gate = Gate::new(tx);
+        assert_eq!(gate.decide("ns/web", "t1", ONE), Decision::Wait);
+        assert_eq!(gate.decide("ns/web", "t1", ONE), Decision::Wait);
+        assert_eq!(
+            rx.try_recv().unwrap(),
+            Ask::Acquire {
+                id: "ns/web".into(),
+                target: "t1".into(),
+                slots: 1
+            }
+        );
+        assert!(rx.try_recv().is_err(), "asked once");
+        assert_eq!(
+            gate.answer(Answer::Granted {
+                id: "ns/web".into(),
+                target: "t1".into()
+            }),
+            vec!["ns/web".to_string()]
+        );
+        assert_eq!(gate.decide("ns/web", "t1", ONE), Decision::Write);
+        // A newer target goes on with the slot held.
+        assert_eq!(gate.decide("ns/web", "t2", ONE), Decision::Write);
+        gate.release("ns/web");
+        assert_eq!(
+            rx.try_recv().unwrap(),
+            Ask::Release {
+                id: "ns/web".into()
+            }
+        );
+        assert_eq!(
+            gate.decide("ns/web", "t2", Policy::AllAtOnce),
+            Decision::Write
+        );
+    }
+
+    #[test]
+    fn a_target_failed_anywhere_halts_and_withdraws_the_ask() {
+        let (tx, mut rx) = unbounded_channel();
+        let mut gate = Gate::new(tx);
+        assert_eq!(gate.decide("ns/web", "t1", ONE), Decision::Wait);
+        let _ = rx.try_recv();
+        let failed = BTreeMap::from([(
+            "ns/web".to_string(),
+            BTreeMap::from([("t1".to_string(), "node n2: CrashLoopBackOff".to_string())]),
+        )]);
+        assert_eq!(
+            gate.answer(Answer::Failed(failed.clone())),
+            vec!["ns/web".to_string()]
+        );
+        assert!(gate.answer(Answer::Failed(failed)).is_empty(), "no change");
+        match gate.decide("ns/web", "t1", Policy::AllAtOnce) {
+            Decision::Halted(why) => assert!(why.contains("n2"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            rx.try_recv().unwrap(),
+            Ask::Cancel {
+                id: "ns/web".into()
+            }
+        );
+        // Another target rolls.
+        assert_eq!(gate.decide("ns/web", "t2", ONE), Decision::Wait);
+    }
+
+    #[test]
+    fn only_changes_are_reported() {
+        let (tx, mut rx) = unbounded_channel();
+        let mut gate = Gate::new(tx);
+        let status = |phase: Phase| TemplateStatus {
+            revision: Some("r1".into()),
+            target: Some("t1".into()),
+            phase: phase.as_str().into(),
+            ..TemplateStatus::default()
+        };
+        gate.report("ns/web", status(Phase::Written));
+        gate.report("ns/web", status(Phase::Written));
+        gate.report("ns/web", status(Phase::Ready));
+        let sent: Vec<Ask> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        assert_eq!(sent.len(), 2, "{sent:?}");
+        gate.forget("ns/web");
+        assert_eq!(
+            rx.try_recv().unwrap(),
+            Ask::Report {
+                id: "ns/web".into(),
+                status: None
+            }
+        );
+    }
+}

@@ -1,0 +1,127 @@
+//! What a template's rollouts leave for the next start of the daemon: the
+//! last revision that succeeded on this node, the failed revision that is
+//! held (not written again while the template renders it), and the revision
+//! this daemon wrote whose rollout has no verdict yet. Without it a restart
+//! would write a held revision again (and the kubelet would run a broken pod
+//! once more), roll back to a revision never confirmed, or take its own
+//! write for one found in place.
+//!
+//! Layout: `<revisions dir>/<namespace>_<template>/rollout.json`, next to the
+//! kept revisions ([`super::revisions`]), whose file names it cannot take
+//! (those end in `.yaml`).
+//!
+//! Invariants:
+//! * Outside the kubelet's directory, written like the manifests and the
+//!   history ([`crate::write`]): a dot-temp file (which
+//!   [`super::revisions::Store::open`] removes at start should a crash leave
+//!   one), fsynced, renamed into place, the directory fsynced; mode 0600.
+//! * Read once per template and run, then kept in memory: it is written
+//!   only when it changes.
+//! * A file that cannot be read or parsed is reported (naming it) and read
+//!   as empty: the daemon then behaves as before it kept one (the failed
+//!   revision may be written once more, and rolled back once more), never
+//!   worse.
+
+use std::io;
+use std::path::Path;
+
+use crate::write;
+
+/// The file's name in a template's revisions directory.
+pub const FILE: &str = "rollout.json";
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct State {
+    /// The last revision whose rollout succeeded (Ready, and stayed so):
+    /// what a failed revision is rolled back to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub good: Option<String>,
+    /// A revision that failed and was rolled back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
+    /// The revision this daemon wrote last, while its rollout has no
+    /// verdict: found in place after a restart, it is still followed as
+    /// this daemon's own rollout (its outcome announced). Its progress
+    /// deadline counts anew from the restart, as whenever rollouts are
+    /// followed again (see [`super::rollout`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<String>,
+}
+
+/// Why a state file was read as empty.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "{path}: {source}; delete it (the failed revision it holds may then be written once more)"
+    )]
+    Parse {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// The state kept in the template directory `dir`; empty when there is none.
+pub fn load(dir: &Path) -> Result<State, LoadError> {
+    let path = dir.join(FILE);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(State::default()),
+        Err(source) => {
+            return Err(LoadError::Io {
+                path: path.display().to_string(),
+                source,
+            });
+        }
+    };
+    serde_json::from_slice(&bytes).map_err(|source| LoadError::Parse {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// Replaces the state in the template directory `dir` (which exists).
+pub fn save(dir: &Path, state: &State) -> io::Result<()> {
+    let mut bytes = serde_json::to_vec_pretty(state).map_err(io::Error::other)?;
+    bytes.push(b'\n');
+    write::write_atomic(dir, FILE, &bytes).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn saved_state_reads_back_and_nothing_reads_as_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(load(dir.path()).unwrap(), State::default());
+        let state = State {
+            good: Some("aaaa".into()),
+            held: Some("bbbb".into()),
+            pending: Some("cccc".into()),
+        };
+        save(dir.path(), &state).unwrap();
+        assert_eq!(load(dir.path()).unwrap(), state);
+        let meta = std::fs::metadata(dir.path().join(FILE)).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        // Only the file: no temp file left.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_damaged_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(FILE), "{\"held\": 3}").unwrap();
+        let e = load(dir.path()).unwrap_err();
+        assert!(e.to_string().contains("rollout.json"), "{e}");
+        assert!(e.to_string().contains("delete it"), "{e}");
+    }
+}

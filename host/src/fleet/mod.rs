@@ -1,0 +1,282 @@
+//! Rollouts across nodes, without a controller: the objects the daemons of
+//! every node share through the API server, and what they mean.
+//!
+//! Every daemon renders its own node's manifests; what they coordinate is
+//! *when* an update is written. Both kinds of object are Leases
+//! (`coordination.k8s.io/v1`) in one namespace (the daemon's
+//! `daemon.rollouts.namespace`), told apart by the label [`ROLE_LABEL`]:
+//!
+//! * **Slots** ([`slot_name`]): a template may be updating on at most
+//!   `max-unavailable` nodes at once ([`policy`]). A node holds a slot
+//!   (`holderIdentity` = the node's name, renewed every third of
+//!   `leaseDurationSeconds`) from before it writes a changed manifest until
+//!   the kubelet's mirror pod of the new revision is Ready, or the revision
+//!   failed and was rolled back. A slot whose holder stops renewing it is
+//!   free once `leaseDurationSeconds` passed without a change seen by the
+//!   others: a crashed daemon or a vanished node delays a rollout by at most
+//!   that, never forever.
+//! * **Node statuses** ([`status_name`]): one per node, its templates'
+//!   [`TemplateStatus`] as JSON in the annotation [`STATUS_ANNOTATION`]:
+//!   revision in place, target, phase, and the last failed target and why.
+//!   Written only when it changes, never on a timer: an idle cluster makes
+//!   no writes. A target that failed on any node is not started by any
+//!   other node until the template changes (a new target).
+//!
+//! A **target** ([`target`]) names one version of a template's inputs, the
+//! same on every node: the PodTemplate as podstamp reads it and the
+//! fingerprint of its plugin chain. The *revision* of a manifest
+//! (`podstamp.io/revision`) is node-specific (plugins apply node-specific
+//! transforms); the target is what a rollout rolls.
+//!
+//! Invariants: objects are only ever read leniently ([`NodeStatus::parse`]
+//! never fails on content: a record podstamp cannot read is an empty one,
+//! reported); names are valid object names whatever the template's name.
+
+pub mod policy;
+pub mod view;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The label on every Lease podstamp writes, with [`ROLE_SLOT`] or
+/// [`ROLE_STATUS`]: what the daemons and `podstamp status` list.
+pub const ROLE_LABEL: &str = "podstamp.io/lease";
+pub const ROLE_SLOT: &str = "slot";
+pub const ROLE_STATUS: &str = "node-status";
+/// A slot's template, `namespace/name`.
+pub const TEMPLATE_ANNOTATION: &str = "podstamp.io/template";
+/// The target a slot's holder is writing.
+pub const TARGET_ANNOTATION: &str = "podstamp.io/target";
+/// A node status Lease's record, JSON.
+pub const STATUS_ANNOTATION: &str = "podstamp.io/status";
+/// The record format's version; a newer one is read as far as it goes.
+pub const STATUS_VERSION: u32 = 1;
+
+/// The longest object name (a DNS subdomain).
+const MAX_NAME: usize = 253;
+
+/// The target of a template's inputs: the same on every node that reads the
+/// same PodTemplate with the same chain. 10 hex digits, like revisions.
+pub fn target(template_fingerprint: &[u8; 32], chain_fingerprint: &[u8; 32]) -> String {
+    let mut hash = Sha256::new();
+    hash.update(b"podstamp target v1\0");
+    hash.update(template_fingerprint);
+    hash.update(chain_fingerprint);
+    hex::encode(hash.finalize())[..10].to_string()
+}
+
+/// The name of slot `index` of template `id` (`namespace/name`). Too long a
+/// name is cut and made unique again with a hash of the whole.
+pub fn slot_name(id: &str, index: u32) -> String {
+    bounded(format!("podstamp-slot.{}.{index}", id.replace('/', ".")))
+}
+
+/// The name of node `node`'s status Lease.
+pub fn status_name(node: &str) -> String {
+    bounded(format!("podstamp-node.{node}"))
+}
+
+fn bounded(name: String) -> String {
+    let name = name.to_ascii_lowercase();
+    if name.len() <= MAX_NAME {
+        return name;
+    }
+    let digest = hex::encode(Sha256::digest(name.as_bytes()));
+    // The hash is a part of its own: no part grows past 63 characters.
+    let mut cut = name[..MAX_NAME - 17]
+        .trim_end_matches(['.', '-'])
+        .to_string();
+    cut.push('.');
+    cut.push_str(&digest[..16]);
+    cut
+}
+
+/// One node's record: its templates' rollout state. Written whole by its
+/// node only.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    #[serde(default)]
+    pub version: u32,
+    /// `namespace/name` → state.
+    #[serde(default)]
+    pub templates: BTreeMap<String, TemplateStatus>,
+}
+
+/// A template's rollout state on one node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateStatus {
+    /// The manifest's revision in place (`podstamp.io/revision`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// The target of the manifest in place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// The target the node renders now: the one in place, or the one it
+    /// waits to write (or was halted on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wanted: Option<String>,
+    /// The template's `metadata.generation` the target was rendered from:
+    /// orders targets for people (`podstamp status`), never for decisions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// [`Phase`] as text: a newer daemon's phase is shown as it is.
+    #[serde(default)]
+    pub phase: String,
+    /// When the phase last changed, RFC 3339.
+    #[serde(default)]
+    pub since: String,
+    /// Why the node is waiting or halted, when it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The last target that failed on this node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<Failed>,
+}
+
+/// A target that failed on a node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Failed {
+    pub target: String,
+    #[serde(default)]
+    pub revision: String,
+    /// The kubelet's reason (CrashLoopBackOff, ErrImageNeverPull…) or
+    /// ProgressDeadlineExceeded.
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+    /// RFC 3339.
+    #[serde(default)]
+    pub at: String,
+}
+
+/// Where a template stands on one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting for a slot before writing the new target.
+    Waiting,
+    /// Not written: the target failed on a node (this one or another).
+    Halted,
+    /// The new revision is written; the kubelet has not run it yet.
+    Written,
+    Running,
+    /// Its mirror pod is Ready, not yet for long enough to call it a
+    /// success.
+    Confirming,
+    /// Its mirror pod is Ready and stayed so: up to date.
+    Ready,
+    /// The revision failed here (and was rolled back when it could be).
+    Failed,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Waiting => "waiting",
+            Phase::Halted => "halted",
+            Phase::Written => "written",
+            Phase::Running => "running",
+            Phase::Confirming => "confirming",
+            Phase::Ready => "ready",
+            Phase::Failed => "failed",
+        }
+    }
+}
+
+impl NodeStatus {
+    /// Reads a record; never fails: what cannot be read is an empty record
+    /// and the reason.
+    pub fn parse(text: Option<&str>) -> (NodeStatus, Option<String>) {
+        match text {
+            None => (NodeStatus::default(), None),
+            Some(text) => match serde_json::from_str(text) {
+                Ok(status) => (status, None),
+                Err(e) => (
+                    NodeStatus::default(),
+                    Some(format!("{STATUS_ANNOTATION}: {e}")),
+                ),
+            },
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("plain data serializes")
+    }
+}
+
+/// Now, as the records write it.
+pub fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_object_names_whatever_the_template() {
+        assert_eq!(
+            slot_name("kube-system/web", 0),
+            "podstamp-slot.kube-system.web.0"
+        );
+        assert_eq!(status_name("Node-1"), "podstamp-node.node-1");
+        let long = format!(
+            "ns/{}",
+            [
+                "a".repeat(60),
+                "b".repeat(60),
+                "c".repeat(60),
+                "d".repeat(60)
+            ]
+            .join(".")
+        );
+        let (a, b) = (slot_name(&long, 0), slot_name(&long, 1));
+        assert!(a.len() <= MAX_NAME && b.len() <= MAX_NAME, "{a}");
+        assert_ne!(a, b);
+        crate::validate::check_dns_subdomain(&a).unwrap();
+    }
+
+    #[test]
+    fn a_record_is_read_leniently_and_round_trips() {
+        let mut status = NodeStatus {
+            version: STATUS_VERSION,
+            ..NodeStatus::default()
+        };
+        status.templates.insert(
+            "ns/web".into(),
+            TemplateStatus {
+                revision: Some("0123456789".into()),
+                target: Some("abcdef0123".into()),
+                phase: Phase::Ready.as_str().into(),
+                since: now_rfc3339(),
+                ..TemplateStatus::default()
+            },
+        );
+        let json = status.to_json();
+        assert_eq!(NodeStatus::parse(Some(&json)), (status, None));
+        let (empty, why) = NodeStatus::parse(Some("{not json"));
+        assert_eq!(empty, NodeStatus::default());
+        assert!(why.unwrap().contains(STATUS_ANNOTATION));
+        // A newer daemon's fields are ignored, its phases kept as text.
+        let newer = r#"{"version": 9, "templates": {"ns/web": {"phase": "paused", "extra": 1}}}"#;
+        let (read, why) = NodeStatus::parse(Some(newer));
+        assert_eq!(
+            (read.templates["ns/web"].phase.as_str(), why),
+            ("paused", None)
+        );
+    }
+
+    #[test]
+    fn a_target_depends_on_the_template_and_the_chain_only() {
+        let (t1, t2, c1) = ([1u8; 32], [2u8; 32], [3u8; 32]);
+        assert_eq!(target(&t1, &c1), target(&t1, &c1));
+        assert_ne!(target(&t1, &c1), target(&t2, &c1));
+        assert_ne!(target(&t1, &c1), target(&t1, &t2));
+        assert_eq!(target(&t1, &c1).len(), 10);
+    }
+}

@@ -1,0 +1,294 @@
+//! What `podstamp status` shows: the rollouts of a namespace's templates,
+//! read from the node status Leases (see the parent module), summed up per
+//! template and listed per node.
+//!
+//! A template's target is the one wanted by the node that read the newest
+//! template (`metadata.generation`; a tie goes to the latest phase change):
+//! nodes that have not seen the newest template yet are pending. A node
+//! appears once its daemon reported the template.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{NodeStatus, Phase, ROLE_LABEL, ROLE_STATUS, STATUS_ANNOTATION, TemplateStatus};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct View {
+    pub templates: Vec<TemplateView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateView {
+    /// `namespace/name`.
+    pub template: String,
+    pub target: Option<String>,
+    pub generation: Option<i64>,
+    /// Nodes whose manifest in place is of the target.
+    pub updated: usize,
+    /// Of those, the ones whose mirror pod is Ready.
+    pub ready: usize,
+    /// Nodes where the target failed.
+    pub failed: usize,
+    /// Nodes not on the target yet (waiting, halted, or not there).
+    pub pending: usize,
+    pub nodes: Vec<NodeView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeView {
+    pub node: String,
+    #[serde(flatten)]
+    pub status: TemplateStatus,
+}
+
+/// Reads the node status Leases (as JSON, the way the API lists them);
+/// `only`: one template's `namespace/name`, or every template of
+/// `namespace`.
+pub fn from_leases(leases: &[Value], namespace: &str, only: Option<&str>) -> View {
+    let mut per_template: BTreeMap<String, Vec<NodeView>> = BTreeMap::new();
+    for lease in leases {
+        let label = lease
+            .pointer(&format!(
+                "/metadata/labels/{}",
+                ROLE_LABEL.replace('/', "~1")
+            ))
+            .and_then(Value::as_str);
+        if label != Some(ROLE_STATUS) {
+            continue;
+        }
+        let node = lease
+            .pointer("/spec/holderIdentity")
+            .and_then(Value::as_str)
+            .or_else(|| lease.pointer("/metadata/name").and_then(Value::as_str))
+            .unwrap_or_default()
+            .to_string();
+        let text = lease
+            .pointer(&format!(
+                "/metadata/annotations/{}",
+                STATUS_ANNOTATION.replace('/', "~1")
+            ))
+            .and_then(Value::as_str);
+        let (record, _) = NodeStatus::parse(text);
+        for (id, status) in record.templates {
+            let wanted = match only {
+                Some(one) => id == one,
+                None => id.split('/').next() == Some(namespace),
+            };
+            if wanted {
+                per_template.entry(id).or_default().push(NodeView {
+                    node: node.clone(),
+                    status,
+                });
+            }
+        }
+    }
+    let templates = per_template
+        .into_iter()
+        .map(|(template, mut nodes)| {
+            nodes.sort_by(|a, b| a.node.cmp(&b.node));
+            let newest = nodes
+                .iter()
+                .max_by(|a, b| {
+                    (a.status.generation, &a.status.since)
+                        .cmp(&(b.status.generation, &b.status.since))
+                })
+                .map(|n| (n.status.wanted.clone(), n.status.generation));
+            let (target, generation) = newest.unwrap_or_default();
+            let on_target = |n: &NodeView| target.is_some() && n.status.target == target;
+            let updated = nodes.iter().filter(|n| on_target(n)).count();
+            let ready = nodes
+                .iter()
+                .filter(|n| on_target(n) && n.status.phase == Phase::Ready.as_str())
+                .count();
+            let failed = nodes
+                .iter()
+                .filter(|n| {
+                    target.is_some()
+                        && n.status.failed.as_ref().map(|f| Some(&f.target))
+                            == Some(target.as_ref())
+                })
+                .count();
+            TemplateView {
+                template,
+                target,
+                generation,
+                updated,
+                ready,
+                failed,
+                pending: nodes.len() - updated,
+                nodes,
+            }
+        })
+        .collect();
+    View { templates }
+}
+
+/// A kubectl-style table: one line per template, then one per node.
+pub fn table(view: &View) -> String {
+    let mut out = String::new();
+    if view.templates.is_empty() {
+        out.push_str("No rollouts reported: no podstamp daemon has reported a template here.\n");
+        return out;
+    }
+    for (i, t) in view.templates.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        let total = t.nodes.len();
+        let head = [
+            "TEMPLATE",
+            "TARGET",
+            "GENERATION",
+            "UPDATED",
+            "READY",
+            "FAILED",
+            "PENDING",
+        ];
+        let row = [
+            t.template.clone(),
+            t.target.clone().unwrap_or("-".into()),
+            t.generation.map_or("-".into(), |g| g.to_string()),
+            format!("{}/{total}", t.updated),
+            format!("{}/{total}", t.ready),
+            t.failed.to_string(),
+            t.pending.to_string(),
+        ];
+        columns(&mut out, &[head.map(str::to_string).to_vec(), row.to_vec()]);
+        let mut rows = vec![
+            [
+                "  NODE",
+                "REVISION",
+                "TARGET",
+                "PHASE",
+                "SINCE",
+                "LAST FAILED",
+                "MESSAGE",
+            ]
+            .map(str::to_string)
+            .to_vec(),
+        ];
+        for n in &t.nodes {
+            let s = &n.status;
+            rows.push(vec![
+                format!("  {}", n.node),
+                s.revision.clone().unwrap_or("-".into()),
+                s.target.clone().unwrap_or("-".into()),
+                s.phase.clone(),
+                if s.since.is_empty() {
+                    "-".into()
+                } else {
+                    s.since.clone()
+                },
+                s.failed
+                    .as_ref()
+                    .map_or("-".into(), |f| format!("{} ({})", f.target, f.reason)),
+                s.message.clone().unwrap_or_default(),
+            ]);
+        }
+        columns(&mut out, &rows);
+    }
+    out
+}
+
+/// Left-aligned columns, three spaces apart; the last one unpadded.
+fn columns(out: &mut String, rows: &[Vec<String>]) {
+    let n = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..n)
+        .map(|c| {
+            rows.iter()
+                .map(|r| r.get(c).map_or(0, |s| s.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            if c + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                let _ = write!(line, "{cell:<width$}   ", width = widths[c]);
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::{Failed, status_name};
+    use serde_json::json;
+
+    fn lease(node: &str, templates: &[(&str, TemplateStatus)]) -> Value {
+        let record = NodeStatus {
+            version: 1,
+            templates: templates
+                .iter()
+                .map(|(id, s)| (id.to_string(), s.clone()))
+                .collect(),
+        };
+        json!({"metadata": {"name": status_name(node),
+            "labels": {ROLE_LABEL: ROLE_STATUS},
+            "annotations": {STATUS_ANNOTATION: record.to_json()}},
+            "spec": {"holderIdentity": node}})
+    }
+
+    fn status(target: &str, wanted: &str, generation: i64, phase: Phase) -> TemplateStatus {
+        TemplateStatus {
+            revision: Some(format!("rev-{target}")),
+            target: Some(target.into()),
+            wanted: Some(wanted.into()),
+            generation: Some(generation),
+            phase: phase.as_str().into(),
+            since: format!("2026-12-03T10:00:0{generation}Z"),
+            ..TemplateStatus::default()
+        }
+    }
+
+    #[test]
+    fn sums_up_a_rollout_half_way() {
+        let mut failed = status("t1", "t2", 2, Phase::Halted);
+        failed.message = Some("target t2 failed on node n2".into());
+        let mut n2 = status("t1", "t2", 2, Phase::Written);
+        n2.failed = Some(Failed {
+            target: "t2".into(),
+            reason: "CrashLoopBackOff".into(),
+            ..Failed::default()
+        });
+        let leases = vec![
+            lease("n1", &[("ns/web", status("t2", "t2", 2, Phase::Ready))]),
+            lease(
+                "n2",
+                &[
+                    ("ns/web", n2),
+                    ("other/x", status("a", "a", 1, Phase::Ready)),
+                ],
+            ),
+            lease("n3", &[("ns/web", failed)]),
+            json!({"metadata": {"name": "unrelated"}}),
+        ];
+        let view = from_leases(&leases, "ns", None);
+        assert_eq!(view.templates.len(), 1);
+        let t = &view.templates[0];
+        assert_eq!(
+            (t.target.as_deref(), t.updated, t.ready, t.failed, t.pending),
+            (Some("t2"), 1, 1, 1, 2)
+        );
+        let text = table(&view);
+        assert!(text.starts_with("TEMPLATE"), "{text}");
+        assert!(text.contains("ns/web") && text.contains("1/3"), "{text}");
+        assert!(text.contains("t2 (CrashLoopBackOff)"), "{text}");
+        assert!(text.contains("target t2 failed on node n2"), "{text}");
+        let only = from_leases(&leases, "ns", Some("other/x"));
+        assert_eq!(only.templates[0].template, "other/x");
+        assert!(table(&from_leases(&[], "ns", None)).contains("No rollouts"));
+    }
+}

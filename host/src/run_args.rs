@@ -1,0 +1,100 @@
+//! `podstamp run`'s command line (the binary's, not the library's: main.rs
+//! declares this module). The flags become the top [`Layer`] of the
+//! settings; the environment and the configuration file are read by
+//! [`podstamp::settings`], which resolves them all in one place. The
+//! environment variables are named here for `--help` only.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use podstamp::settings::Layer;
+
+/// `podstamp run` flags. Each overrides its environment variable, which
+/// overrides the config file's entry.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The configuration file: plugin catalog, chain, limits, `daemon:` settings [env: PODSTAMP_CONFIG].
+    #[arg(long, short, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Where templates come from: `api` (the Kubernetes API) or `dir:PATH` (PodTemplate files) [env: PODSTAMP_SOURCE] [default: api].
+    #[arg(long, value_name = "api|dir:PATH")]
+    pub source: Option<String>,
+    /// A kubeconfig file [default: $KUBECONFIG, ~/.kube/config, else in-cluster credentials].
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The namespace of the PodTemplates, also written into the manifests [env: PODSTAMP_NAMESPACE] [default: kube-system].
+    #[arg(long, short)]
+    pub namespace: Option<String>,
+    /// Label selector for the PodTemplates [env: PODSTAMP_SELECTOR] [default: podstamp.io/enabled=true].
+    #[arg(long, short = 'l')]
+    pub selector: Option<String>,
+    /// This node's name [env: NODE_NAME].
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// A Node object (YAML/JSON) describing this node, for the `dir:` source.
+    #[arg(long, value_name = "FILE")]
+    pub node_file: Option<PathBuf>,
+    /// The kubelet's static pod manifest directory [env: PODSTAMP_MANIFEST_DIR] [default: /etc/kubernetes/manifests].
+    #[arg(long, value_name = "DIR")]
+    pub manifest_dir: Option<PathBuf>,
+    /// Address for /healthz, /readyz and /metrics [env: PODSTAMP_LISTEN] [default: 127.0.0.1:9464].
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen: Option<String>,
+    /// How often every template is rendered again, e.g. 5m [default: 5m].
+    #[arg(long, value_name = "DURATION")]
+    pub resync: Option<String>,
+    /// How long one watch call lasts before it is renewed from the last
+    /// resourceVersion, in whole seconds, e.g. 5m [default: 290s].
+    #[arg(long, value_name = "DURATION")]
+    pub watch_timeout: Option<String>,
+    /// Where the last manifests of each template are kept, outside the manifest directory [env: PODSTAMP_REVISIONS_DIR] [default: /var/lib/podstamp/revisions].
+    #[arg(long, value_name = "DIR")]
+    pub revisions_dir: Option<PathBuf>,
+    /// How many manifests are kept per template in the revisions directory [default: 3].
+    #[arg(long, value_name = "N")]
+    pub revision_history: Option<usize>,
+    /// The namespace of the Leases through which the nodes roll updates one at a time (daemon.rollouts.namespace) [env: PODSTAMP_ROLLOUT_NAMESPACE] [default: the templates' namespace].
+    #[arg(long, value_name = "NAMESPACE")]
+    pub rollout_namespace: Option<String>,
+    /// How long a rollout slot outlives a node that stopped renewing it, e.g. 30s (daemon.rollouts.leaseDuration) [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    pub slot_lease_duration: Option<String>,
+    /// The largest manifest written, and pod a plugin may return, e.g. 1Mi (limits.maxManifestSize) [env: PODSTAMP_MAX_MANIFEST_SIZE] [default: 1Mi].
+    #[arg(long, value_name = "SIZE")]
+    pub max_manifest_size: Option<String>,
+    /// Where compiled plugin code is cached [env: PODSTAMP_CACHE_DIR] [default: the config's cacheDir, else $XDG_CACHE_HOME/podstamp or ~/.cache/podstamp; /var/cache/podstamp for root].
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Compile plugins every time instead of using the cache.
+    #[arg(long, conflicts_with = "cache_dir")]
+    pub no_cache: bool,
+}
+
+impl RunArgs {
+    /// The flags' layer of the settings.
+    pub fn layer(&self) -> Layer {
+        Layer {
+            config: self.config.clone(),
+            namespace: self.namespace.clone(),
+            max_manifest_size: self.max_manifest_size.clone(),
+            timeout: None,
+            memory: None,
+            cache_dir: self.cache_dir.clone(),
+            no_cache: self.no_cache,
+            source: self.source.clone(),
+            kubeconfig: self.kubeconfig.clone(),
+            selector: self.selector.clone(),
+            node_name: self.node_name.clone(),
+            node_file: self.node_file.clone(),
+            manifest_dir: self.manifest_dir.clone(),
+            listen: self.listen.clone(),
+            resync: self.resync.clone(),
+            watch_timeout: self.watch_timeout.clone(),
+            revisions_dir: self.revisions_dir.clone(),
+            revision_history: self.revision_history,
+            rollout_namespace: self.rollout_namespace.clone(),
+            slot_lease_duration: self.slot_lease_duration.clone(),
+        }
+    }
+}

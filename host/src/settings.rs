@@ -1,0 +1,690 @@
+//! The settings of `podstamp run` and `podstamp render`, resolved in one
+//! place.
+//!
+//! Each setting is taken from the highest layer that gives it:
+//!
+//! ```text
+//! flags  >  environment  >  configuration file  >  default
+//! ```
+//!
+//! Layers are [`Layer`]s, all of the same shape: the binary turns its flags
+//! into one, [`Layer::from_env`] reads the environment, [`Layer::from_file`]
+//! the configuration file. [`daemon`] and [`render`] pick each value from
+//! the highest layer that has it, parse and check it, and name the layer it
+//! came from when it is wrong (`--namespace`, `PODSTAMP_NAMESPACE`, or the
+//! file and its field). Nothing else reads these environment variables or
+//! applies these defaults: the daemon (its reconciler, loader and sources)
+//! and `render` are given the resolved values. An empty environment
+//! variable counts as unset.
+//!
+//! | setting (file) | flag | environment | default |
+//! | --- | --- | --- | --- |
+//! | configuration file | `--config` | `PODSTAMP_CONFIG` (run only) | none |
+//! | `namespace` | `--namespace` | `PODSTAMP_NAMESPACE` | `kube-system` |
+//! | `limits.maxManifestSize` | `--max-manifest-size` | `PODSTAMP_MAX_MANIFEST_SIZE` | `1Mi` |
+//! | `limits.timeout` | `--timeout` (render) | | `100ms` |
+//! | `limits.memory` | `--memory` (render) | | `64Mi` |
+//! | `cacheDir` | `--cache-dir`, `--no-cache` | `PODSTAMP_CACHE_DIR` | [`default_cache_dir`] when safe |
+//! | `daemon.source` | `--source` | `PODSTAMP_SOURCE` | `api` |
+//! | `daemon.kubeconfig` | `--kubeconfig` | (`KUBECONFIG`, kube-rs) | kube-rs's inference |
+//! | `daemon.selector` | `--selector` | `PODSTAMP_SELECTOR` | `podstamp.io/enabled=true` |
+//! | `daemon.nodeName` | `--node-name` | `NODE_NAME` | required |
+//! | `daemon.nodeFile` | `--node-file` | | none |
+//! | `daemon.manifestDir` | `--manifest-dir` | `PODSTAMP_MANIFEST_DIR` | `/etc/kubernetes/manifests` |
+//! | `daemon.listen` | `--listen` | `PODSTAMP_LISTEN` | `127.0.0.1:9464` |
+//! | `daemon.resync` | `--resync` | | `5m` |
+//! | (none) | `--watch-timeout` | | kube-rs's (290 s) |
+//! | `daemon.revisionsDir` | `--revisions-dir` | `PODSTAMP_REVISIONS_DIR` | `/var/lib/podstamp/revisions` |
+//! | `daemon.revisionHistory` | `--revision-history` | | `3` |
+//! | `daemon.rollouts.namespace` | `--rollout-namespace` | `PODSTAMP_ROLLOUT_NAMESPACE` | `namespace` |
+//! | `daemon.rollouts.leaseDuration` | `--slot-lease-duration` | | `30s` |
+//!
+//! Not settings in this sense: the catalog (`plugins`, `chain`, or
+//! `daemon.catalog`, with `limits.renderTimeout`, which the catalog's render
+//! budget reads with the resolved `timeout`) comes from the file or its
+//! ConfigMap only and is reloaded at run time ([`crate::daemon::reload`]);
+//! these settings are fixed at start (a changed one in the file is
+//! reported as needing a restart, with the value in use from
+//! [`DaemonSettings::in_use`]). The log format and filter (`--log-format`,
+//! `--log-level`/`RUST_LOG`) are the binary's.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::config::{ConfigError, ConfigFile, DEFAULT_NAMESPACE, parse_duration, parse_size};
+use crate::daemon::watch_file;
+use crate::plugin::{Limits, choose_cache_dir};
+
+pub const DEFAULT_SELECTOR: &str = "podstamp.io/enabled=true";
+pub const DEFAULT_MANIFEST_DIR: &str = "/etc/kubernetes/manifests";
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
+pub const DEFAULT_RESYNC: Duration = Duration::from_secs(300);
+
+/// The settings one layer gives, as written there (text, parsed when
+/// resolved). None: this layer does not set it.
+#[derive(Debug, Clone, Default)]
+pub struct Layer {
+    pub config: Option<PathBuf>,
+    pub namespace: Option<String>,
+    pub max_manifest_size: Option<String>,
+    pub timeout: Option<String>,
+    pub memory: Option<String>,
+    pub cache_dir: Option<PathBuf>,
+    /// `--no-cache` (flags only): no code cache, whatever the lower layers say.
+    pub no_cache: bool,
+    pub source: Option<String>,
+    pub kubeconfig: Option<PathBuf>,
+    pub selector: Option<String>,
+    pub node_name: Option<String>,
+    pub node_file: Option<PathBuf>,
+    pub manifest_dir: Option<PathBuf>,
+    pub listen: Option<String>,
+    pub resync: Option<String>,
+    pub watch_timeout: Option<String>,
+    pub revisions_dir: Option<PathBuf>,
+    pub revision_history: Option<usize>,
+    pub rollout_namespace: Option<String>,
+    pub slot_lease_duration: Option<String>,
+}
+
+/// Where a setting is given: its flag, environment variable and field of
+/// the configuration file, for the messages.
+struct Key {
+    flag: &'static str,
+    env: Option<&'static str>,
+    file: &'static str,
+}
+
+const fn key(flag: &'static str, env: Option<&'static str>, file: &'static str) -> Key {
+    Key { flag, env, file }
+}
+
+const CONFIG: Key = key("--config", Some("PODSTAMP_CONFIG"), "(none)");
+const NAMESPACE: Key = key("--namespace", Some("PODSTAMP_NAMESPACE"), "namespace");
+const MAX_MANIFEST_SIZE: Key = key(
+    "--max-manifest-size",
+    Some("PODSTAMP_MAX_MANIFEST_SIZE"),
+    "limits.maxManifestSize",
+);
+const TIMEOUT: Key = key("--timeout", None, "limits.timeout");
+const MEMORY: Key = key("--memory", None, "limits.memory");
+const CACHE_DIR: Key = key("--cache-dir", Some("PODSTAMP_CACHE_DIR"), "cacheDir");
+const SOURCE: Key = key("--source", Some("PODSTAMP_SOURCE"), "daemon.source");
+const KUBECONFIG: Key = key("--kubeconfig", None, "daemon.kubeconfig");
+const SELECTOR: Key = key("--selector", Some("PODSTAMP_SELECTOR"), "daemon.selector");
+const NODE_NAME: Key = key("--node-name", Some("NODE_NAME"), "daemon.nodeName");
+const NODE_FILE: Key = key("--node-file", None, "daemon.nodeFile");
+const MANIFEST_DIR: Key = key(
+    "--manifest-dir",
+    Some("PODSTAMP_MANIFEST_DIR"),
+    "daemon.manifestDir",
+);
+const LISTEN: Key = key("--listen", Some("PODSTAMP_LISTEN"), "daemon.listen");
+const RESYNC: Key = key("--resync", None, "daemon.resync");
+const WATCH_TIMEOUT: Key = key("--watch-timeout", None, "(none)");
+const REVISIONS_DIR: Key = key(
+    "--revisions-dir",
+    Some("PODSTAMP_REVISIONS_DIR"),
+    "daemon.revisionsDir",
+);
+const REVISION_HISTORY: Key = key("--revision-history", None, "daemon.revisionHistory");
+const ROLLOUT_NAMESPACE: Key = key(
+    "--rollout-namespace",
+    Some("PODSTAMP_ROLLOUT_NAMESPACE"),
+    "daemon.rollouts.namespace",
+);
+const SLOT_LEASE_DURATION: Key = key(
+    "--slot-lease-duration",
+    None,
+    "daemon.rollouts.leaseDuration",
+);
+
+impl Layer {
+    /// The environment's layer; `var` reads a variable (`std::env::var`,
+    /// or a map in tests).
+    pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Layer {
+        let text = |key: &Key| key.env.and_then(&var).filter(|value| !value.is_empty());
+        let path = |key: &Key| text(key).map(PathBuf::from);
+        Layer {
+            config: path(&CONFIG),
+            namespace: text(&NAMESPACE),
+            max_manifest_size: text(&MAX_MANIFEST_SIZE),
+            cache_dir: path(&CACHE_DIR),
+            source: text(&SOURCE),
+            selector: text(&SELECTOR),
+            node_name: text(&NODE_NAME),
+            manifest_dir: path(&MANIFEST_DIR),
+            listen: text(&LISTEN),
+            revisions_dir: path(&REVISIONS_DIR),
+            rollout_namespace: text(&ROLLOUT_NAMESPACE),
+            ..Layer::default()
+        }
+    }
+
+    /// The process's environment.
+    pub fn from_process_env() -> Layer {
+        Layer::from_env(|name| std::env::var(name).ok())
+    }
+
+    /// The configuration file's layer (its paths already relative to it).
+    pub fn from_file(config: &ConfigFile) -> Layer {
+        let d = &config.daemon;
+        let l = &config.limits;
+        Layer {
+            config: None,
+            namespace: config.namespace.clone(),
+            max_manifest_size: l.max_manifest_size.clone(),
+            timeout: l.timeout.clone(),
+            memory: l.memory.clone(),
+            cache_dir: config.cache_dir.clone(),
+            no_cache: false,
+            source: d.source.clone(),
+            kubeconfig: d.kubeconfig.clone(),
+            selector: d.selector.clone(),
+            node_name: d.node_name.clone(),
+            node_file: d.node_file.clone(),
+            manifest_dir: d.manifest_dir.clone(),
+            listen: d.listen.clone(),
+            resync: d.resync.clone(),
+            watch_timeout: None,
+            revisions_dir: d.revisions_dir.clone(),
+            revision_history: d.revision_history,
+            rollout_namespace: d.rollouts.as_ref().and_then(|r| r.namespace.clone()),
+            slot_lease_duration: d.rollouts.as_ref().and_then(|r| r.lease_duration.clone()),
+        }
+    }
+}
+
+/// A setting that cannot be used, or a configuration file that cannot be
+/// read. The message names where the value came from.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{at}: {message}")]
+    Invalid { at: String, message: String },
+    #[error("say which node this is: --node-name NAME, or the NODE_NAME environment variable")]
+    NoNodeName,
+}
+
+/// The layers, highest first.
+struct Layers<'a> {
+    flags: &'a Layer,
+    env: &'a Layer,
+    file: &'a Layer,
+    /// The configuration file, for the messages.
+    file_name: Option<&'a Path>,
+}
+
+impl<'a> Layers<'a> {
+    /// The value of the highest layer that has one, and where it is given.
+    fn pick<T: ?Sized>(
+        &self,
+        key: &Key,
+        get: impl Fn(&'a Layer) -> Option<&'a T>,
+    ) -> Option<(&'a T, String)> {
+        if let Some(v) = get(self.flags) {
+            return Some((v, key.flag.to_string()));
+        }
+        if let (Some(v), Some(env)) = (get(self.env), key.env) {
+            return Some((v, env.to_string()));
+        }
+        let at = match self.file_name {
+            Some(file) => format!("{}: {}", file.display(), key.file),
+            None => key.file.to_string(),
+        };
+        get(self.file).map(|v| (v, at))
+    }
+
+    fn invalid(at: String, message: impl std::fmt::Display) -> SettingsError {
+        SettingsError::Invalid {
+            at,
+            message: message.to_string(),
+        }
+    }
+
+    fn namespace(&self) -> Result<String, SettingsError> {
+        match self.pick(&NAMESPACE, |l| l.namespace.as_deref()) {
+            Some((namespace, at)) => {
+                crate::validate::check_dns_label(namespace).map_err(|e| Layers::invalid(at, e))?;
+                Ok(namespace.to_string())
+            }
+            None => Ok(DEFAULT_NAMESPACE.to_string()),
+        }
+    }
+
+    fn limits(&self) -> Result<Limits, SettingsError> {
+        let mut limits = Limits::default();
+        if let Some((text, at)) = self.pick(&TIMEOUT, |l| l.timeout.as_deref()) {
+            limits.timeout = parse_duration(text).map_err(|e| Layers::invalid(at, e))?;
+        }
+        if let Some((text, at)) = self.pick(&MEMORY, |l| l.memory.as_deref()) {
+            limits.memory_bytes = parse_size(text).map_err(|e| Layers::invalid(at, e))?;
+        }
+        if let Some((text, at)) = self.pick(&MAX_MANIFEST_SIZE, |l| l.max_manifest_size.as_deref())
+        {
+            limits.max_output_bytes = parse_size(text).map_err(|e| Layers::invalid(at, e))?;
+        }
+        Ok(limits)
+    }
+
+    /// The cache directory given (None: the default, if safe), or none at
+    /// all with `--no-cache`.
+    fn cache_dir(&self) -> Option<PathBuf> {
+        let given = self.pick(&CACHE_DIR, |l| l.cache_dir.as_deref());
+        choose_cache_dir(self.flags.no_cache, given.map(|(dir, _)| dir))
+    }
+
+    fn path(&self, key: &Key, get: impl Fn(&'a Layer) -> Option<&'a PathBuf>) -> Option<PathBuf> {
+        self.pick(key, get).map(|(p, _)| p.clone())
+    }
+}
+
+/// What `podstamp render` resolves.
+#[derive(Debug)]
+pub struct RenderSettings {
+    /// The configuration file (`--config`), or an empty one.
+    pub config: ConfigFile,
+    pub namespace: String,
+    /// `limits.maxManifestSize` is `max_output_bytes`.
+    pub limits: Limits,
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Resolves `podstamp render`'s settings. Its configuration file is the
+/// one `--config` names only (a `PODSTAMP_CONFIG` meant for the daemon is
+/// not read: `render --plugin` has no file).
+pub fn render(flags: &Layer, env: &Layer) -> Result<RenderSettings, SettingsError> {
+    let config = match &flags.config {
+        Some(path) => ConfigFile::read(path)?,
+        None => ConfigFile::default(),
+    };
+    let file = Layer::from_file(&config);
+    let layers = Layers {
+        flags,
+        env,
+        file: &file,
+        file_name: flags.config.as_deref(),
+    };
+    Ok(RenderSettings {
+        namespace: layers.namespace()?,
+        limits: layers.limits()?,
+        cache_dir: layers.cache_dir(),
+        config,
+    })
+}
+
+/// Where the templates come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The API server, with these credentials (None: kube-rs infers them).
+    Api { kubeconfig: Option<PathBuf> },
+    /// A directory of PodTemplate files.
+    Dir(PathBuf),
+}
+
+/// The configuration file the daemon started with.
+#[derive(Debug)]
+pub struct StartedConfig {
+    pub path: PathBuf,
+    /// Its content, read before it was parsed: a change in between is seen
+    /// as one by the watch.
+    pub content: watch_file::Content,
+}
+
+/// What `podstamp run` resolves.
+#[derive(Debug)]
+pub struct DaemonSettings {
+    /// The configuration file, as read at start (empty without one).
+    pub config: ConfigFile,
+    /// Where it is, when there is one.
+    pub config_file: Option<StartedConfig>,
+    pub source: Source,
+    pub namespace: String,
+    pub selector: String,
+    pub node_name: String,
+    pub node_file: Option<PathBuf>,
+    pub manifest_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub resync: Duration,
+    /// Seconds; None: kube-rs's default.
+    pub watch_timeout: Option<u32>,
+    pub revisions_dir: PathBuf,
+    pub revision_history: usize,
+    /// Where the rollout Leases are (default: `namespace`).
+    pub rollout_namespace: String,
+    /// A rollout slot's `leaseDurationSeconds`.
+    pub slot_lease_duration: Duration,
+    /// The sandbox limits; `max_output_bytes` is `limits.maxManifestSize`,
+    /// the limit of every manifest written, too.
+    pub limits: Limits,
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Resolves `podstamp run`'s settings, reading the configuration file the
+/// flags or the environment name.
+pub fn daemon(flags: &Layer, env: &Layer) -> Result<DaemonSettings, SettingsError> {
+    let path = flags.config.clone().or_else(|| env.config.clone());
+    let (config, config_file) = match path {
+        Some(path) => {
+            let content = watch_file::content(&path);
+            let config = ConfigFile::read(&path)?;
+            (config, Some(StartedConfig { path, content }))
+        }
+        None => (ConfigFile::default(), None),
+    };
+    let file = Layer::from_file(&config);
+    let layers = Layers {
+        flags,
+        env,
+        file: &file,
+        file_name: config_file.as_ref().map(|c| c.path.as_path()),
+    };
+    let source = match layers.pick(&SOURCE, |l| l.source.as_deref()) {
+        None => Source::Api { kubeconfig: None },
+        Some(("api", _)) => Source::Api { kubeconfig: None },
+        Some((s, _)) if s.len() > 4 && s.starts_with("dir:") => Source::Dir(PathBuf::from(&s[4..])),
+        Some((other, at)) => {
+            return Err(Layers::invalid(
+                format!("{at} {other:?}"),
+                "expected `api` or `dir:PATH`",
+            ));
+        }
+    };
+    let source = match source {
+        Source::Api { .. } => Source::Api {
+            kubeconfig: layers.path(&KUBECONFIG, |l| l.kubeconfig.as_ref()),
+        },
+        dir => dir,
+    };
+    let (node_name, at) = layers
+        .pick(&NODE_NAME, |l| {
+            l.node_name.as_deref().filter(|n| !n.is_empty())
+        })
+        .ok_or(SettingsError::NoNodeName)?;
+    crate::validate::check_dns_subdomain(node_name).map_err(|e| Layers::invalid(at, e))?;
+    let listen = match layers.pick(&LISTEN, |l| l.listen.as_deref()) {
+        Some((text, at)) => text.parse().map_err(|_| {
+            Layers::invalid(
+                format!("{at} {text:?}"),
+                "expected HOST:PORT, e.g. 127.0.0.1:9464",
+            )
+        })?,
+        None => DEFAULT_LISTEN.parse().expect("the default listen address"),
+    };
+    let resync = match layers.pick(&RESYNC, |l| l.resync.as_deref()) {
+        Some((text, at)) => parse_duration(text).map_err(|e| Layers::invalid(at, e))?,
+        None => DEFAULT_RESYNC,
+    };
+    let watch_timeout = match layers.pick(&WATCH_TIMEOUT, |l| l.watch_timeout.as_deref()) {
+        Some((text, at)) => {
+            let d = parse_duration(text).map_err(|e| Layers::invalid(at.clone(), e))?;
+            match u32::try_from(d.as_secs()) {
+                Ok(secs) if secs > 0 && u128::from(secs) * 1000 == d.as_millis() => Some(secs),
+                _ => {
+                    return Err(Layers::invalid(
+                        format!("{at} {text:?}"),
+                        "must be a whole number of seconds, at least 1s",
+                    ));
+                }
+            }
+        }
+        None => None,
+    };
+    let namespace = layers.namespace()?;
+    let rollout_namespace =
+        match layers.pick(&ROLLOUT_NAMESPACE, |l| l.rollout_namespace.as_deref()) {
+            Some((ns, at)) => {
+                crate::validate::check_dns_label(ns).map_err(|e| Layers::invalid(at, e))?;
+                ns.to_string()
+            }
+            None => namespace.clone(),
+        };
+    let slot_lease_duration =
+        match layers.pick(&SLOT_LEASE_DURATION, |l| l.slot_lease_duration.as_deref()) {
+            Some((text, at)) => {
+                let d = parse_duration(text).map_err(|e| Layers::invalid(at.clone(), e))?;
+                if d.as_secs() < 1 || d.subsec_nanos() != 0 {
+                    return Err(Layers::invalid(
+                        format!("{at} {text:?}"),
+                        "must be a whole number of seconds, at least 1s",
+                    ));
+                }
+                d
+            }
+            None => crate::daemon::coordinator::DEFAULT_LEASE_DURATION,
+        };
+    Ok(DaemonSettings {
+        source,
+        namespace,
+        rollout_namespace,
+        slot_lease_duration,
+        selector: layers
+            .pick(&SELECTOR, |l| l.selector.as_deref())
+            .map_or(DEFAULT_SELECTOR, |(s, _)| s)
+            .to_string(),
+        node_name: node_name.to_string(),
+        node_file: layers.path(&NODE_FILE, |l| l.node_file.as_ref()),
+        manifest_dir: layers
+            .path(&MANIFEST_DIR, |l| l.manifest_dir.as_ref())
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_MANIFEST_DIR)),
+        listen,
+        resync,
+        watch_timeout,
+        revisions_dir: layers
+            .path(&REVISIONS_DIR, |l| l.revisions_dir.as_ref())
+            .unwrap_or_else(|| PathBuf::from(crate::daemon::revisions::DEFAULT_DIR)),
+        revision_history: layers
+            .pick(&REVISION_HISTORY, |l| l.revision_history.as_ref())
+            .map_or(crate::daemon::revisions::DEFAULT_HISTORY, |(n, _)| *n),
+        limits: layers.limits()?,
+        cache_dir: layers.cache_dir(),
+        config_file,
+        config,
+    })
+}
+
+impl DaemonSettings {
+    /// Each node-local setting as in use, by its name in the file: what a
+    /// change of it in the file, which needs a restart, keeps.
+    pub fn in_use(&self) -> BTreeMap<&'static str, String> {
+        let limits = &self.limits;
+        let budget = self.config.render_budget(limits.timeout).ok();
+        let shown =
+            |path: Option<&PathBuf>| path.map_or("(none)".into(), |p| p.display().to_string());
+        BTreeMap::from([
+            ("namespace", self.namespace.clone()),
+            (
+                "cacheDir",
+                self.cache_dir
+                    .as_ref()
+                    .map_or("no code cache".into(), |d| d.display().to_string()),
+            ),
+            (
+                "daemon.source",
+                match &self.source {
+                    Source::Api { .. } => "api".to_string(),
+                    Source::Dir(dir) => format!("dir:{}", dir.display()),
+                },
+            ),
+            (
+                "daemon.kubeconfig",
+                match &self.source {
+                    Source::Api { kubeconfig } => shown(kubeconfig.as_ref()),
+                    Source::Dir(_) => "(none)".to_string(),
+                },
+            ),
+            ("daemon.selector", self.selector.clone()),
+            ("daemon.nodeName", self.node_name.clone()),
+            ("daemon.nodeFile", shown(self.node_file.as_ref())),
+            (
+                "daemon.manifestDir",
+                self.manifest_dir.display().to_string(),
+            ),
+            ("daemon.listen", self.listen.to_string()),
+            ("daemon.resync", format!("{:?}", self.resync)),
+            (
+                "daemon.revisionsDir",
+                self.revisions_dir.display().to_string(),
+            ),
+            ("daemon.revisionHistory", self.revision_history.to_string()),
+            ("daemon.rollouts.namespace", self.rollout_namespace.clone()),
+            (
+                "daemon.rollouts.leaseDuration",
+                format!("{:?}", self.slot_lease_duration),
+            ),
+            ("limits.timeout", format!("{:?}", limits.timeout)),
+            ("limits.memory", format!("{} bytes", limits.memory_bytes)),
+            (
+                "limits.maxManifestSize",
+                format!("{} bytes", limits.max_output_bytes),
+            ),
+            (
+                "limits.renderTimeout",
+                budget.map_or("?".into(), |b| format!("{b:?}")),
+            ),
+        ])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A configuration file holding `text`, and its layer.
+    fn file(dir: &Path, text: &str) -> PathBuf {
+        let path = dir.join("podstamp.yaml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn env(vars: &[(&str, &str)]) -> Layer {
+        let vars: BTreeMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Layer::from_env(|name| vars.get(name).cloned())
+    }
+
+    fn flags(config: &Path) -> Layer {
+        Layer {
+            config: Some(config.to_path_buf()),
+            node_name: Some("n1".into()),
+            no_cache: true,
+            ..Layer::default()
+        }
+    }
+
+    /// Flag beats environment beats file beats default, for the daemon and
+    /// for render alike.
+    #[test]
+    fn namespace_and_size_limit_flag_then_env_then_file_then_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let with_file = file(
+            dir.path(),
+            "namespace: from-file\nlimits: {maxManifestSize: 3Ki}\n",
+        );
+        let empty = dir.path().join("empty.yaml");
+        std::fs::write(&empty, "{}\n").unwrap();
+        let env_both = env(&[
+            ("PODSTAMP_NAMESPACE", "from-env"),
+            ("PODSTAMP_MAX_MANIFEST_SIZE", "2Ki"),
+        ]);
+        let mut given = flags(&with_file);
+        given.namespace = Some("from-flag".into());
+        given.max_manifest_size = Some("1Ki".into());
+        let cases = [
+            (given, env_both.clone(), "from-flag", 1024),
+            (flags(&with_file), env_both, "from-env", 2048),
+            // An empty variable is unset.
+            (
+                flags(&with_file),
+                env(&[
+                    ("PODSTAMP_NAMESPACE", ""),
+                    ("PODSTAMP_MAX_MANIFEST_SIZE", ""),
+                ]),
+                "from-file",
+                3072,
+            ),
+            (flags(&empty), env(&[]), "kube-system", 1 << 20),
+        ];
+        for (flags, env, namespace, size) in cases {
+            let run = daemon(&flags, &env).unwrap();
+            assert_eq!(
+                (run.namespace.as_str(), run.limits.max_output_bytes),
+                (namespace, size)
+            );
+            assert_eq!(run.in_use()["namespace"], namespace);
+            let render = render(&flags, &env).unwrap();
+            assert_eq!(
+                (render.namespace.as_str(), render.limits.max_output_bytes),
+                (namespace, size)
+            );
+        }
+    }
+
+    #[test]
+    fn cache_dir_and_daemon_settings_follow_the_same_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = file(
+            dir.path(),
+            "cacheDir: file-cache\ndaemon: {manifestDir: file-manifests, listen: '127.0.0.1:1', selector: a=file}\n",
+        );
+        let mut given = flags(&config);
+        given.no_cache = false;
+        let vars = env(&[
+            ("PODSTAMP_CACHE_DIR", "/env-cache"),
+            ("PODSTAMP_MANIFEST_DIR", "/env-manifests"),
+            ("PODSTAMP_SELECTOR", "a=env"),
+        ]);
+        let run = daemon(&given, &vars).unwrap();
+        assert_eq!(run.cache_dir, Some(PathBuf::from("/env-cache")));
+        assert_eq!(run.manifest_dir, PathBuf::from("/env-manifests"));
+        assert_eq!(run.selector, "a=env");
+        assert_eq!(run.listen.to_string(), "127.0.0.1:1");
+        given.cache_dir = Some("/flag-cache".into());
+        given.listen = Some("127.0.0.1:2".into());
+        let run = daemon(&given, &vars).unwrap();
+        assert_eq!(run.cache_dir, Some(PathBuf::from("/flag-cache")));
+        assert_eq!(run.listen.to_string(), "127.0.0.1:2");
+        let run = daemon(&given, &env(&[])).unwrap();
+        assert_eq!(run.manifest_dir, dir.path().join("file-manifests"));
+        given.no_cache = true;
+        assert_eq!(daemon(&given, &vars).unwrap().cache_dir, None);
+    }
+
+    /// A bad value names the layer it came from.
+    #[test]
+    fn a_bad_value_names_where_it_was_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = file(
+            dir.path(),
+            "namespace: Bad_NS\nlimits: {maxManifestSize: lots}\n",
+        );
+        let e = daemon(&flags(&config), &env(&[])).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}: ", config.display())), "{e}");
+        assert!(e.contains(": namespace: "), "{e}");
+        let e = daemon(&flags(&config), &env(&[("PODSTAMP_NAMESPACE", "ok")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(": limits.maxManifestSize: \"lots\""), "{e}");
+        let e = daemon(
+            &flags(&config),
+            &env(&[
+                ("PODSTAMP_NAMESPACE", "ok"),
+                ("PODSTAMP_MAX_MANIFEST_SIZE", "x"),
+            ]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("PODSTAMP_MAX_MANIFEST_SIZE: \"x\""), "{e}");
+        let mut given = flags(&config);
+        given.node_name = None;
+        assert!(matches!(
+            daemon(&given, &env(&[("NODE_NAME", "")])),
+            Err(SettingsError::NoNodeName)
+        ));
+    }
+}

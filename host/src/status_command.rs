@@ -1,0 +1,133 @@
+//! `podstamp status`: the rollouts of a namespace's templates across nodes,
+//! as the daemons report them (see `podstamp::fleet`). Read-only: it needs
+//! `list` on Leases in the rollout namespace, nothing else.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use kube::api::ListParams;
+use podstamp::daemon::raw::Raw;
+use podstamp::fleet::{ROLE_LABEL, ROLE_STATUS, view};
+
+#[derive(Args)]
+pub struct StatusArgs {
+    /// One template's name; default: every template of the namespace.
+    template: Option<String>,
+    /// The namespace of the PodTemplates [default: kube-system].
+    #[arg(long, short, env = "PODSTAMP_NAMESPACE")]
+    namespace: Option<String>,
+    /// The namespace of the rollout Leases, if the daemons use another one (daemon.rollouts.namespace) [default: the templates' namespace].
+    #[arg(long, env = "PODSTAMP_ROLLOUT_NAMESPACE", value_name = "NAMESPACE")]
+    rollout_namespace: Option<String>,
+    /// A kubeconfig file [default: $KUBECONFIG, ~/.kube/config, else in-cluster credentials].
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, short, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    /// Print again whenever the rollout changes, until interrupted.
+    #[arg(long, short)]
+    watch: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+    Yaml,
+}
+
+/// How often `--watch` lists the records.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Exit codes: 0; 1 when the API server cannot be read; 2 for bad usage.
+pub fn run(args: StatusArgs) -> Result<(), (u8, String)> {
+    let namespace = args
+        .namespace
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| podstamp::config::DEFAULT_NAMESPACE.to_string());
+    podstamp::validate::check_dns_label(&namespace)
+        .map_err(|e| (2, format!("--namespace: {e}")))?;
+    let leases_ns = args
+        .rollout_namespace
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| namespace.clone());
+    podstamp::validate::check_dns_label(&leases_ns)
+        .map_err(|e| (2, format!("--rollout-namespace: {e}")))?;
+    let only = args.template.as_ref().map(|t| format!("{namespace}/{t}"));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| (1, format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(async {
+        let client = client(args.kubeconfig.as_deref()).await.map_err(|e| (2, e))?;
+        let api: Api<Raw<Lease>> = Api::namespaced(client, &leases_ns);
+        let params = ListParams::default().labels(&format!("{ROLE_LABEL}={ROLE_STATUS}"));
+        let mut last = None;
+        loop {
+            let listed = api.list(&params).await.map_err(|e| {
+                let why = match &e {
+                    kube::Error::Api(s) if s.is_forbidden() => format!(
+                        "{}; `podstamp status` needs list on leases (coordination.k8s.io) in namespace {leases_ns}",
+                        s.message
+                    ),
+                    other => other.to_string(),
+                };
+                (1, format!("cannot list the rollout Leases in namespace {leases_ns}: {why}"))
+            })?;
+            let values: Vec<serde_json::Value> =
+                listed.items.iter().map(|l| l.value().clone()).collect();
+            let view = view::from_leases(&values, &namespace, only.as_deref());
+            if let Some(one) = &only
+                && view.templates.is_empty()
+                && !args.watch
+            {
+                return Err((
+                    1,
+                    format!("no node has reported PodTemplate {one} (in the Leases of namespace {leases_ns})"),
+                ));
+            }
+            let text = match args.output {
+                Output::Table => view::table(&view),
+                Output::Json => {
+                    serde_json::to_string_pretty(&view).expect("plain data serializes") + "\n"
+                }
+                Output::Yaml => podstamp::yaml::to_yaml(
+                    &serde_json::to_value(&view).expect("plain data serializes"),
+                ),
+            };
+            if last.as_ref() != Some(&text) {
+                if last.is_some() {
+                    println!();
+                }
+                print!("{text}");
+                last = Some(text);
+            }
+            if !args.watch {
+                return Ok(());
+            }
+            tokio::time::sleep(WATCH_EVERY).await;
+        }
+    })
+}
+
+async fn client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, String> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?
+        }
+        None => kube::Config::infer().await.map_err(|e| {
+            format!("no Kubernetes credentials (give --kubeconfig, or set KUBECONFIG): {e}")
+        })?,
+    };
+    kube::Client::try_from(config).map_err(|e| format!("Kubernetes client: {e}"))
+}

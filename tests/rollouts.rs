@@ -1,0 +1,602 @@
+//! Rollouts across nodes against the real kube-apiserver of the harness:
+//! three `podstamp run` daemons, each for a node of its own, coordinating
+//! through Leases, and `podstamp status` reading what they report.
+//!
+//! The kubelets here are played by the test: it writes each node's mirror
+//! pod (`<pod>-<node>`, with the kubelet's annotations and the revision
+//! label copied from the manifest) and its status, Ready or crashing, the
+//! way the kubelet reports them. That makes every step of a rollout the
+//! test's to decide, so each check is of a state (who wrote what, who
+//! waits), never of a timing. tests/kubelet.rs runs real kubelets.
+
+mod common;
+#[path = "daemon/support.rs"]
+mod support;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, PodTemplate};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use support::*;
+
+/// A revision must stay Ready this long on a node to succeed (10 s),
+/// then the slot goes to the next node.
+const STEP: Duration = Duration::from_secs(60);
+
+struct Kube {
+    rt: tokio::runtime::Runtime,
+    client: kube::Client,
+    ns: String,
+}
+
+impl Kube {
+    fn admin(server: &ApiServer, ns: &str) -> Kube {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = rt.block_on(client(&server.kubeconfig("admin")));
+        let kube = Kube {
+            rt,
+            client,
+            ns: ns.to_string(),
+        };
+        let namespaces: Api<Namespace> = Api::all(kube.client.clone());
+        let namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+        kube.rt
+            .block_on(namespaces.create(&PostParams::default(), &namespace))
+            .unwrap();
+        kube
+    }
+
+    /// A client of a restarted API server, for a namespace that exists.
+    fn reconnect(server: &ApiServer, ns: &str) -> Kube {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = rt.block_on(client(&server.kubeconfig("admin")));
+        Kube {
+            rt,
+            client,
+            ns: ns.to_string(),
+        }
+    }
+
+    fn create_node(&self, name: &str) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node =
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": {"zone": "z1"}}}))
+                .unwrap();
+        self.rt
+            .block_on(nodes.create(&PostParams::default(), &node))
+            .unwrap();
+    }
+
+    fn templates(&self) -> Api<PodTemplate> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    fn create_template(&self, image: &str) {
+        self.create_template_with(image, "1");
+    }
+
+    fn create_template_with(&self, image: &str, max_unavailable: &str) {
+        let template = serde_json::from_value(json!({
+            "metadata": {"name": "web", "labels": {"podstamp.io/enabled": "true"},
+                "annotations": {"podstamp.io/max-unavailable": max_unavailable, "podstamp.io/progress-deadline": "5m"}},
+            "template": {"spec": {"containers": [{"name": "main", "image": image}]}}
+        }))
+        .unwrap();
+        self.rt
+            .block_on(self.templates().create(&PostParams::default(), &template))
+            .unwrap();
+    }
+
+    fn set_image(&self, image: &str) {
+        let patch =
+            json!({"template": {"spec": {"containers": [{"name": "main", "image": image}]}}});
+        self.rt
+            .block_on(self.templates().patch(
+                "web",
+                &PatchParams::default(),
+                &Patch::Strategic(patch),
+            ))
+            .unwrap();
+    }
+
+    /// Plays node `node`'s kubelet: its mirror pod of `revision`, Ready or
+    /// crashing (CrashLoopBackOff, last exit code 1).
+    fn kubelet_reports(&self, node: &str, revision: &str, ready: bool) {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+        let name = format!("web-{node}");
+        // A changed static pod is a new mirror pod, as the kubelet makes it.
+        let _ = self
+            .rt
+            .block_on(pods.delete(&name, &DeleteParams::default().grace_period(0)));
+        wait_for("the old mirror pod gone", STEP, || {
+            self.rt
+                .block_on(pods.get_opt(&name))
+                .unwrap()
+                .is_none()
+                .then_some(())
+        });
+        let pod = serde_json::from_value(json!({
+            "metadata": {"name": name,
+                "labels": {"podstamp.io/revision": revision},
+                "annotations": {"kubernetes.io/config.mirror": revision,
+                    "podstamp.io/source": format!("{}/web", self.ns)}},
+            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "web"}]}
+        }))
+        .unwrap();
+        self.rt
+            .block_on(pods.create(&PostParams::default(), &pod))
+            .unwrap();
+        let status = if ready {
+            json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]})
+        } else {
+            json!({"phase": "Running", "containerStatuses": [{"name": "main", "ready": false,
+                "restartCount": 2, "image": "web", "imageID": "",
+                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting failed container"}},
+                "lastState": {"terminated": {"exitCode": 1}}}]})
+        };
+        self.rt
+            .block_on(pods.patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": status })),
+            ))
+            .unwrap();
+    }
+}
+
+struct NodeUnderTest {
+    name: String,
+    dir: PathBuf,
+    daemon: Daemon,
+}
+
+impl NodeUnderTest {
+    fn manifest(&self) -> String {
+        fs::read_to_string(self.dir.join("web.yaml")).unwrap_or_default()
+    }
+
+    fn revision(&self) -> String {
+        let text = self.manifest();
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("podstamp.io/revision:"))
+            .unwrap_or_else(|| panic!("no revision in {text}"));
+        line.split(':')
+            .nth(1)
+            .unwrap()
+            .trim()
+            .trim_matches('"')
+            .to_string()
+    }
+}
+
+/// `podstamp status -o json`, parsed.
+fn status(server: &ApiServer, ns: &str) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_podstamp"))
+        .args(["status", "-n", ns, "-o", "json", "--kubeconfig"])
+        .arg(server.kubeconfig("admin"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "podstamp status: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Each node's phase of template web, by node name.
+fn phases(view: &Value) -> Vec<(String, String)> {
+    view["templates"][0]["nodes"]
+        .as_array()
+        .map(|nodes| {
+            nodes
+                .iter()
+                .map(|n| {
+                    (
+                        n["node"].as_str().unwrap().to_string(),
+                        n["phase"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn start(server: &ApiServer, ns: &str, tmp: &Path, config: &Path, name: &str) -> NodeUnderTest {
+    let dir = tmp.join(format!("manifests-{name}"));
+    fs::create_dir(&dir).unwrap();
+    start_again(server, ns, tmp, config, name, dir)
+}
+
+/// Waits until exactly `n` nodes have `image` in their manifest, checking
+/// on the way that no node writes it while another one is updating.
+fn wait_written(nodes: &[NodeUnderTest], image: &str, n: usize) -> Vec<usize> {
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| written(nodes, image, n)));
+    found.unwrap_or_else(|_| {
+        let logs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("{}:\n{}", n.name, n.daemon.logs()))
+            .collect();
+        panic!("{n} node(s) with {image}: timed out\n{}", logs.join("\n"))
+    })
+}
+
+fn written(nodes: &[NodeUnderTest], image: &str, n: usize) -> Vec<usize> {
+    wait_for(&format!("{n} node(s) with {image}"), STEP, || {
+        for node in nodes {
+            node.daemon.assert_running();
+        }
+        let with: Vec<usize> = (0..nodes.len())
+            .filter(|i| nodes[*i].manifest().contains(&format!("image: {image}")))
+            .collect();
+        assert!(
+            with.len() <= n,
+            "{image} written on {with:?}, expected at most {n}"
+        );
+        (with.len() == n).then_some(with)
+    })
+}
+
+#[test]
+fn an_update_rolls_one_node_at_a_time_and_a_failure_halts_it_everywhere() {
+    let server = shared_server();
+    let ns = unique("roll");
+    let kube = Kube::admin(server, &ns);
+    let tmp = tempfile::tempdir().unwrap();
+    let config = write_config(tmp.path());
+    kube.create_template("web:1");
+    let mut nodes = Vec::new();
+    for i in 1..=3 {
+        let name = unique(&format!("r{i}"));
+        kube.create_node(&name);
+        nodes.push(start(server, &ns, tmp.path(), &config, &name));
+    }
+    // First installs are not held back: every node writes at once.
+    wait_written(&nodes, "web:1", 3);
+    for node in &nodes {
+        kubelet_accepts(&[&node.dir], &node.name);
+        kube.kubelet_reports(&node.name, &node.revision(), true);
+    }
+    wait_for("every node ready on web:1", STEP, || {
+        let view = status(server, &ns);
+        (view["templates"][0]["ready"] == 3).then_some(())
+    });
+
+    // A good update: one node at a time.
+    kube.set_image("web:2");
+    let mut done: Vec<usize> = Vec::new();
+    for step in 1..=3 {
+        let with = wait_written(&nodes, "web:2", step);
+        let new: Vec<usize> = with.iter().copied().filter(|i| !done.contains(i)).collect();
+        assert_eq!(new.len(), 1, "{with:?} after {done:?}");
+        let updating = &nodes[new[0]];
+        // The others that have not written it wait for the slot.
+        let view = wait_for("the others waiting", STEP, || {
+            let view = status(server, &ns);
+            let phases = phases(&view);
+            let waiting = phases.iter().filter(|(_, p)| p == "waiting").count();
+            (waiting == 3 - step).then_some(view)
+        });
+        assert_eq!(view["templates"][0]["updated"], step, "{view:#}");
+        kube.kubelet_reports(&updating.name, &updating.revision(), true);
+        done.push(new[0]);
+    }
+    let view = wait_for("every node ready on web:2", STEP, || {
+        let view = status(server, &ns);
+        (view["templates"][0]["ready"] == 3).then_some(view)
+    });
+    assert_eq!(view["templates"][0]["pending"], 0, "{view:#}");
+
+    // A bad update: the first node's container crashes; it is rolled back
+    // there and no other node writes it.
+    kube.set_image("web:3");
+    let with = wait_written(&nodes, "web:3", 1);
+    let first = &nodes[with[0]];
+    let bad = first.revision();
+    kube.kubelet_reports(&first.name, &bad, false);
+    let rolled_back = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("web:3 rolled back on the first node", STEP, || {
+            first.manifest().contains("image: web:2").then_some(())
+        })
+    }));
+    if rolled_back.is_err() {
+        panic!("not rolled back:\n{}", first.daemon.logs());
+    }
+    let view = wait_for("the others halted", STEP, || {
+        let view = status(server, &ns);
+        let phases = phases(&view);
+        let halted = phases.iter().filter(|(_, p)| p == "halted").count();
+        (halted == 2).then_some(view)
+    });
+    assert_eq!(view["templates"][0]["failed"], 1, "{view:#}");
+    for node in &nodes {
+        assert!(
+            node.manifest().contains("image: web:2"),
+            "{}: {}",
+            node.name,
+            node.manifest()
+        );
+    }
+    let table = Command::new(env!("CARGO_BIN_EXE_podstamp"))
+        .args(["status", "-n", &ns, "web", "--kubeconfig"])
+        .arg(server.kubeconfig("admin"))
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("CrashLoopBackOff") && table.contains("halted"),
+        "{table}"
+    );
+
+    // A newer update rolls again.
+    kube.set_image("web:4");
+    let with = wait_written(&nodes, "web:4", 1);
+    let node = &nodes[with[0]];
+    kube.kubelet_reports(&node.name, &node.revision(), true);
+    wait_written(&nodes, "web:4", 2);
+}
+
+/// Reports Ready for every node that has `image` and was not reported yet,
+/// until all of `expected` have it: the rollout walks through them.
+fn roll_through(kube: &Kube, nodes: &[&NodeUnderTest], image: &str) {
+    let mut reported: Vec<String> = Vec::new();
+    while reported.len() < nodes.len() {
+        let next = wait_for(&format!("another node writing {image}"), STEP, || {
+            for node in nodes {
+                node.daemon.assert_running();
+            }
+            nodes
+                .iter()
+                .find(|n| {
+                    !reported.contains(&n.name) && n.manifest().contains(&format!("image: {image}"))
+                })
+                .copied()
+        });
+        kube.kubelet_reports(&next.name, &next.revision(), true);
+        reported.push(next.name.clone());
+    }
+}
+
+/// The images of every revision a node kept (its revision history).
+fn kept_images(tmp: &Path, node: &str) -> String {
+    let mut all = String::new();
+    for dir in fs::read_dir(tmp.join(format!("revisions-{node}"))).unwrap() {
+        for file in fs::read_dir(dir.unwrap().path()).unwrap() {
+            all.push_str(&fs::read_to_string(file.unwrap().path()).unwrap());
+        }
+    }
+    all
+}
+
+#[test]
+fn a_killed_slot_holder_delays_the_rollout_by_its_lease_and_a_newer_target_supersedes() {
+    let server = shared_server();
+    let ns = unique("rollkill");
+    let kube = Kube::admin(server, &ns);
+    let tmp = tempfile::tempdir().unwrap();
+    let config = write_config(tmp.path());
+    kube.create_template("web:1");
+    let mut nodes = Vec::new();
+    for i in 1..=3 {
+        let name = unique(&format!("k{i}"));
+        kube.create_node(&name);
+        nodes.push(start(server, &ns, tmp.path(), &config, &name));
+    }
+    wait_written(&nodes, "web:1", 3);
+    for node in &nodes {
+        kube.kubelet_reports(&node.name, &node.revision(), true);
+    }
+    wait_for("every node ready on web:1", STEP, || {
+        (status(server, &ns)["templates"][0]["ready"] == 3).then_some(())
+    });
+
+    // The first node to write web:2 is killed while it holds the slot.
+    kube.set_image("web:2");
+    let first = wait_written(&nodes, "web:2", 1)[0];
+    let killed = nodes.remove(first);
+    let (killed_name, killed_dir) = (killed.name.clone(), killed.dir.clone());
+    drop(killed.daemon);
+    // Its slot expires (5 s without renewal): the next node writes.
+    let second = wait_written(&nodes, "web:2", 1)[0];
+    assert!(
+        nodes[second].daemon.logs().contains("took a rollout slot"),
+        "{}",
+        nodes[second].daemon.logs()
+    );
+    // A newer target while the second holds the slot: written with it at
+    // once, and the third node never writes web:2.
+    kube.set_image("web:3");
+    let holder = &nodes[second];
+    wait_for("the slot holder on web:3", STEP, || {
+        holder.manifest().contains("image: web:3").then_some(())
+    });
+    let third = &nodes[1 - second];
+    assert!(
+        third.manifest().contains("image: web:1"),
+        "{}",
+        third.manifest()
+    );
+    roll_through(&kube, &[&nodes[0], &nodes[1]], "web:3");
+    assert!(
+        !kept_images(tmp.path(), &third.name).contains("image: web:2"),
+        "{} wrote web:2",
+        third.name
+    );
+    // The killed node, back, catches up to web:3; its web:2 is gone.
+    let back = start_again(server, &ns, tmp.path(), &config, &killed_name, killed_dir);
+    roll_through(&kube, &[&back], "web:3");
+    let view = wait_for("every node ready on web:3", STEP, || {
+        let view = status(server, &ns);
+        (view["templates"][0]["ready"] == 3).then_some(view)
+    });
+    assert_eq!(view["templates"][0]["pending"], 0, "{view:#}");
+}
+
+/// A node's daemon, started (again) on its directories.
+fn start_again(
+    server: &ApiServer,
+    ns: &str,
+    tmp: &Path,
+    config: &Path,
+    name: &str,
+    dir: PathBuf,
+) -> NodeUnderTest {
+    let daemon = Daemon::start(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--kubeconfig",
+            server.kubeconfig("admin").to_str().unwrap(),
+            "--namespace",
+            ns,
+            "--node-name",
+            name,
+            "--manifest-dir",
+            dir.to_str().unwrap(),
+            "--revisions-dir",
+            tmp.join(format!("revisions-{name}")).to_str().unwrap(),
+            "--slot-lease-duration",
+            "5s",
+        ],
+        tmp.join(format!("podstamp-{name}-{}.log", unique("log"))),
+    );
+    NodeUnderTest {
+        name: name.to_string(),
+        dir,
+        daemon,
+    }
+}
+
+/// An API server outage longer than the slot's lease, mid-rollout: its
+/// holder could not renew it meanwhile, and keeps it when the API server is
+/// back (the others wait a whole lease of watching first); the rollout goes
+/// on once the holder's revision is Ready.
+#[test]
+fn an_api_server_outage_mid_rollout_takes_no_slot_from_its_holder() {
+    let state = tempfile::tempdir().unwrap();
+    let mut server = ApiServer::start(&state.path().join("apiserver"));
+    let ns = unique("rollapi");
+    let kube = Kube::admin(&server, &ns);
+    let tmp = tempfile::tempdir().unwrap();
+    let config = write_config(tmp.path());
+    kube.create_template("web:1");
+    let mut nodes = Vec::new();
+    for i in 1..=2 {
+        let name = unique(&format!("a{i}"));
+        kube.create_node(&name);
+        nodes.push(start(&server, &ns, tmp.path(), &config, &name));
+    }
+    wait_written(&nodes, "web:1", 2);
+    for node in &nodes {
+        kube.kubelet_reports(&node.name, &node.revision(), true);
+    }
+    wait_for("both nodes ready on web:1", STEP, || {
+        (status(&server, &ns)["templates"][0]["ready"] == 2).then_some(())
+    });
+    kube.set_image("web:2");
+    let holder = &nodes[wait_written(&nodes, "web:2", 1)[0]];
+    let other = nodes.iter().find(|n| n.name != holder.name).unwrap();
+    let renewals = |node: &NodeUnderTest| {
+        node.daemon
+            .metric("podstamp_rollout_api_writes_total{object=\"slot\",result=\"ok\"}")
+    };
+
+    // Away for longer than the lease (5 s): nobody can renew or read it.
+    server.kill();
+    std::thread::sleep(Duration::from_secs(8));
+    let before = renewals(holder);
+    server = ApiServer::start(&state.path().join("apiserver"));
+    let renewed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("the holder renewing its slot again", STEP, || {
+            holder.daemon.assert_running();
+            (renewals(holder) > before).then_some(())
+        })
+    }));
+    if renewed.is_err() {
+        panic!("no renewal by {}:\n{}", holder.name, holder.daemon.logs());
+    }
+    // More than a lease later, the slot is still the holder's.
+    std::thread::sleep(Duration::from_secs(7));
+    assert!(
+        other.manifest().contains("image: web:1"),
+        "{} wrote web:2 while {} held the slot:\n{}",
+        other.name,
+        holder.name,
+        other.daemon.logs()
+    );
+    let view = status(&server, &ns);
+    let phases = phases(&view);
+    assert!(
+        phases.contains(&(other.name.clone(), "waiting".to_string())),
+        "{view:#}"
+    );
+    // The holder's revision Ready: the other node goes on.
+    let kube = Kube::reconnect(&server, &ns);
+    kube.kubelet_reports(&holder.name, &holder.revision(), true);
+    wait_written(&nodes, "web:2", 2);
+}
+
+#[test]
+fn with_two_slots_two_nodes_update_at_once_and_the_third_waits() {
+    let server = shared_server();
+    let ns = unique("roll2");
+    let kube = Kube::admin(server, &ns);
+    let tmp = tempfile::tempdir().unwrap();
+    let config = write_config(tmp.path());
+    kube.create_template_with("web:1", "2");
+    let mut nodes = Vec::new();
+    for i in 1..=3 {
+        let name = unique(&format!("t{i}"));
+        kube.create_node(&name);
+        nodes.push(start(server, &ns, tmp.path(), &config, &name));
+    }
+    wait_written(&nodes, "web:1", 3);
+    for node in &nodes {
+        kube.kubelet_reports(&node.name, &node.revision(), true);
+    }
+    wait_for("every node ready on web:1", STEP, || {
+        (status(server, &ns)["templates"][0]["ready"] == 3).then_some(())
+    });
+    // `status --watch` follows the rollout: it prints again on each change.
+    let mut watching = Command::new(env!("CARGO_BIN_EXE_podstamp"))
+        .args(["status", "-n", &ns, "--watch", "--kubeconfig"])
+        .arg(server.kubeconfig("admin"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    kube.set_image("web:2");
+    // Two write it with no Ready in between; the third waits.
+    let two = wait_written(&nodes, "web:2", 2);
+    let third = (0..3).find(|i| !two.contains(i)).unwrap();
+    wait_for("the third waiting", STEP, || {
+        phases(&status(server, &ns))
+            .contains(&(nodes[third].name.clone(), "waiting".to_string()))
+            .then_some(())
+    });
+    kube.kubelet_reports(&nodes[two[0]].name, &nodes[two[0]].revision(), true);
+    wait_written(&nodes, "web:2", 3);
+    wait_for("the third waiting no more", STEP, || {
+        (!phases(&status(server, &ns))
+            .contains(&(nodes[third].name.clone(), "waiting".to_string())))
+        .then_some(())
+    });
+    let _ = watching.kill();
+    let out = watching.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let tables: Vec<&str> = text.split("\n\n").collect();
+    assert!(tables.len() >= 3, "status --watch printed once:\n{text}");
+    assert!(tables.iter().any(|t| t.contains("waiting")), "{text}");
+    assert!(tables[0].starts_with("TEMPLATE"), "{text}");
+}
