@@ -1,0 +1,177 @@
+//! `podstamp run` against the real kube-apiserver of the test harness, side
+//! by side with what users do today: tests/bench/kubectl-poller.sh, a loop
+//! of `kubectl get -o json` + write every second. One API server, six
+//! parts, each in a namespace of its own and a module of its own (what
+//! they share is in `bench`, `objects`, `observe`, `report`):
+//!
+//! * `latency`: update a PodTemplate, time until the new manifest is renamed
+//!   into place (inotify), for podstamp and for the poller.
+//! * `sync`: 1,000 selected templates among 11,000: time to all manifests,
+//!   the API requests made, and the kube-runtime list options compared.
+//! * `footprint`: RSS, idle CPU, cold and warm start to ready.
+//! * `fanout`: N daemons, one update, time until all N manifests are written,
+//!   and the API server's watch count.
+//! * `reload`: a settings edit in the configuration file (renamed into
+//!   place), time until the affected manifest is renamed into place, with a
+//!   warm code cache; and RSS after reloads that each load a plugin of a new
+//!   digest, against after the first. The directory source: no API server
+//!   is used by these. Then the same settings edit in a catalog ConfigMap
+//!   (`daemon.catalog.configMap`, the API source): time until the affected
+//!   manifest is renamed into place.
+//! * `kubelet`: a template change until the real kubelet (tests/harness
+//!   `podstamp-node`) runs the new container, side by side with the
+//!   kubelet's own floor: a manifest renamed into its directory by hand.
+//!   Needs root, containerd, runc and busybox-static; waits for the
+//!   machine-wide node lock of the kubelet tests.
+//!
+//! It prints figures next to the targets of issue 5 and asserts nothing
+//! about timing: the machine is shared and figures are noisy.
+//!
+//! Run: `bash tests/harness/build.sh && bash plugins/build.sh && cargo bench --bench daemon [-- latency|sync|footprint|fanout|reload|kubelet]`.
+//! Sizes: PODSTAMP_BENCH_UPDATES (default 200; the poller's share takes
+//! about 1.1 s per update, some 4 minutes), PODSTAMP_BENCH_DAEMONS (default 50),
+//! PODSTAMP_BENCH_RELOADS (default 100), PODSTAMP_BENCH_KUBELET_CHANGES
+//! (default 20 of each shape; an update takes the kubelet 10–15 s).
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+// The tests' helpers, of which the bench uses only some.
+#[allow(unused_imports)]
+#[path = "../../../tests/daemon/support.rs"]
+mod support;
+// The kubelet tests' node (podstamp-node), its teardown and their lock.
+#[path = "../../../tests/kubelet/support.rs"]
+mod node;
+
+mod apimetrics;
+mod bench;
+mod fanout;
+mod footprint;
+mod kubelet;
+mod latency;
+mod objects;
+mod observe;
+mod poller;
+mod procfs;
+mod reload;
+mod report;
+mod sync;
+
+use std::fs;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bench::Bench;
+
+const SELECTOR: &str = "podstamp.io/enabled=true";
+/// How long one change may take to reach the disk before it counts as lost.
+const CHANGE_LIMIT: Duration = Duration::from_secs(10);
+/// How long a daemon may take to become ready.
+const READY_LIMIT: Duration = Duration::from_secs(120);
+const PARTS: [&str; 6] = [
+    "latency",
+    "sync",
+    "footprint",
+    "fanout",
+    "reload",
+    "kubelet",
+];
+
+fn main() {
+    // cargo bench passes `--bench`; the other words name the parts to run.
+    let words: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    if let Some(bad) = words.iter().find(|w| !PARTS.contains(&w.as_str())) {
+        eprintln!(
+            "unknown part {bad:?}: use one or more of {}",
+            PARTS.join(", ")
+        );
+        std::process::exit(2);
+    }
+    let run = |part: &str| words.is_empty() || words.iter().any(|w| w == part);
+    let plugins = common::repo().join("target/plugins");
+    if ["arch-image", "node-env", "substitute"]
+        .iter()
+        .any(|p| !plugins.join(format!("{p}.wasm")).is_file())
+    {
+        eprintln!("the plugins are not built: run `bash plugins/build.sh` first");
+        std::process::exit(2);
+    }
+    let apiserver = std::env::var_os("PODSTAMP_HARNESS_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| common::repo().join("target/harness"))
+        .join("podstamp-apiserver");
+    if !apiserver.is_file() {
+        eprintln!(
+            "{} is missing: build the test harness with `bash tests/harness/build.sh` first",
+            apiserver.display()
+        );
+        std::process::exit(2);
+    }
+    let updates = env_size("PODSTAMP_BENCH_UPDATES", 200);
+    let daemons = env_size("PODSTAMP_BENCH_DAEMONS", 50);
+    println!(
+        "command: PODSTAMP_BENCH_UPDATES={updates} PODSTAMP_BENCH_DAEMONS={daemons} cargo bench --bench daemon{}{}",
+        if words.is_empty() { "" } else { " -- " },
+        words.join(" ")
+    );
+    println!(
+        "machine: {} CPUs, shared with other work: figures are noisy; nothing here is asserted",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    let mut bench = Bench::new(updates, daemons);
+    println!(
+        "podstamp: a copy of {} (built {}) in {}",
+        env!("CARGO_BIN_EXE_podstamp"),
+        fs::metadata(env!("CARGO_BIN_EXE_podstamp"))
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or("?".into(), |d| {
+                let s = d.as_secs() % 86_400;
+                format!("{:02}:{:02}:{:02} UTC", s / 3600, s / 60 % 60, s % 60)
+            }),
+        bench.binary.display()
+    );
+    println!(
+        "API server: podstamp-apiserver (kube-apiserver {}) at {}, state in {}",
+        bench.server_version(),
+        bench.server.url,
+        bench.server.dir.display()
+    );
+    if !bench.has_poller {
+        println!(
+            "kubectl or jq is missing (apt-get install kubectl jq): the poller baseline is left out"
+        );
+    }
+    if run("latency") {
+        bench.latency();
+    }
+    if run("sync") {
+        bench.sync();
+    }
+    if run("footprint") {
+        bench.footprint();
+    }
+    if run("fanout") {
+        bench.fanout();
+    }
+    if run("reload") {
+        bench.reload(env_size("PODSTAMP_BENCH_RELOADS", 100));
+    }
+    if run("kubelet") {
+        bench.kubelet(env_size("PODSTAMP_BENCH_KUBELET_CHANGES", 20));
+    }
+}
+
+fn env_size(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(text) => text.parse().unwrap_or_else(|_| {
+            eprintln!("{name}={text:?}: expected a whole number");
+            std::process::exit(2);
+        }),
+        Err(_) => default,
+    }
+}

@@ -1,0 +1,71 @@
+//! A process's RSS and CPU time from /proc, sampled over a window.
+
+use std::fs;
+use std::time::{Duration, Instant};
+
+/// A `kVALUE` line of /proc/PID/status, in KiB.
+pub fn proc_status_kib(pid: u32, key: &str) -> Option<u64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The fields of /proc/PID/stat after the command name.
+pub fn proc_stat(pid: u32) -> Option<Vec<u64>> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 2..];
+    // Field 3 (state) is a letter; keep the numbering by putting 0 there.
+    Some(
+        rest.split_whitespace()
+            .map(|f| f.parse().unwrap_or(0))
+            .collect(),
+    )
+}
+
+/// utime + stime (+ cutime + cstime: children waited for) in clock ticks.
+pub fn proc_ticks(pid: u32, children: bool) -> Option<u64> {
+    let f = proc_stat(pid)?;
+    // Fields 14..=17 of stat, counted from 3 here.
+    let (utime, stime, cutime, cstime) = (f[11], f[12], f[13], f[14]);
+    Some(utime + stime + if children { cutime + cstime } else { 0 })
+}
+
+/// The RSS of every process in process group `pgid`, in KiB.
+pub fn group_rss_kib(pgid: u32) -> u64 {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| proc_stat(pid).is_some_and(|f| f.get(2) == Some(&u64::from(pgid))))
+        .filter_map(|pid| proc_status_kib(pid, "VmRSS"))
+        .sum()
+}
+
+pub fn clock_ticks() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 { ticks as u64 } else { 100 }
+}
+
+/// The CPU ticks `ticks` counts over `window`, and the peak of `rss`,
+/// sampled every 100 ms.
+pub fn observe(
+    window: Duration,
+    ticks: impl Fn() -> Option<u64>,
+    rss: impl Fn() -> u64,
+) -> (Option<u64>, u64) {
+    let start = ticks();
+    let end = Instant::now() + window;
+    let mut peak = 0;
+    while Instant::now() < end {
+        peak = peak.max(rss());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (start.zip(ticks()).map(|(a, b)| b.saturating_sub(a)), peak)
+}

@@ -1,0 +1,349 @@
+//! `sync`: 1,000 selected templates among 11,000 in one namespace: time
+//! from the daemon's start to all manifests, the API requests it made, the
+//! poller's first sweep over the same namespace, and the initial list alone
+//! through kube-runtime's watcher with each list option.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::PodTemplate;
+use kube::api::{Api, PostParams};
+use kube::runtime::watcher;
+
+use crate::apimetrics::{print_requests, request_delta};
+use crate::bench::Bench;
+use crate::objects::template;
+use crate::observe::Renames;
+use crate::poller::Poller;
+use crate::procfs::proc_status_kib;
+use crate::report::{mib, ms, verdict};
+use crate::{READY_LIMIT, SELECTOR};
+
+impl Bench {
+    pub fn sync(&mut self) {
+        const SELECTED: usize = 1000;
+        const UNSELECTED: usize = 10_000;
+        println!(
+            "\n== initial sync: {SELECTED} selected templates + {UNSELECTED} unselected in the namespace =="
+        );
+        let ns = self.namespace("sync");
+        let node = "bench-sync-node";
+        self.node(node);
+        let objects: Vec<PodTemplate> = (0..SELECTED)
+            .map(|i| template(&format!("sel-{i:04}"), "S000000", true))
+            .chain((0..UNSELECTED).map(|i| template(&format!("other-{i:05}"), "S000000", false)))
+            .collect();
+        let start = Instant::now();
+        let (created, failed) = self
+            .rt
+            .block_on(create_all(self.templates(&ns), objects, 32));
+        println!(
+            "  created {created} templates in {:.1} s (32 requests in flight){}",
+            start.elapsed().as_secs_f64(),
+            if failed.is_empty() {
+                String::new()
+            } else {
+                format!(", {} failed, first: {}", failed.len(), failed[0])
+            }
+        );
+        let features = self.api_metrics();
+        let gate = |name: &str| {
+            features
+                .iter()
+                .find(|s| s.name == "kubernetes_feature_enabled" && s.label("name") == name)
+                .map_or("not listed".to_string(), |s| {
+                    format!(
+                        "{} ({})",
+                        if s.value > 0.0 { "on" } else { "off" },
+                        s.label("stage")
+                    )
+                })
+        };
+        println!(
+            "  API server feature gates: WatchList {}, ConsistentListFromCache {}, ListFromCacheSnapshot {}",
+            gate("WatchList"),
+            gate("ConsistentListFromCache"),
+            gate("ListFromCacheSnapshot")
+        );
+
+        // The daemon.
+        let dir = self.dir("sync/podstamp");
+        let mut renames = Renames::watch(std::slice::from_ref(&dir));
+        let before = self.api_metrics();
+        let spawned = Instant::now();
+        let daemon = self.daemon(&ns, node, &dir, &self.cache);
+        let mut seen = BTreeSet::new();
+        let (mut first, mut half, mut all, mut ready) = (None, None, None, None);
+        let deadline = spawned + READY_LIMIT;
+        let mut next_probe = Instant::now();
+        while (all.is_none() || ready.is_none()) && Instant::now() < deadline {
+            // inotify for the files, /readyz every 10 ms in between.
+            for (_, name, when) in renames.next(Instant::now() + Duration::from_millis(10)) {
+                if !name.starts_with('.') && seen.insert(name) {
+                    let took = when - spawned;
+                    first.get_or_insert(took);
+                    if seen.len() == SELECTED / 2 {
+                        half = Some(took);
+                    }
+                    if seen.len() == SELECTED {
+                        all = Some(took);
+                    }
+                }
+            }
+            if ready.is_none() && Instant::now() >= next_probe {
+                if daemon.get("/readyz").is_some_and(|(code, _)| code == 200) {
+                    ready = Some(spawned.elapsed());
+                }
+                next_probe = Instant::now() + Duration::from_millis(10);
+            }
+        }
+        // Give the watch requests a moment to be counted, then read both sides.
+        std::thread::sleep(Duration::from_millis(500));
+        let after = self.api_metrics();
+        let metrics = daemon
+            .get("/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default();
+        let daemon_metric = |sample: &str| {
+            metrics.lines().find_map(|l| {
+                l.strip_prefix(sample)?
+                    .strip_prefix(' ')?
+                    .parse::<f64>()
+                    .ok()
+            })
+        };
+        let rss = (
+            proc_status_kib(daemon.pid(), "VmRSS"),
+            proc_status_kib(daemon.pid(), "VmHWM"),
+        );
+        if let (Some(rss), Some(hwm)) = rss {
+            self.after_sync_rss = Some((rss, hwm));
+        }
+        let initial_sync = daemon_metric("podstamp_initial_sync_seconds");
+        let show = |d: Option<Duration>| d.map_or("timed out".to_string(), ms);
+        println!("  podstamp (3 plugins, warm code cache, log level warn):");
+        println!(
+            "    spawn -> first manifest written        {:>12}",
+            show(first)
+        );
+        println!(
+            "    spawn -> {:>4}th manifest written       {:>12}",
+            SELECTED / 2,
+            show(half)
+        );
+        println!(
+            "    spawn -> all {SELECTED} manifests written      {:>12}   ({} files seen)",
+            show(all),
+            seen.len()
+        );
+        println!(
+            "    spawn -> /readyz 200                   {:>12}",
+            show(ready)
+        );
+        println!(
+            "    podstamp_initial_sync_seconds          {:>12}   target < 1 s after the list returns: {}",
+            initial_sync.map_or("absent".into(), |s| ms(Duration::from_secs_f64(s))),
+            initial_sync.map_or("unknown", |s| verdict(s < 1.0))
+        );
+        let templates = daemon_metric("podstamp_templates");
+        println!(
+            "    podstamp_templates                     {:>12}   (server-side selection: {})",
+            templates.map_or("absent".into(), |n| format!("{n}")),
+            templates.map_or("unknown", |n| if n as usize == SELECTED {
+                "only the selected ones reached the daemon"
+            } else {
+                "NOT as expected"
+            })
+        );
+        println!(
+            "    renders written / unchanged / failed   {:>12}",
+            format!(
+                "{} / {} / {}",
+                daemon_metric("podstamp_renders_total{result=\"written\"}").unwrap_or(0.0),
+                daemon_metric("podstamp_renders_total{result=\"unchanged\"}").unwrap_or(0.0),
+                daemon_metric("podstamp_renders_total{result=\"failed\"}").unwrap_or(0.0)
+            )
+        );
+        for plugin in ["arch-image", "node-env", "substitute"] {
+            let labels = format!("{{plugin=\"{plugin}\",result=\"ok\"}}");
+            if let (Some(sum), Some(count)) = (
+                daemon_metric(&format!(
+                    "podstamp_plugin_call_duration_seconds_sum{labels}"
+                )),
+                daemon_metric(&format!(
+                    "podstamp_plugin_call_duration_seconds_count{labels}"
+                )),
+            ) {
+                println!(
+                    "    plugin {plugin:<11} calls {count:>5}, total {:>9}, mean {:>7.0} µs",
+                    ms(Duration::from_secs_f64(sum)),
+                    sum / count.max(1.0) * 1e6
+                );
+            }
+        }
+        if let (Some(rss), Some(hwm)) = rss {
+            println!(
+                "    RSS after the sync                     {:>12}   (peak {})",
+                mib(rss),
+                mib(hwm)
+            );
+        }
+        println!(
+            "    API requests made by the daemon (the API server's apiserver_request_total, by verb):"
+        );
+        print_requests(&before, &after, "      ");
+        drop(daemon);
+
+        // The poller's first sweep: one kubectl get of the 1,000 selected.
+        if self.has_poller {
+            let dir = self.dir("sync/poller");
+            let before = self.api_metrics();
+            let start = Instant::now();
+            let mut poller = Poller::start(
+                &[&ns, SELECTOR, dir.to_str().unwrap(), "1"],
+                &self.server.kubeconfig("admin"),
+                &self.root.join("logs/poller-sync.log"),
+                true,
+            );
+            let status = poller.wait(READY_LIMIT);
+            let took = start.elapsed();
+            let after = self.api_metrics();
+            let files = fs::read_dir(&dir).map_or(0, |d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                    .count()
+            });
+            println!("  kubectl poller, first sweep (POLL_ONCE=1):");
+            println!(
+                "    start -> all manifests written         {:>12}   ({files} files, exit {})",
+                ms(took),
+                status.map_or("timed out".into(), |s| s
+                    .code()
+                    .map_or(s.to_string(), |c| c.to_string()))
+            );
+            println!("    API requests made by kubectl:");
+            print_requests(&before, &after, "      ");
+        }
+
+        self.list_options(&ns);
+    }
+
+    /// The initial list alone, through kube-runtime's watcher as podstamp
+    /// uses it (host/src/daemon/source.rs), with each list option: time to
+    /// the end of the initial list, and the requests it made.
+    fn list_options(&self, ns: &str) {
+        println!("  the initial list alone (kube-runtime 5 watcher, in-process), median of 3:");
+        let base = watcher::Config::default().labels(SELECTOR);
+        let mut unpaged = base.clone();
+        unpaged.page_size = None;
+        let variants = [
+            (
+                "default: list, page 500, most recent (podstamp)",
+                base.clone(),
+            ),
+            ("list, unpaged, most recent", unpaged),
+            (
+                "list, page 500, any_semantic (rv=0, cache)",
+                base.clone().any_semantic(),
+            ),
+            (
+                "streaming_lists (sendInitialEvents watch)",
+                base.clone().streaming_lists(),
+            ),
+        ];
+        println!(
+            "    {:<50} {:>9} {:>6}  requests per list",
+            "watcher config", "time", "items"
+        );
+        for (name, config) in variants {
+            let mut times = Vec::new();
+            let mut items = 0;
+            let mut requests = String::new();
+            let mut error = None;
+            for _ in 0..3 {
+                let before = self.api_metrics();
+                let result = self.rt.block_on(initial_list(
+                    self.templates(ns),
+                    config.clone(),
+                    READY_LIMIT,
+                ));
+                // A streaming list's watch is counted when it closes.
+                std::thread::sleep(Duration::from_millis(300));
+                let after = self.api_metrics();
+                match result {
+                    Ok((took, n)) => {
+                        times.push(took);
+                        items = n;
+                    }
+                    Err(e) => error = Some(e),
+                }
+                requests = request_delta(&before, &after)
+                    .iter()
+                    .filter(|((resource, _), _)| resource == "podtemplates")
+                    .map(|((_, verb), n)| format!("{verb} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+            }
+            times.sort();
+            let median = times.get(times.len() / 2).copied();
+            println!(
+                "    {name:<50} {:>9} {items:>6}  {}{}",
+                median.map_or("failed".into(), ms),
+                if requests.is_empty() { "-" } else { &requests },
+                error.map_or(String::new(), |e| format!("  (error: {e})"))
+            );
+        }
+    }
+}
+
+/// Creates `objects` with at most `in_flight` requests at a time: the count
+/// created and the errors.
+async fn create_all(
+    api: Api<PodTemplate>,
+    objects: Vec<PodTemplate>,
+    in_flight: usize,
+) -> (usize, Vec<String>) {
+    let results: Vec<Result<(), String>> = futures::stream::iter(objects)
+        .map(|object| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &object)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+        })
+        .buffer_unordered(in_flight)
+        .collect()
+        .await;
+    let created = results.iter().filter(|r| r.is_ok()).count();
+    (
+        created,
+        results.into_iter().filter_map(Result::err).collect(),
+    )
+}
+
+/// Runs a watcher until its initial list is done: the time it took and the
+/// objects it listed.
+async fn initial_list(
+    api: Api<PodTemplate>,
+    config: watcher::Config,
+    limit: Duration,
+) -> Result<(Duration, usize), String> {
+    let start = Instant::now();
+    let mut stream = std::pin::pin!(watcher::watcher(api, config));
+    let mut items = 0;
+    loop {
+        let left = limit.saturating_sub(start.elapsed());
+        match tokio::time::timeout(left, stream.next()).await {
+            Err(_) => return Err("timed out".into()),
+            Ok(None) => return Err("the stream ended".into()),
+            Ok(Some(Err(e))) => return Err(e.to_string()),
+            Ok(Some(Ok(watcher::Event::InitApply(_)))) => items += 1,
+            Ok(Some(Ok(watcher::Event::InitDone))) => return Ok((start.elapsed(), items)),
+            Ok(Some(Ok(_))) => {}
+        }
+    }
+}
