@@ -1126,3 +1126,123 @@ fn a_restart_mid_rollout_still_rolls_back_and_a_held_revision_stays_held() {
 
     stop_all(daemon, node, &dir);
 }
+
+/// Three real kubelets on one machine, each with its podstamp: an update
+/// rolls through them one at a time (each node's new container Ready, for
+/// the 10 s that make a success, before the next node writes: checked from
+/// the times each step was seen), and an update whose container crashes
+/// stops at the first node, is rolled back there, and is never written on
+/// the other two.
+#[test]
+fn three_kubelets_roll_an_update_one_node_at_a_time_and_stop_on_a_crash() {
+    let _serial = serial();
+    let server = shared_server();
+    let ns = unique("kl3");
+    let kube = Kube::new(server, &ns);
+    kube.create_namespace();
+    kube.create_template(template("web", "1"));
+    let mut nodes = Vec::new();
+    for name in ["kl-r1", "kl-r2", "kl-r3"] {
+        let dir = node_dir(name);
+        let node = Node::start(&dir, &server.kubeconfig("admin"), name);
+        let daemon = start_podstamp(&dir, server, &ns, &node, &["--slot-lease-duration", "5s"]);
+        nodes.push((dir, node, daemon));
+    }
+    let mut good = Vec::new();
+    for (_, node, daemon) in &nodes {
+        let revision = new_revision(node, daemon, None);
+        wait_ready_revision(&kube, node, daemon, &revision, "VERSION=1");
+        good.push(revision);
+    }
+
+    // VERSION=2: when each node wrote it, and when its mirror pod was Ready
+    // with it, as seen by polling every 50 ms.
+    set_version(&kube, "2");
+    let started = std::time::Instant::now();
+    let mut written: Vec<Option<Duration>> = vec![None; 3];
+    let mut ready: Vec<Option<Duration>> = vec![None; 3];
+    wait_for(
+        "VERSION=2 Ready on the three nodes",
+        Duration::from_secs(300),
+        || {
+            for (i, (_, node, daemon)) in nodes.iter().enumerate() {
+                daemon.assert_running();
+                let text =
+                    fs::read_to_string(node.manifests().join("web.yaml")).unwrap_or_default();
+                if written[i].is_none() && revision_of(&text).is_some_and(|r| r != good[i]) {
+                    written[i] = Some(started.elapsed());
+                }
+                let mirror = kube.pod(&format!("web-{}", node.name));
+                let on_new = revision_of(&text).filter(|r| *r != good[i]);
+                if ready[i].is_none()
+                    && let (Some(pod), Some(revision)) = (&mirror, &on_new)
+                    && mirror_revision(pod) == Some(revision.as_str())
+                    && is_ready(pod)
+                {
+                    ready[i] = Some(started.elapsed());
+                }
+            }
+            ready.iter().all(Option::is_some).then_some(())
+        },
+    );
+    let mut steps: Vec<(Duration, Duration)> = written
+        .iter()
+        .zip(&ready)
+        .map(|(w, r)| (w.unwrap(), r.unwrap()))
+        .collect();
+    steps.sort();
+    for pair in steps.windows(2) {
+        // The next node wrote only after the previous one was Ready (and,
+        // 10 s later, freed its slot).
+        assert!(
+            pair[1].0 > pair[0].1,
+            "two nodes updating at once: {steps:?}"
+        );
+    }
+    let updated: Vec<String> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, (_, node, daemon))| new_revision(node, daemon, Some(&good[i])))
+        .collect();
+    for (i, (_, node, daemon)) in nodes.iter().enumerate() {
+        wait_event(&kube, node, daemon, "RolloutSucceeded", &[&updated[i]]);
+    }
+
+    // A container that exits 1: one node writes it, the kubelet's
+    // CrashLoopBackOff rolls it back there, and the others never write it.
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "main", "command": ["sh", "-c", "exit 1"]}]}}}),
+    );
+    let first = wait_for("a node writing the crashing revision", CONVERGE, || {
+        nodes.iter().position(|(_, node, _)| {
+            fs::read_to_string(node.manifests().join("web.yaml"))
+                .unwrap_or_default()
+                .contains("exit 1")
+        })
+    });
+    let (_, node, daemon) = &nodes[first];
+    wait_event(
+        &kube,
+        node,
+        daemon,
+        "RolloutFailed",
+        &["CrashLoopBackOff", "rolled back"],
+    );
+    wait_ready_revision(&kube, node, daemon, &updated[first], "VERSION=2");
+    for (i, (_, node, daemon)) in nodes.iter().enumerate() {
+        if i == first {
+            continue;
+        }
+        wait_event(&kube, node, daemon, "RolloutHalted", &[&node.name]);
+        let text = fs::read_to_string(node.manifests().join("web.yaml")).unwrap();
+        assert_eq!(
+            revision_of(&text).as_deref(),
+            Some(updated[i].as_str()),
+            "{text}"
+        );
+    }
+    for (dir, node, daemon) in nodes {
+        stop_all(daemon, node, &dir);
+    }
+}
