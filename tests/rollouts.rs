@@ -82,11 +82,7 @@ impl Kube {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
-    fn create_template(&self, image: &str) {
-        self.create_template_with(image, "1");
-    }
-
-    fn create_template_with(&self, image: &str, max_unavailable: &str) {
+    fn create_template(&self, image: &str, max_unavailable: &str) {
         let template = serde_json::from_value(json!({
             "metadata": {"name": "web", "labels": {"podstamp.io/enabled": "true"},
                 "annotations": {"podstamp.io/max-unavailable": max_unavailable, "podstamp.io/progress-deadline": "5m"}},
@@ -249,30 +245,57 @@ fn written(nodes: &[NodeUnderTest], image: &str, n: usize) -> Vec<usize> {
     })
 }
 
-#[test]
-fn an_update_rolls_one_node_at_a_time_and_a_failure_halts_it_everywhere() {
-    let server = shared_server();
-    let ns = unique("roll");
+/// Three (or `n`) nodes with their daemons, template web on `image`
+/// installed on each (first installs are not held back: every node writes
+/// at once) and reported Ready by its kubelet.
+struct Scene {
+    kube: Kube,
+    ns: String,
+    tmp: tempfile::TempDir,
+    config: PathBuf,
+    nodes: Vec<NodeUnderTest>,
+}
+
+fn scene(server: &ApiServer, prefix: &str, n: usize, max_unavailable: &str) -> Scene {
+    let ns = unique(prefix);
     let kube = Kube::admin(server, &ns);
     let tmp = tempfile::tempdir().unwrap();
     let config = write_config(tmp.path());
-    kube.create_template("web:1");
+    kube.create_template("web:1", max_unavailable);
     let mut nodes = Vec::new();
-    for i in 1..=3 {
-        let name = unique(&format!("r{i}"));
+    for i in 1..=n {
+        let name = unique(&format!("{prefix}{i}"));
         kube.create_node(&name);
         nodes.push(start(server, &ns, tmp.path(), &config, &name));
     }
-    // First installs are not held back: every node writes at once.
-    wait_written(&nodes, "web:1", 3);
+    wait_written(&nodes, "web:1", n);
     for node in &nodes {
         kubelet_accepts(&[&node.dir], &node.name);
         kube.kubelet_reports(&node.name, &node.revision(), true);
     }
     wait_for("every node ready on web:1", STEP, || {
-        let view = status(server, &ns);
-        (view["templates"][0]["ready"] == 3).then_some(())
+        (status(server, &ns)["templates"][0]["ready"] == n).then_some(())
     });
+    Scene {
+        kube,
+        ns,
+        tmp,
+        config,
+        nodes,
+    }
+}
+
+#[test]
+fn an_update_rolls_one_node_at_a_time_and_a_failure_halts_it_everywhere() {
+    let server = shared_server();
+    // `tmp` holds every node's directories: bound, not dropped here.
+    let Scene {
+        kube,
+        ns,
+        nodes,
+        tmp: _tmp,
+        ..
+    } = scene(server, "roll", 3, "1");
 
     // A good update: one node at a time.
     kube.set_image("web:2");
@@ -383,24 +406,13 @@ fn kept_images(tmp: &Path, node: &str) -> String {
 #[test]
 fn a_killed_slot_holder_delays_the_rollout_by_its_lease_and_a_newer_target_supersedes() {
     let server = shared_server();
-    let ns = unique("rollkill");
-    let kube = Kube::admin(server, &ns);
-    let tmp = tempfile::tempdir().unwrap();
-    let config = write_config(tmp.path());
-    kube.create_template("web:1");
-    let mut nodes = Vec::new();
-    for i in 1..=3 {
-        let name = unique(&format!("k{i}"));
-        kube.create_node(&name);
-        nodes.push(start(server, &ns, tmp.path(), &config, &name));
-    }
-    wait_written(&nodes, "web:1", 3);
-    for node in &nodes {
-        kube.kubelet_reports(&node.name, &node.revision(), true);
-    }
-    wait_for("every node ready on web:1", STEP, || {
-        (status(server, &ns)["templates"][0]["ready"] == 3).then_some(())
-    });
+    let Scene {
+        kube,
+        ns,
+        tmp,
+        config,
+        mut nodes,
+    } = scene(server, "rollkill", 3, "1");
 
     // The first node to write web:2 is killed while it holds the slot.
     kube.set_image("web:2");
@@ -487,24 +499,14 @@ fn start_again(
 fn an_api_server_outage_mid_rollout_takes_no_slot_from_its_holder() {
     let state = tempfile::tempdir().unwrap();
     let mut server = ApiServer::start(&state.path().join("apiserver"));
-    let ns = unique("rollapi");
-    let kube = Kube::admin(&server, &ns);
-    let tmp = tempfile::tempdir().unwrap();
-    let config = write_config(tmp.path());
-    kube.create_template("web:1");
-    let mut nodes = Vec::new();
-    for i in 1..=2 {
-        let name = unique(&format!("a{i}"));
-        kube.create_node(&name);
-        nodes.push(start(&server, &ns, tmp.path(), &config, &name));
-    }
-    wait_written(&nodes, "web:1", 2);
-    for node in &nodes {
-        kube.kubelet_reports(&node.name, &node.revision(), true);
-    }
-    wait_for("both nodes ready on web:1", STEP, || {
-        (status(&server, &ns)["templates"][0]["ready"] == 2).then_some(())
-    });
+    // `tmp` holds every node's directories: bound, not dropped here.
+    let Scene {
+        kube,
+        ns,
+        nodes,
+        tmp: _tmp,
+        ..
+    } = scene(&server, "rollapi", 2, "1");
     kube.set_image("web:2");
     let holder = &nodes[wait_written(&nodes, "web:2", 1)[0]];
     let other = nodes.iter().find(|n| n.name != holder.name).unwrap();
@@ -551,24 +553,14 @@ fn an_api_server_outage_mid_rollout_takes_no_slot_from_its_holder() {
 #[test]
 fn with_two_slots_two_nodes_update_at_once_and_the_third_waits() {
     let server = shared_server();
-    let ns = unique("roll2");
-    let kube = Kube::admin(server, &ns);
-    let tmp = tempfile::tempdir().unwrap();
-    let config = write_config(tmp.path());
-    kube.create_template_with("web:1", "2");
-    let mut nodes = Vec::new();
-    for i in 1..=3 {
-        let name = unique(&format!("t{i}"));
-        kube.create_node(&name);
-        nodes.push(start(server, &ns, tmp.path(), &config, &name));
-    }
-    wait_written(&nodes, "web:1", 3);
-    for node in &nodes {
-        kube.kubelet_reports(&node.name, &node.revision(), true);
-    }
-    wait_for("every node ready on web:1", STEP, || {
-        (status(server, &ns)["templates"][0]["ready"] == 3).then_some(())
-    });
+    // `tmp` holds every node's directories: bound, not dropped here.
+    let Scene {
+        kube,
+        ns,
+        nodes,
+        tmp: _tmp,
+        ..
+    } = scene(server, "roll2", 3, "2");
     // `status --watch` follows the rollout: it prints again on each change.
     let mut watching = Command::new(env!("CARGO_BIN_EXE_podstamp"))
         .args(["status", "-n", &ns, "--watch", "--kubeconfig"])
