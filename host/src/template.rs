@@ -82,6 +82,10 @@ pub struct Template {
     /// The length of `pod` written as JSON, counted once when the template
     /// is read: every render checks it against the manifest size limit.
     pod_json_len: usize,
+    /// The SHA-256 of `pod` written as JSON, hashed in the same pass that
+    /// counts its length: a part of [`Template::fingerprint`], which every
+    /// render of a rolled template asks for.
+    pod_digest: [u8; 32],
     /// The PodTemplate's `metadata.generation` (the API server counts the
     /// changes of `template`); None in a file. Shown, never decided on.
     pub generation: Option<i64>,
@@ -172,7 +176,7 @@ impl Template {
         // same way wherever they were read from.
         hash.update(serde_json::to_vec(&self.annotations).expect("strings serialize"));
         hash.update([0]);
-        hash.update(serde_json::to_vec(&self.pod).expect("a Value serializes"));
+        hash.update(self.pod_digest);
         hash.finalize().into()
     }
 
@@ -300,6 +304,7 @@ impl Template {
             }));
         }
         if errors.is_empty() {
+            let (pod_json_len, pod_digest) = json_len_and_digest(&pod);
             Ok(Template {
                 namespace,
                 name,
@@ -307,7 +312,8 @@ impl Template {
                 generation: object
                     .pointer("/metadata/generation")
                     .and_then(Value::as_i64),
-                pod_json_len: json_len(&pod),
+                pod_json_len,
+                pod_digest,
                 pod,
                 ignored,
             })
@@ -317,23 +323,26 @@ impl Template {
     }
 }
 
-/// The length of `value` written as JSON, without keeping the text.
-fn json_len(value: &Value) -> usize {
-    /// Counts the bytes written to it.
-    struct Counter(usize);
+/// The length and SHA-256 of `value` written as JSON, without keeping the
+/// text.
+fn json_len_and_digest(value: &Value) -> (usize, [u8; 32]) {
+    use sha2::{Digest, Sha256};
+    /// Counts and hashes the bytes written to it.
+    struct Counter(usize, Sha256);
     impl std::io::Write for Counter {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
             self.0 += buf.len();
+            self.1.update(buf);
             Ok(buf.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
     }
-    let mut counter = Counter(0);
+    let mut counter = Counter(0, Sha256::new());
     // Writing a `Value` to a sink that never fails cannot fail.
     let _ = serde_json::to_writer(&mut counter, value);
-    counter.0
+    (counter.0, counter.1.finalize().into())
 }
 
 /// Where a field of the template's pod lives in the PodTemplate object.
