@@ -65,7 +65,9 @@ pub fn run(args: StatusArgs) -> Result<(), (u8, String)> {
         .build()
         .map_err(|e| (1, format!("cannot start the async runtime: {e}")))?;
     runtime.block_on(async {
-        let client = client(args.kubeconfig.as_deref()).await.map_err(|e| (2, e))?;
+        let client = podstamp::daemon::client(args.kubeconfig.as_deref())
+            .await
+            .map_err(|e| (2, e.to_string()))?;
         let api: Api<Raw<Lease>> = Api::namespaced(client, &leases_ns);
         let params = ListParams::default().labels(&format!("{ROLE_LABEL}={ROLE_STATUS}"));
         let mut last = None;
@@ -114,20 +116,4 @@ pub fn run(args: StatusArgs) -> Result<(), (u8, String)> {
             tokio::time::sleep(WATCH_EVERY).await;
         }
     })
-}
-
-async fn client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, String> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?
-        }
-        None => kube::Config::infer().await.map_err(|e| {
-            format!("no Kubernetes credentials (give --kubeconfig, or set KUBECONFIG): {e}")
-        })?,
-    };
-    kube::Client::try_from(config).map_err(|e| format!("Kubernetes client: {e}"))
 }

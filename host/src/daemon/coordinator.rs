@@ -44,7 +44,7 @@ use super::reconcile::Input;
 use super::watch::{self, Event, Spec};
 use crate::fleet::{
     NodeStatus, ROLE_LABEL, ROLE_SLOT, ROLE_STATUS, STATUS_ANNOTATION, STATUS_VERSION,
-    TARGET_ANNOTATION, TEMPLATE_ANNOTATION, TemplateStatus, slot_name, status_name,
+    TARGET_ANNOTATION, TEMPLATE_ANNOTATION, slot_name, status_name,
 };
 
 /// The default `leaseDurationSeconds` of a slot.
@@ -810,21 +810,10 @@ fn after(state: &mut State, action: &Action) -> Option<Answer> {
     }
 }
 
-/// A status record as [`TemplateStatus`] values, for tests and `status`.
-pub fn record_of(lease: &Value) -> BTreeMap<String, TemplateStatus> {
-    let text = lease
-        .pointer(&format!(
-            "/metadata/annotations/{}",
-            STATUS_ANNOTATION.replace('/', "~1")
-        ))
-        .and_then(Value::as_str);
-    NodeStatus::parse(text).0.templates
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::Failed;
+    use crate::fleet::{Failed, TemplateStatus};
 
     const D: Duration = Duration::from_secs(30);
 

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::fleet::policy::Policy;
-use crate::fleet::{Failed, Phase, TemplateStatus, now_rfc3339};
+use crate::fleet::{Phase, TemplateStatus, now_rfc3339};
 
 /// What the reconciler asks of the coordinator.
 #[derive(Debug, Clone, PartialEq)]
@@ -171,10 +171,6 @@ impl Gate {
         }
     }
 
-    pub fn holds(&self, id: &str) -> bool {
-        self.held.contains_key(id)
-    }
-
     pub fn held(&self) -> impl Iterator<Item = &String> {
         self.held.keys()
     }
@@ -243,11 +239,6 @@ impl Gate {
                 status: None,
             });
         }
-    }
-
-    /// The failure last reported for `id`, kept in later records.
-    pub fn last_failed(&self, id: &str) -> Option<Failed> {
-        self.reported.get(id)?.failed.clone()
     }
 }
 

@@ -452,7 +452,9 @@ fn start_reloading(
         .map(drop)
 }
 
-async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, ClientError> {
+/// A client from `kubeconfig`, else kube-rs's inference (KUBECONFIG,
+/// ~/.kube/config, in-cluster): the daemon's and `podstamp status`'s.
+pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, ClientError> {
     let config = match kubeconfig {
         Some(path) => {
             let at = |source| ClientError::Kubeconfig {
