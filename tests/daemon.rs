@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{Namespace, Node, PodTemplate};
+use k8s_openapi::api::core::v1::{Node, PodTemplate};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde::Serialize;
@@ -24,36 +24,7 @@ use support::*;
 
 const CONVERGE: Duration = Duration::from_secs(20);
 
-/// Synchronous access to the API server for the tests.
-struct Kube {
-    rt: tokio::runtime::Runtime,
-    client: kube::Client,
-    ns: String,
-}
-
 impl Kube {
-    fn new(kubeconfig: &Path, ns: &str) -> Kube {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let client = rt.block_on(client(kubeconfig));
-        Kube {
-            rt,
-            client,
-            ns: ns.to_string(),
-        }
-    }
-
-    /// An admin client, and a fresh namespace for the test.
-    fn admin_with_namespace(server: &ApiServer, ns: &str) -> Kube {
-        let kube = Kube::new(&server.kubeconfig("admin"), ns);
-        kube.create_cluster::<Namespace>(
-            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
-        );
-        kube
-    }
-
     fn create<K>(&self, object: Value) -> K
     where
         K: kube::Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
@@ -76,20 +47,6 @@ impl Kube {
         self.rt
             .block_on(api.create(&PostParams::default(), &object))
             .unwrap()
-    }
-
-    fn templates(&self) -> Api<PodTemplate> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-
-    fn patch_template(&self, name: &str, patch: Value) {
-        self.rt
-            .block_on(
-                // Strategic: containers are merged by name, not replaced.
-                self.templates()
-                    .patch(name, &PatchParams::default(), &Patch::Strategic(patch)),
-            )
-            .unwrap();
     }
 
     fn delete_template(&self, name: &str) {
@@ -223,7 +180,7 @@ fn templates_become_manifests_and_follow_updates_deletes_and_the_node() {
     let server = shared_server();
     let ns = unique("life");
     let node_name = unique("node");
-    let kube = Kube::admin_with_namespace(server, &ns);
+    let kube = Kube::admin(server, &ns);
     kube.create_cluster::<Node>(node(&node_name, "zone-a"));
     let s = setup();
     let dir = &s.manifests;
@@ -351,7 +308,7 @@ fn a_failing_template_keeps_its_last_good_manifest_and_gets_an_event() {
     let server = shared_server();
     let ns = unique("fail");
     let node_name = unique("node");
-    let kube = Kube::admin_with_namespace(server, &ns);
+    let kube = Kube::admin(server, &ns);
     kube.create_cluster::<Node>(node(&node_name, "zone-a"));
     let s = setup();
     let dir = &s.manifests;
@@ -437,7 +394,7 @@ fn a_failing_template_keeps_its_last_good_manifest_and_gets_an_event() {
 fn three_daemons_write_their_own_nodes_results() {
     let server = shared_server();
     let ns = unique("three");
-    let kube = Kube::admin_with_namespace(server, &ns);
+    let kube = Kube::admin(server, &ns);
     let s = setup();
     kube.create::<PodTemplate>(template("agent", "agent:1"));
     let mut daemons = Vec::new();
@@ -469,7 +426,7 @@ fn an_api_outage_changes_nothing_on_disk_and_a_relist_catches_up() {
     let s = setup();
     let dir = &s.manifests;
     {
-        let kube = Kube::admin_with_namespace(&server, &ns);
+        let kube = Kube::admin(&server, &ns);
         kube.create_cluster::<Node>(node(&node_name, "zone-a"));
         kube.create::<PodTemplate>(template("etcd", "etcd:3.6"));
         kube.create::<PodTemplate>(template("gone", "busybox:1"));
@@ -576,7 +533,7 @@ fn the_deploy_rbac_is_enough_and_a_missing_permission_is_named() {
     let server = shared_server();
     let ns = unique("rbac");
     let node_name = unique("node");
-    let kube = Kube::admin_with_namespace(server, &ns);
+    let kube = Kube::admin(server, &ns);
     kube.create_cluster::<Node>(node(&node_name, "zone-r"));
     bind(
         &kube,
@@ -613,7 +570,7 @@ fn the_deploy_rbac_is_enough_and_a_missing_permission_is_named() {
 
     // The same rules without `list` on podtemplates: the error names it.
     let ns2 = unique("rbac-nolist");
-    let kube2 = Kube::admin_with_namespace(server, &ns2);
+    let kube2 = Kube::admin(server, &ns2);
     let mut rules = deploy_rules("Role");
     for rule in rules.as_array_mut().unwrap() {
         if rule["resources"]
@@ -655,7 +612,7 @@ fn without_lease_permissions_updates_wait_and_the_permission_is_named() {
     let server = shared_server();
     let ns = unique("rbac-nolease");
     let node_name = unique("node");
-    let kube = Kube::admin_with_namespace(server, &ns);
+    let kube = Kube::admin(server, &ns);
     kube.create_cluster::<Node>(node(&node_name, "zone-l"));
     let mut rules = deploy_rules("Role");
     rules.as_array_mut().unwrap().retain(|rule| {
@@ -747,7 +704,7 @@ fn apply_deploy(kube: &Kube, ns: &str, adjust: impl Fn(&mut Value)) -> Vec<Value
 fn the_deploy_manifests_are_accepted_by_the_api_server() {
     let server = shared_server();
     let ns = unique("deploy");
-    let kube = Kube::admin_with_namespace(server, &ns);
+    let kube = Kube::admin(server, &ns);
     let kinds: Vec<_> = apply_deploy(&kube, &ns, |_| {})
         .into_iter()
         .map(|o| o["kind"].as_str().unwrap().to_string())
@@ -784,7 +741,7 @@ fn the_deploy_daemonset_starts_with_its_volumes_as_the_kubelet_makes_them() {
     let server = shared_server();
     let ns = unique("deployrun");
     let node_name = unique("node");
-    let kube = Kube::admin_with_namespace(server, &ns);
+    let kube = Kube::admin(server, &ns);
     kube.create_cluster::<Node>(json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": node_name, "labels": {
@@ -1288,7 +1245,7 @@ fn configmaps_are_watched_by_name_and_a_missing_permission_is_named() {
 
     let server = shared_server();
     let ns = unique("cm");
-    let kube = Kube::admin_with_namespace(server, &ns);
+    let kube = Kube::admin(server, &ns);
     kube.create::<k8s_openapi::api::rbac::v1::Role>(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
         "metadata": {"name": "podstamp"},
@@ -1823,7 +1780,7 @@ struct ApiCatalogSetup {
 fn api_catalog_setup(server: &ApiServer) -> ApiCatalogSetup {
     let ns = unique("apicat");
     let node_name = unique("node");
-    let kube = Kube::admin_with_namespace(server, &ns);
+    let kube = Kube::admin(server, &ns);
     kube.create_cluster::<Node>(node(&node_name, "zone-c"));
     bind(
         &kube,

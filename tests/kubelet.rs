@@ -19,8 +19,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, PodTemplate};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 
 use node::{Node, leftovers, serial};
@@ -40,53 +40,11 @@ fn node_dir(name: &str) -> PathBuf {
     dir.canonicalize().unwrap()
 }
 
-/// Synchronous API access for the tests.
-struct Kube {
-    rt: tokio::runtime::Runtime,
-    client: kube::Client,
-    ns: String,
-}
-
 impl Kube {
-    fn new(server: &ApiServer, ns: &str) -> Kube {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let client = rt.block_on(client(&server.kubeconfig("admin")));
-        Kube {
-            rt,
-            client,
-            ns: ns.to_string(),
-        }
-    }
-
-    fn create_namespace(&self) {
-        let api: Api<Namespace> = Api::all(self.client.clone());
-        let ns = serde_json::from_value(json!({"metadata": {"name": self.ns}})).unwrap();
-        self.rt
-            .block_on(api.create(&PostParams::default(), &ns))
-            .unwrap();
-    }
-
-    fn templates(&self) -> Api<PodTemplate> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-
     fn create_template(&self, template: Value) {
         let template = serde_json::from_value(template).unwrap();
         self.rt
             .block_on(self.templates().create(&PostParams::default(), &template))
-            .unwrap();
-    }
-
-    fn patch_template(&self, name: &str, patch: Value) {
-        self.rt
-            .block_on(self.templates().patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Strategic(patch),
-            ))
             .unwrap();
     }
 
@@ -169,7 +127,7 @@ fn the_kubelet_runs_what_podstamp_writes_and_follows_updates_and_deletes() {
     let _serial = serial();
     let server = shared_server();
     let ns = unique("kubelet");
-    let kube = Kube::new(server, &ns);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
     kube.create_namespace();
     let node_name = "kl-life";
     let dir = node_dir(node_name);
@@ -499,7 +457,7 @@ fn a_good_update_is_confirmed_ready_with_its_revision_and_the_history_stays_boun
     let _serial = serial();
     let server = shared_server();
     let ns = unique("klrev");
-    let kube = Kube::new(server, &ns);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
     kube.create_namespace();
     let dir = node_dir("kl-rev");
     let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-rev");
@@ -580,7 +538,7 @@ fn a_failing_update_is_rolled_back_with_the_kubelets_reason() {
     let _serial = serial();
     let server = shared_server();
     let ns = unique("klback");
-    let kube = Kube::new(server, &ns);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
     kube.create_namespace();
     let dir = node_dir("kl-back");
     let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-back");
@@ -656,7 +614,7 @@ fn a_first_revision_that_fails_stays_and_is_reported() {
     let _serial = serial();
     let server = shared_server();
     let ns = unique("klfirst");
-    let kube = Kube::new(server, &ns);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
     kube.create_namespace();
     let dir = node_dir("kl-first");
     let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-first");
@@ -714,7 +672,7 @@ fn a_hand_edit_of_the_manifest_is_restored_and_the_kubelet_runs_it_again() {
     let _serial = serial();
     let server = shared_server();
     let ns = unique("kledit");
-    let kube = Kube::new(server, &ns);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
     kube.create_namespace();
     let dir = node_dir("kl-edit");
     let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-edit");
@@ -821,7 +779,7 @@ fn an_api_outage_leaves_the_node_running_and_podstamp_catches_up() {
     let _ = fs::remove_dir_all(&api_dir);
     let mut server = ApiServer::start(&api_dir);
     let ns = unique("kloutage");
-    let kube = Kube::new(&server, &ns);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
     kube.create_namespace();
     let dir = node_dir("kl-outage");
     let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-outage");
@@ -886,7 +844,7 @@ fn an_api_outage_leaves_the_node_running_and_podstamp_catches_up() {
 
     // Back: the daemon follows the mirror pods again and updates flow.
     server = ApiServer::start(&api_dir);
-    let kube = Kube::new(&server, &ns);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
     set_version(&kube, "2");
     let second = new_revision(&node, &daemon, Some(&first));
     wait_ready_revision(&kube, &node, &daemon, &second, "VERSION=2");
@@ -903,7 +861,7 @@ fn podstamp_killed_mid_update_leaves_whole_manifests_and_converges_after_restart
     let _serial = serial();
     let server = shared_server();
     let ns = unique("klkill");
-    let kube = Kube::new(server, &ns);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
     kube.create_namespace();
     let dir = node_dir("kl-kill");
     let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-kill");
@@ -1044,7 +1002,7 @@ fn a_restart_mid_rollout_still_rolls_back_and_a_held_revision_stays_held() {
     let _serial = serial();
     let server = shared_server();
     let ns = unique("klresume");
-    let kube = Kube::new(server, &ns);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
     kube.create_namespace();
     let dir = node_dir("kl-resume");
     let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-resume");
@@ -1138,7 +1096,7 @@ fn three_kubelets_roll_an_update_one_node_at_a_time_and_stop_on_a_crash() {
     let _serial = serial();
     let server = shared_server();
     let ns = unique("kl3");
-    let kube = Kube::new(server, &ns);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
     kube.create_namespace();
     kube.create_template(template("web", "1"));
     let mut nodes = Vec::new();

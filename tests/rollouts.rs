@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, PodTemplate};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
@@ -28,46 +28,7 @@ use support::*;
 /// then the slot goes to the next node.
 const STEP: Duration = Duration::from_secs(60);
 
-struct Kube {
-    rt: tokio::runtime::Runtime,
-    client: kube::Client,
-    ns: String,
-}
-
 impl Kube {
-    fn admin(server: &ApiServer, ns: &str) -> Kube {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let client = rt.block_on(client(&server.kubeconfig("admin")));
-        let kube = Kube {
-            rt,
-            client,
-            ns: ns.to_string(),
-        };
-        let namespaces: Api<Namespace> = Api::all(kube.client.clone());
-        let namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
-        kube.rt
-            .block_on(namespaces.create(&PostParams::default(), &namespace))
-            .unwrap();
-        kube
-    }
-
-    /// A client of a restarted API server, for a namespace that exists.
-    fn reconnect(server: &ApiServer, ns: &str) -> Kube {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let client = rt.block_on(client(&server.kubeconfig("admin")));
-        Kube {
-            rt,
-            client,
-            ns: ns.to_string(),
-        }
-    }
-
     fn create_node(&self, name: &str) {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let node =
@@ -76,10 +37,6 @@ impl Kube {
         self.rt
             .block_on(nodes.create(&PostParams::default(), &node))
             .unwrap();
-    }
-
-    fn templates(&self) -> Api<PodTemplate> {
-        Api::namespaced(self.client.clone(), &self.ns)
     }
 
     fn create_template(&self, image: &str, max_unavailable: &str) {
@@ -545,7 +502,7 @@ fn an_api_server_outage_mid_rollout_takes_no_slot_from_its_holder() {
         "{view:#}"
     );
     // The holder's revision Ready: the other node goes on.
-    let kube = Kube::reconnect(&server, &ns);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
     kube.kubelet_reports(&holder.name, &holder.revision(), true);
     wait_written(&nodes, "web:2", 2);
 }

@@ -379,3 +379,59 @@ pub fn unique(prefix: &str) -> String {
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     format!("{prefix}-{}-{n}", std::process::id())
 }
+
+/// Synchronous access to the API server for the tests: a client, a
+/// runtime to block on, and the test's namespace. Each test file adds the
+/// calls only it needs in an `impl Kube` of its own.
+pub struct Kube {
+    pub rt: tokio::runtime::Runtime,
+    pub client: kube::Client,
+    pub ns: String,
+}
+
+impl Kube {
+    pub fn new(kubeconfig: &Path, ns: &str) -> Kube {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = rt.block_on(client(kubeconfig));
+        Kube {
+            rt,
+            client,
+            ns: ns.to_string(),
+        }
+    }
+
+    /// An admin client, and a fresh namespace for the test.
+    pub fn admin(server: &ApiServer, ns: &str) -> Kube {
+        let kube = Kube::new(&server.kubeconfig("admin"), ns);
+        kube.create_namespace();
+        kube
+    }
+
+    pub fn create_namespace(&self) {
+        let api: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+            kube::Api::all(self.client.clone());
+        let ns =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": self.ns}})).unwrap();
+        self.rt
+            .block_on(api.create(&Default::default(), &ns))
+            .unwrap();
+    }
+
+    pub fn templates(&self) -> kube::Api<k8s_openapi::api::core::v1::PodTemplate> {
+        kube::Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// A strategic merge patch: containers are merged by name, not replaced.
+    pub fn patch_template(&self, name: &str, patch: serde_json::Value) {
+        self.rt
+            .block_on(self.templates().patch(
+                name,
+                &Default::default(),
+                &kube::api::Patch::Strategic(patch),
+            ))
+            .unwrap();
+    }
+}
