@@ -119,6 +119,21 @@ impl NodeUnderTest {
         fs::read_to_string(self.dir.join("web.yaml")).unwrap_or_default()
     }
 
+    /// Writes this node's daemon sent to the API server (any resource),
+    /// from its own count, `podstamp_api_requests_total`.
+    fn api_writes(&self) -> f64 {
+        ["create", "update", "patch", "delete"]
+            .iter()
+            .flat_map(|verb| {
+                ["leases", "events"].map(|resource| {
+                    self.daemon.metric(&format!(
+                        "podstamp_api_requests_total{{resource=\"{resource}\",verb=\"{verb}\"}}"
+                    ))
+                })
+            })
+            .sum()
+    }
+
     fn revision(&self) -> String {
         let text = self.manifest();
         let line = text
@@ -279,6 +294,16 @@ fn an_update_rolls_one_node_at_a_time_and_a_failure_halts_it_everywhere() {
     });
     assert_eq!(view["templates"][0]["pending"], 0, "{view:#}");
 
+    // Nothing rolls now: no node writes to the API server. Each did while
+    // it rolled (its slot, its status, its Events), as its own count says;
+    // a slot still held would be renewed within a third of its 5 s lease.
+    std::thread::sleep(Duration::from_secs(1));
+    let writes: Vec<f64> = nodes.iter().map(NodeUnderTest::api_writes).collect();
+    assert!(writes.iter().all(|n| *n > 0.0), "{writes:?}");
+    std::thread::sleep(Duration::from_secs(4));
+    let idle: Vec<f64> = nodes.iter().map(NodeUnderTest::api_writes).collect();
+    assert_eq!(idle, writes, "API writes while nothing rolls");
+
     // A bad update: the first node's container crashes; it is rolled back
     // there and no other node writes it.
     kube.set_image("web:3");
@@ -411,6 +436,16 @@ fn a_killed_slot_holder_delays_the_rollout_by_its_lease_and_a_newer_target_super
         (view["templates"][0]["ready"] == 3).then_some(view)
     });
     assert_eq!(view["templates"][0]["pending"], 0, "{view:#}");
+
+    // Nothing rolls now: no node writes to the API server. Each did while
+    // it rolled (its slot, its status, its Events), as its own count says;
+    // a slot still held would be renewed within a third of its 5 s lease.
+    std::thread::sleep(Duration::from_secs(1));
+    let writes: Vec<f64> = nodes.iter().map(NodeUnderTest::api_writes).collect();
+    assert!(writes.iter().all(|n| *n > 0.0), "{writes:?}");
+    std::thread::sleep(Duration::from_secs(4));
+    let idle: Vec<f64> = nodes.iter().map(NodeUnderTest::api_writes).collect();
+    assert_eq!(idle, writes, "API writes while nothing rolls");
 }
 
 /// A node's daemon, started (again) on its directories.

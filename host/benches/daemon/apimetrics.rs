@@ -68,11 +68,14 @@ pub fn parse_sample(line: &str) -> Option<Sample> {
 
 /// apiserver_request_total for podtemplates and nodes, by (resource, verb).
 pub fn requests(samples: &[Sample]) -> BTreeMap<(String, String), f64> {
+    requests_of(samples, &["podtemplates", "nodes"])
+}
+
+/// apiserver_request_total for these resources, by (resource, verb).
+pub fn requests_of(samples: &[Sample], resources: &[&str]) -> BTreeMap<(String, String), f64> {
     let mut out = BTreeMap::new();
     for s in samples {
-        if s.name == "apiserver_request_total"
-            && ["podtemplates", "nodes"].contains(&s.label("resource"))
-        {
+        if s.name == "apiserver_request_total" && resources.contains(&s.label("resource")) {
             *out.entry((s.label("resource").to_string(), s.label("verb").to_string()))
                 .or_default() += s.value;
         }
@@ -81,8 +84,17 @@ pub fn requests(samples: &[Sample]) -> BTreeMap<(String, String), f64> {
 }
 
 pub fn request_delta(before: &[Sample], after: &[Sample]) -> BTreeMap<(String, String), f64> {
-    let before = requests(before);
-    requests(after)
+    request_delta_of(before, after, &["podtemplates", "nodes"])
+}
+
+/// What [`requests_of`] counted between `before` and `after`.
+pub fn request_delta_of(
+    before: &[Sample],
+    after: &[Sample],
+    resources: &[&str],
+) -> BTreeMap<(String, String), f64> {
+    let before = requests_of(before, resources);
+    requests_of(after, resources)
         .into_iter()
         .map(|(key, n)| {
             let d = n - before.get(&key).copied().unwrap_or(0.0);

@@ -129,6 +129,17 @@ impl Bench {
             .unwrap_or_else(|e| panic!("create template {ns}/{name}: {e}"));
     }
 
+    /// Sets one annotation of the template (e.g. its rollout policy).
+    pub fn annotate(&self, ns: &str, name: &str, key: &str, value: &str) {
+        let patch = json!({"metadata": {"annotations": {key: value}}});
+        self.rt
+            .block_on(
+                self.templates(ns)
+                    .patch(name, &PatchParams::default(), &Patch::Merge(patch)),
+            )
+            .unwrap_or_else(|e| panic!("annotate template {ns}/{name}: {e}"));
+    }
+
     /// Sets the template's marker (an env value of its container).
     pub fn set_marker(&self, ns: &str, name: &str, marker: &str) -> Result<(), String> {
         let patch = json!({"template": {"spec": {"containers": [

@@ -19,6 +19,9 @@ impl Bench {
         println!("\n== fan-out: {n} daemons, one API server on loopback ==");
         let ns = self.namespace("fanout");
         self.create_template(&ns, "agent", "N000000");
+        // What this part measures is an update reaching every node at once:
+        // without a kubelet no node could confirm a node-by-node rollout.
+        self.annotate(&ns, "agent", "podstamp.io/rollout", "all-at-once");
         let names: Vec<String> = (0..n).map(|i| format!("bench-fan-{i:03}")).collect();
         for name in &names {
             self.node(name);

@@ -393,7 +393,7 @@ impl Shape {
 /// starts and then sleeps, leaving at once on SIGTERM. The template's
 /// image is set by arch-image, `NODE` by substitute and `HOST` by node-env;
 /// the floor has them written out (`node`).
-fn pod_spec(started: &Path, version: &str, image: &str, node: Option<&str>) -> Value {
+pub(crate) fn pod_spec(started: &Path, version: &str, image: &str, node: Option<&str>) -> Value {
     let mut env = vec![
         json!({"name": "VERSION", "value": version}),
         json!({"name": "NODE", "value": node.unwrap_or("${node.name}")}),
@@ -419,7 +419,7 @@ fn pod_spec(started: &Path, version: &str, image: &str, node: Option<&str>) -> V
 /// The 3-plugin chain for the node's pods: arch-image picks the harness's
 /// busybox image, node-env adds `HOST` from the label the kubelet puts on
 /// its Node, substitute fills `${node.name}`.
-fn kubelet_config(dir: &Path) -> PathBuf {
+pub(crate) fn kubelet_config(dir: &Path) -> PathBuf {
     fs::create_dir_all(dir).unwrap();
     let plugin = |name: &str| common::plugin(name).display().to_string();
     let arch = podstamp::node::host_architecture();
@@ -444,7 +444,7 @@ fn kubelet_config(dir: &Path) -> PathBuf {
 
 /// Why a node cannot run here, if it cannot: podstamp-node needs root, the
 /// harness build and containerd, runc and busybox-static.
-fn missing_node_tools() -> Option<String> {
+pub(crate) fn missing_node_tools() -> Option<String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Some("the node needs root".into());

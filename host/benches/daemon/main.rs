@@ -1,6 +1,6 @@
 //! `podstamp run` against the real kube-apiserver of the test harness, side
 //! by side with what users do today: tests/bench/kubectl-poller.sh, a loop
-//! of `kubectl get -o json` + write every second. One API server, six
+//! of `kubectl get -o json` + write every second. One API server, seven
 //! parts, each in a namespace of its own and a module of its own (what
 //! they share is in `bench`, `objects`, `observe`, `report`):
 //!
@@ -23,15 +23,21 @@
 //!   kubelet's own floor: a manifest renamed into its directory by hand.
 //!   Needs root, containerd, runc and busybox-static; waits for the
 //!   machine-wide node lock of the kubelet tests.
+//! * `rollout`: a template update rolled node by node across three real
+//!   kubelets, against the same update by hand node after node; the API
+//!   requests a rollout costs each node; the Lease writes of daemons
+//!   with nothing to roll (expected none).
 //!
 //! It prints figures next to the targets of issue 5 and asserts nothing
 //! about timing: the machine is shared and figures are noisy.
 //!
-//! Run: `bash tests/harness/build.sh && bash plugins/build.sh && cargo bench --bench daemon [-- latency|sync|footprint|fanout|reload|kubelet]`.
+//! Run: `bash tests/harness/build.sh && bash plugins/build.sh && cargo bench --bench daemon [-- latency|sync|footprint|fanout|reload|kubelet|rollout]`.
 //! Sizes: PODSTAMP_BENCH_UPDATES (default 200; the poller's share takes
 //! about 1.1 s per update, some 4 minutes), PODSTAMP_BENCH_DAEMONS (default 50),
 //! PODSTAMP_BENCH_RELOADS (default 100), PODSTAMP_BENCH_KUBELET_CHANGES
-//! (default 20 of each shape; an update takes the kubelet 10–15 s).
+//! (default 20 of each shape; an update takes the kubelet 10–15 s),
+//! PODSTAMP_BENCH_ROLLOUTS (default 3, about 2 minutes each),
+//! PODSTAMP_BENCH_IDLE_SECONDS (default 60).
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
@@ -55,6 +61,7 @@ mod poller;
 mod procfs;
 mod reload;
 mod report;
+mod rollout;
 mod sync;
 
 use std::fs;
@@ -68,13 +75,14 @@ const SELECTOR: &str = "podstamp.io/enabled=true";
 const CHANGE_LIMIT: Duration = Duration::from_secs(10);
 /// How long a daemon may take to become ready.
 const READY_LIMIT: Duration = Duration::from_secs(120);
-const PARTS: [&str; 6] = [
+const PARTS: [&str; 7] = [
     "latency",
     "sync",
     "footprint",
     "fanout",
     "reload",
     "kubelet",
+    "rollout",
 ];
 
 fn main() {
@@ -163,6 +171,12 @@ fn main() {
     }
     if run("kubelet") {
         bench.kubelet(env_size("PODSTAMP_BENCH_KUBELET_CHANGES", 20));
+    }
+    if run("rollout") {
+        bench.rollout(
+            env_size("PODSTAMP_BENCH_ROLLOUTS", 3),
+            Duration::from_secs(env_size("PODSTAMP_BENCH_IDLE_SECONDS", 60) as u64),
+        );
     }
 }
 

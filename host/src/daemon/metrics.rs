@@ -58,6 +58,8 @@ struct Inner {
     /// Writes to the API for rollouts across nodes: (object, result).
     fleet_writes: BTreeMap<(&'static str, &'static str), u64>,
     slots_held: usize,
+    /// Requests sent to the API server: (resource, verb).
+    api_requests: BTreeMap<(String, &'static str), u64>,
 }
 
 /// Everything `/metrics` and `/readyz` report; shared by the daemon's parts.
@@ -218,6 +220,18 @@ impl Metrics {
             .fleet_writes
             .entry((object, result))
             .or_default() += 1;
+    }
+
+    /// One request sent to the API server (see `api_requests`).
+    pub fn api_request(&self, resource: String, verb: &'static str) {
+        let mut inner = self.lock();
+        let full = inner.api_requests.len() >= super::api_requests::MAX_SERIES;
+        let key = if full && !inner.api_requests.contains_key(&(resource.clone(), verb)) {
+            ("other".to_string(), verb)
+        } else {
+            (resource, verb)
+        };
+        *inner.api_requests.entry(key).or_default() += 1;
     }
 
     pub fn set_slots_held(&self, n: usize) {
@@ -409,6 +423,17 @@ impl Metrics {
             "# HELP podstamp_rollout_slots_held Rollout slots this node holds (templates it is updating).\n# TYPE podstamp_rollout_slots_held gauge\npodstamp_rollout_slots_held {}",
             inner.slots_held
         );
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_api_requests_total Requests sent to the API server, by resource and verb (a watch counts when it starts).\n\
+             # TYPE podstamp_api_requests_total counter"
+        );
+        for ((resource, verb), n) in &inner.api_requests {
+            let _ = writeln!(
+                out,
+                "podstamp_api_requests_total{{resource=\"{resource}\",verb=\"{verb}\"}} {n}"
+            );
+        }
         let _ = writeln!(
             out,
             "# HELP podstamp_ready Whether the first full sync is done.\n# TYPE podstamp_ready gauge\npodstamp_ready {}",

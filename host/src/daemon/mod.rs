@@ -16,6 +16,7 @@
 //! codes are the binary's.
 
 pub mod api_catalog;
+mod api_requests;
 pub mod backoff;
 pub mod config_file;
 pub mod configmaps;
@@ -242,7 +243,9 @@ async fn serve(
             source,
         })?;
     let client = match &settings.source {
-        Source::Api { kubeconfig } => Some(client(kubeconfig.as_deref()).await?),
+        Source::Api { kubeconfig } => {
+            Some(client(kubeconfig.as_deref(), Some(metrics.clone())).await?)
+        }
         Source::Dir(_) => None,
     };
     let (events, publisher): (Option<events::EventSink>, _) = match &client {
@@ -453,8 +456,13 @@ fn start_reloading(
 }
 
 /// A client from `kubeconfig`, else kube-rs's inference (KUBECONFIG,
-/// ~/.kube/config, in-cluster): the daemon's and `podstamp status`'s.
-pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, ClientError> {
+/// ~/.kube/config, in-cluster): the daemon's and `podstamp status`'s. With
+/// `metrics`, every request it sends is counted there
+/// (`podstamp_api_requests_total`).
+pub async fn client(
+    kubeconfig: Option<&Path>,
+    metrics: Option<Arc<Metrics>>,
+) -> Result<kube::Client, ClientError> {
     let config = match kubeconfig {
         Some(path) => {
             let at = |source| ClientError::Kubeconfig {
@@ -470,7 +478,11 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, ClientErr
             .await
             .map_err(ClientError::NoCredentials)?,
     };
-    kube::Client::try_from(config).map_err(ClientError::Client)
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(ClientError::Client)?;
+    Ok(match metrics {
+        Some(metrics) => builder.with_layer(&api_requests::layer(metrics)).build(),
+        None => builder.build(),
+    })
 }
 
 async fn shutdown_signal() {
