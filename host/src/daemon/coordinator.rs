@@ -73,7 +73,9 @@ struct Seen {
     duration: Duration,
     template: Option<String>,
     target: Option<String>,
-    status: Option<String>,
+    /// A status Lease's record, parsed once when read (empty for a slot, a
+    /// record that is missing or does not parse: rewritten then).
+    record: NodeStatus,
     transitions: i32,
     /// `spec.acquireTime`, as it was read: kept by renewals.
     acquired: Option<MicroTime>,
@@ -101,7 +103,12 @@ fn read_lease(value: &Value, now: Instant, default_duration: Duration) -> Option
             duration: seconds.map_or(default_duration, Duration::from_secs),
             template: text(annotations.and_then(|a| a.get(TEMPLATE_ANNOTATION))),
             target: text(annotations.and_then(|a| a.get(TARGET_ANNOTATION))),
-            status: text(annotations.and_then(|a| a.get(STATUS_ANNOTATION))),
+            record: NodeStatus::parse(
+                annotations
+                    .and_then(|a| a.get(STATUS_ANNOTATION))
+                    .and_then(Value::as_str),
+            )
+            .0,
             transitions: spec
                 .and_then(|s| s.get("leaseTransitions"))
                 .and_then(Value::as_i64)
@@ -245,9 +252,11 @@ impl State {
             }
             // This node's record as the API has it is where it goes on.
             if let Some(lease) = self.leases.get(&self.status_name()) {
-                let (record, _) = NodeStatus::parse(lease.status.as_deref());
-                for (id, status) in record.templates {
-                    self.mine.templates.entry(id).or_insert(status);
+                for (id, status) in &lease.record.templates {
+                    self.mine
+                        .templates
+                        .entry(id.clone())
+                        .or_insert_with(|| status.clone());
                 }
             }
         }
@@ -317,15 +326,15 @@ impl State {
         let records = self.leases.iter().filter(|(_, l)| l.role == ROLE_STATUS);
         for (name, lease) in records {
             let node = lease.holder.clone().unwrap_or_else(|| name.clone());
-            let (record, _) = if *name == self.status_name() {
-                (self.mine.clone(), None)
+            let record = if *name == self.status_name() {
+                &self.mine
             } else {
-                NodeStatus::parse(lease.status.as_deref())
+                &lease.record
             };
-            for (id, status) in record.templates {
-                if let Some(f) = status.failed.filter(|f| !f.target.is_empty()) {
-                    failed.entry(id).or_default().insert(
-                        f.target,
+            for (id, status) in &record.templates {
+                if let Some(f) = status.failed.as_ref().filter(|f| !f.target.is_empty()) {
+                    failed.entry(id.clone()).or_default().insert(
+                        f.target.clone(),
                         format!("node {node}: {}: {}", f.reason, f.message),
                     );
                 }
@@ -350,9 +359,9 @@ impl State {
         // The record first: a failure is known before the slot is free.
         let name = self.status_name();
         let in_api = self.leases.get(&name);
-        let (recorded, _) = NodeStatus::parse(in_api.and_then(|l| l.status.as_deref()));
         let rv = in_api.map(|l| l.resource_version.clone());
-        if (recorded != self.mine || in_api.is_none()) && !self.conflicted(&name, rv.as_deref()) {
+        if (in_api.is_none_or(|l| l.record != self.mine)) && !self.conflicted(&name, rv.as_deref())
+        {
             // No record and nothing to say: nothing to write.
             if !(in_api.is_none() && self.mine.templates.is_empty()) {
                 return Some(Action::Status {
@@ -824,7 +833,7 @@ mod tests {
             duration: D,
             template: Some("ns/web".into()),
             target: Some("t1".into()),
-            status: None,
+            record: NodeStatus::default(),
             transitions: 0,
             acquired: None,
             resource_version: rv.into(),
@@ -944,7 +953,7 @@ mod tests {
             },
         );
         let mut mine = lease(ROLE_STATUS, Some("n1"), "4", now);
-        mine.status = Some(record.to_json());
+        mine.record = record;
         s.seen(status_name("n1"), mine);
         let answers = s.list_done();
         assert_eq!(
@@ -1001,7 +1010,7 @@ mod tests {
         );
         // Once written (seen back), the release.
         let mut mine = lease(ROLE_STATUS, Some("n1"), "8", now);
-        mine.status = Some(s.mine.to_json());
+        mine.record = s.mine.clone();
         s.seen(status_name("n1"), mine);
         assert_eq!(s.next(now), Some(Action::Release { name }));
         // Another node's failure reaches the reconciler, once.
@@ -1018,7 +1027,7 @@ mod tests {
                 ..TemplateStatus::default()
             },
         );
-        other.status = Some(record.to_json());
+        other.record = record;
         s.seen(status_name("n2"), other);
         match s.failed() {
             Some(Answer::Failed(f)) => {
