@@ -185,6 +185,25 @@ fn main() {
                     .unwrap(),
             );
         });
+        // Each plugin of the example chain called alone on the template's
+        // pod: two typed ones (arch-image, node-env: the SDK's typed Pod)
+        // and one on serde_json::Value (substitute).
+        let step_calls: Vec<(String, Duration, usize)> = example
+            .steps()
+            .iter()
+            .map(|step| {
+                let took = measure(|| {
+                    black_box(
+                        step.plugin
+                            .transform(&pod_json, &wit_node, &step.settings_json, "bench")
+                            .unwrap(),
+                    );
+                });
+                let size = std::fs::metadata(plugins.join(format!("{}.wasm", step.name)))
+                    .map_or(0, |m| m.len() as usize);
+                (step.name.clone(), took, size)
+            })
+            .collect();
         let one = measure(|| in_step(&identity));
         let three = measure(|| in_step(&example));
         let three_verified = measure(|| {
@@ -221,11 +240,12 @@ fn main() {
             );
         };
         let verdict = |met: bool| if met { "met" } else { "NOT met" };
+        let small = label.starts_with("5 KiB");
         row("native passthrough", native, true, "");
         row("  stage: full validation", validating, true, "");
         row("  stage: manifest", finishing, true, "");
         row("read back (before a write only)", reading_back, true, "");
-        let call_target = if label.starts_with("5 KiB") {
+        let call_target = if small {
             format!(
                 "target <= 100 µs: {}",
                 verdict(call <= Duration::from_micros(100))
@@ -237,12 +257,47 @@ fn main() {
         row("  the same, instance not pooled", on_demand_call, false, "");
         row("WAT identity call alone", wat_call, false, "");
         row("  the same, after one WASI call", wasi_call, false, "");
+        for (name, took, size) in &step_calls {
+            let typed = name != "substitute";
+            let target = if small && typed {
+                let times = took.as_secs_f64() / call.as_secs_f64();
+                format!(
+                    "typed: {times:.2}x the identity call, target <= 2x: {}",
+                    verdict(times <= 2.0)
+                )
+            } else {
+                String::new()
+            };
+            row(
+                &format!("{name} call alone ({} KB)", size / 1000),
+                *took,
+                false,
+                &target,
+            );
+        }
         row("render with identity plugin", one, true, "");
         row(
             "render with 3-plugin example",
             three,
             true,
             &format!("target <= 3x: {}", verdict(ratio(three) <= 3.0)),
+        );
+        // What a chain of three plugins that do nothing costs: the floor
+        // the example chain is held to.
+        let floor = native + call * 3;
+        let over = three.as_secs_f64() / floor.as_secs_f64();
+        row(
+            "  native + 3 identity calls",
+            floor,
+            true,
+            &if small {
+                format!(
+                    "example chain {over:.2}x this, target <= 1.5x: {}",
+                    verdict(over <= 1.5)
+                )
+            } else {
+                format!("example chain {over:.2}x this")
+            },
         );
         row(
             "  the same, read back (render cmd)",

@@ -66,11 +66,6 @@ pub fn parse_sample(line: &str) -> Option<Sample> {
     })
 }
 
-/// apiserver_request_total for podtemplates and nodes, by (resource, verb).
-pub fn requests(samples: &[Sample]) -> BTreeMap<(String, String), f64> {
-    requests_of(samples, &["podtemplates", "nodes"])
-}
-
 /// apiserver_request_total for these resources, by (resource, verb).
 pub fn requests_of(samples: &[Sample], resources: &[&str]) -> BTreeMap<(String, String), f64> {
     let mut out = BTreeMap::new();
