@@ -12,8 +12,8 @@ use std::io::{Read, Write};
 use flate2::Compression;
 use flate2::read::GzDecoder;
 
-/// The largest component podstamp inflates: well above a typed Rust plugin
-/// (~1.3 MB) and far below what would hurt a node.
+/// The largest component podstamp inflates: above a Python or JavaScript
+/// plugin (12–18 MB) and far below what would hurt a node.
 pub const MAX_COMPONENT_BYTES: usize = 64 << 20;
 
 /// Whether `bytes` start with the gzip magic number.

@@ -15,8 +15,9 @@
 
 use std::collections::BTreeMap;
 
-use podstamp_plugin::k8s_openapi::api::core::v1::{Container, EnvVar};
-use podstamp_plugin::{ContainerKind, Error, Node, Plugin, Pod, containers, containers_mut};
+use podstamp_plugin::{
+    Container, ContainerKind, EnvVar, Error, Node, Plugin, Pod, containers, containers_mut,
+};
 
 #[derive(serde::Deserialize, Default)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]

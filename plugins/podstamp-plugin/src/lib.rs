@@ -65,15 +65,18 @@ mod error;
 pub mod log;
 mod node;
 mod pod;
+mod types;
 
 pub use error::{Error, FieldPath};
-/// The Kubernetes API types the typed [`Pod`] is made of, in the version
-/// the SDK and the host use.
+/// k8s-openapi, in the version the host uses, for plugins that want every
+/// field of the pod typed (`type Pod = k8s_openapi::api::core::v1::Pod`):
+/// the feature `k8s-openapi` (a component about 1 MB larger).
+#[cfg(feature = "k8s-openapi")]
 pub use k8s_openapi;
-pub use k8s_openapi::api::core::v1::Pod;
 pub use node::{Node, NodeAddress};
 pub use pod::{ContainerKind, PodDocument, RawPod, containers, containers_mut};
 pub use serde_json;
+pub use types::{Container, EnvVar, ObjectMeta, Pod, PodSpec};
 
 /// A podstamp plugin. See the [crate documentation](crate) for an example.
 pub trait Plugin {

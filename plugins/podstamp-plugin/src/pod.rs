@@ -1,4 +1,7 @@
-use k8s_openapi::api::core::v1::{Container, Pod};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::types::{Container, Pod};
 
 use crate::error::{from_serde_path, json_message};
 use crate::{Error, FieldPath};
@@ -6,8 +9,10 @@ use crate::{Error, FieldPath};
 /// How a plugin sees the pod: parsed from the JSON text the host passes in,
 /// written back to JSON text afterwards.
 ///
-/// Implemented for the typed [`Pod`] (`k8s_openapi::api::core::v1::Pod`),
-/// for [`serde_json::Value`] and for [`RawPod`] (the text, untouched).
+/// Implemented for the SDK's typed [`Pod`] (the fields plugins change typed,
+/// the rest kept as JSON), for [`serde_json::Value`], for [`RawPod`] (the
+/// text, untouched) and, with the feature `k8s-openapi`, for
+/// `k8s_openapi::api::core::v1::Pod`.
 pub trait PodDocument: Sized {
     /// Parses the pod. An error names the pod and, when it can, the field.
     fn from_json(json: String) -> Result<Self, Error>;
@@ -53,21 +58,40 @@ impl PodDocument for serde_json::Value {
     }
 }
 
+/// A typed pod parsed with the field of an error named.
+fn typed_from_json<T: DeserializeOwned>(json: &str) -> Result<T, Error> {
+    let mut de = serde_json::Deserializer::from_str(json);
+    let pod: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = from_serde_path(e.path());
+        Error::at(path, format!("invalid pod: {}", json_message(e.inner())))
+    })?;
+    de.end()
+        .map_err(|e| Error::new(format!("invalid pod: {e}")))?;
+    Ok(pod)
+}
+
+fn typed_into_json<T: Serialize>(pod: &T) -> Result<String, Error> {
+    serde_json::to_string(pod).map_err(|e| Error::new(format!("cannot write the pod as JSON: {e}")))
+}
+
 impl PodDocument for Pod {
     fn from_json(json: String) -> Result<Self, Error> {
-        let mut de = serde_json::Deserializer::from_str(&json);
-        let pod: Pod = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-            let path = from_serde_path(e.path());
-            Error::at(path, format!("invalid pod: {}", json_message(e.inner())))
-        })?;
-        de.end()
-            .map_err(|e| Error::new(format!("invalid pod: {e}")))?;
-        Ok(pod)
+        typed_from_json(&json)
     }
 
     fn into_json(self) -> Result<String, Error> {
-        serde_json::to_string(&self)
-            .map_err(|e| Error::new(format!("cannot write the pod as JSON: {e}")))
+        typed_into_json(&self)
+    }
+}
+
+#[cfg(feature = "k8s-openapi")]
+impl PodDocument for k8s_openapi::api::core::v1::Pod {
+    fn from_json(json: String) -> Result<Self, Error> {
+        typed_from_json(&json)
+    }
+
+    fn into_json(self) -> Result<String, Error> {
+        typed_into_json(&self)
     }
 }
 
