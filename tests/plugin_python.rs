@@ -52,6 +52,13 @@ fn python_plugin(name: &str) -> PathBuf {
     plugin(name)
 }
 
+/// The compiled code cache of these tests: compiling a Python component
+/// (CPython inside) takes a debug build of podstamp a minute, so every
+/// render and daemon here shares one, kept between runs.
+fn cache_dir() -> PathBuf {
+    repo().join("target/plugin-python-cache")
+}
+
 /// `path[,settings=FILE]` for --plugin.
 fn spec(path: &Path, settings: Option<&str>) -> String {
     match settings {
@@ -68,7 +75,8 @@ fn render(
     node: &[&str],
     plugins: &[String],
 ) -> (i32, String, String) {
-    let mut args = vec!["render", template, "--no-cache"];
+    let cache = cache_dir();
+    let mut args = vec!["render", template, "--cache-dir", cache.to_str().unwrap()];
     args.extend_from_slice(node);
     for p in plugins {
         args.extend(["--plugin", p]);
@@ -98,7 +106,10 @@ fn substitute_py_is_byte_identical_to_substitute_on_its_golden_cases() {
     // tests/render.rs: the example chain, substitute last without settings.
     let chain = |substitute: &Path| {
         render_ok(&[
-            spec(&plugin("arch-image"), Some("tests/fixtures/arch-image.yaml")),
+            spec(
+                &plugin("arch-image"),
+                Some("tests/fixtures/arch-image.yaml"),
+            ),
             spec(&plugin("node-env"), Some("tests/fixtures/node-env.yaml")),
             spec(substitute, None),
         ])
@@ -133,7 +144,12 @@ fn substitute_py_fails_with_substitute_s_messages() {
     let cases: Vec<(&str, Option<String>, &[&str], Option<String>)> = vec![
         // tests/render.rs: a node without the address.
         ("no address", None, &bare, None),
-        ("no such label", Some(annotated("x", "\"${node.label[pool]}\"")), &node, None),
+        (
+            "no such label",
+            Some(annotated("x", "\"${node.label[pool]}\"")),
+            &node,
+            None,
+        ),
         (
             "a key quoted in the path",
             Some(annotated("example.com/x", "\"${node.nam}\"")),
@@ -146,7 +162,12 @@ fn substitute_py_fails_with_substitute_s_messages() {
             &node,
             None,
         ),
-        ("no such var", None, &node, settings("empty.yaml", "vars: {}\n")),
+        (
+            "no such var",
+            None,
+            &node,
+            settings("empty.yaml", "vars: {}\n"),
+        ),
         (
             "settings of the wrong type",
             None,
@@ -256,6 +277,7 @@ fn the_daemon_writes_the_same_manifest_with_substitute_py_as_with_substitute() {
         let dir = tmp.path().join(label);
         fs::create_dir(&dir).unwrap();
         let kubeconfig = server.kubeconfig("admin");
+        let cache = cache_dir();
         let daemon = Daemon::start(
             &[
                 "--config",
@@ -268,6 +290,8 @@ fn the_daemon_writes_the_same_manifest_with_substitute_py_as_with_substitute() {
                 &node_name,
                 "--manifest-dir",
                 dir.to_str().unwrap(),
+                "--cache-dir",
+                cache.to_str().unwrap(),
             ],
             tmp.path().join(format!("{label}.log")),
         );
@@ -278,7 +302,8 @@ fn the_daemon_writes_the_same_manifest_with_substitute_py_as_with_substitute() {
                 fs::read_to_string(&web).ok()
             })
         }));
-        let text = found.unwrap_or_else(|_| panic!("no {}; log:\n{}", web.display(), daemon.logs()));
+        let text =
+            found.unwrap_or_else(|_| panic!("no {}; log:\n{}", web.display(), daemon.logs()));
         let calls = daemon.metric(
             "podstamp_plugin_call_duration_seconds_count{plugin=\"substitute\",result=\"ok\"}",
         );
@@ -297,6 +322,9 @@ fn the_daemon_writes_the_same_manifest_with_substitute_py_as_with_substitute() {
         "--cost=${price}",
         "value: zone-a",
     ] {
-        assert!(from_python.contains(expected), "no {expected:?} in\n{from_python}");
+        assert!(
+            from_python.contains(expected),
+            "no {expected:?} in\n{from_python}"
+        );
     }
 }
