@@ -76,7 +76,17 @@ fn render(
     plugins: &[String],
 ) -> (i32, String, String) {
     let cache = cache_dir();
-    let mut args = vec!["render", template, "--cache-dir", cache.to_str().unwrap()];
+    // A generous deadline: these tests are about output, not speed (a
+    // Python call in a debug build on a busy machine can take longer than
+    // the default 100 ms; the render benchmark measures it).
+    let mut args = vec![
+        "render",
+        template,
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--timeout",
+        "10s",
+    ];
     args.extend_from_slice(node);
     for p in plugins {
         args.extend(["--plugin", p]);
@@ -268,7 +278,7 @@ fn the_daemon_writes_the_same_manifest_with_substitute_py_as_with_substitute() {
         fs::write(
             &config,
             format!(
-                "plugins:\n  substitute:\n    path: {}\n    settings: {{vars: {{greeting: hello}}}}\n  node-env:\n    path: {}\n    settings: {{nodeIP: \"\", labels: {{ZONE: zone}}}}\nchain: [substitute, node-env]\nlimits: {{timeout: 2s}}\n",
+                "plugins:\n  substitute:\n    path: {}\n    settings: {{vars: {{greeting: hello}}}}\n  node-env:\n    path: {}\n    settings: {{nodeIP: \"\", labels: {{ZONE: zone}}}}\nchain: [substitute, node-env]\nlimits: {{timeout: 10s}}\n",
                 substitute.display(),
                 plugin("node-env").display()
             ),
