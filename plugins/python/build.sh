@@ -99,6 +99,7 @@ build_one() {
     src="$(cd "$src" && pwd)"
     [[ -f "$src/app.py" ]] || die "$src has no app.py (the plugin's module)"
     mkdir -p "$(dirname "$out")"
+    out="$(cd "$(dirname "$out")" && pwd)/$(basename "$out")"
     # Up to date: nothing it is made from is newer.
     if [[ -f "$out" ]] && [[ -z "$(find "$src" "$here/podstamp_plugin" "$wit" "$here/build.sh" \
         -name '*.py' -newer "$out" -o -name '*.wit' -newer "$out" -o -name build.sh -newer "$out" | head -1)" ]]; then
