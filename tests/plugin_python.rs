@@ -140,13 +140,13 @@ fn substitute_py_fails_with_substitute_s_messages() {
         Some(path.display().to_string())
     };
     let yaml = fs::read_to_string(repo().join(CHECKPOINTER)).unwrap();
-    // The checkpointer with one more annotation (annotations take any value).
+    // The checkpointer with one more annotation on its pod (annotations take any value).
     let annotated = |key: &str, value: &str| {
+        let anchor = "    annotations:\n      checkpointer.alpha.coreos.com/checkpoint-of:";
+        assert!(yaml.contains(anchor), "{CHECKPOINTER} changed");
         yaml.replace(
-            "  labels:\n    podstamp.io/enabled: \"true\"\n",
-            &format!(
-                "  labels:\n    podstamp.io/enabled: \"true\"\n  annotations:\n    {key}: {value}\n"
-            ),
+            anchor,
+            &format!("    annotations:\n      {key}: {value}\n      checkpointer.alpha.coreos.com/checkpoint-of:"),
         )
     };
     let node = ["--node", NODE];
