@@ -13,6 +13,9 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 step "building the example plugins (plugins/build.sh)"
 bash plugins/build.sh
 
+step "building the Python example plugins (plugins/python/build.sh: componentize-py from PyPI)"
+bash plugins/python/build.sh
+
 step "building the Go harness: API server, kubelet, test node (tests/harness/build.sh)"
 bash tests/harness/build.sh
 
@@ -27,3 +30,6 @@ PROPTEST_CASES="${PROPTEST_CASES:-50000}" cargo test -p podstamp --locked --test
 
 step "plugin unit tests, native (cargo test --manifest-path plugins/Cargo.toml)"
 cargo test --manifest-path plugins/Cargo.toml --locked
+
+step "Python SDK and example unit tests, native (plugins/python/tests)"
+python3 -m unittest discover -s plugins/python/tests

@@ -9,6 +9,10 @@
 //! back or written). The read back that precedes every write, and that
 //! `podstamp render` always does, has a row of its own.
 //!
+//! The example `substitute` in Rust and in Python (`substitute-py`, built
+//! by `bash plugins/python/build.sh`; its rows are left out when it is not
+//! built) are timed side by side, one call alone.
+//!
 //! Run: `bash plugins/build.sh && cargo bench --bench render`
 
 use std::hint::black_box;
@@ -134,6 +138,20 @@ fn main() {
         step("substitute", serde_json::json!({})),
     ]);
 
+    // `substitute` in Rust and in Python, same settings: a call alone.
+    let substitute_rust = runtime.load(&plugins.join("substitute.wasm")).unwrap();
+    let python_path = plugins.join("substitute-py.wasm");
+    let substitute_python = python_path
+        .is_file()
+        .then(|| runtime.load(&python_path).unwrap());
+    if substitute_python.is_none() {
+        eprintln!(
+            "no {}: `bash plugins/python/build.sh` adds the Python rows",
+            python_path.display()
+        );
+    }
+    let substitute_settings = r#"{"vars":{"clusterDomain":"cluster.local"}}"#;
+
     println!(
         "podstamp render benchmark: cargo bench --bench render (median of 25 batches; lower is better)"
     );
@@ -204,6 +222,22 @@ fn main() {
                 (step.name.clone(), took, size)
             })
             .collect();
+        let rust_call = measure(|| {
+            black_box(
+                substitute_rust
+                    .transform(&pod_json, &wit_node, substitute_settings, "bench")
+                    .unwrap(),
+            );
+        });
+        let python_call = substitute_python.as_ref().map(|python| {
+            measure(|| {
+                black_box(
+                    python
+                        .transform(&pod_json, &wit_node, substitute_settings, "bench")
+                        .unwrap(),
+                );
+            })
+        });
         let one = measure(|| in_step(&identity));
         let three = measure(|| in_step(&example));
         let three_verified = measure(|| {
@@ -273,6 +307,15 @@ fn main() {
                 *took,
                 false,
                 &target,
+            );
+        }
+        row("substitute call alone (Rust, vars)", rust_call, false, "");
+        if let Some(python_call) = python_call {
+            row(
+                "substitute-py call alone (Python, vars)",
+                python_call,
+                false,
+                "",
             );
         }
         row("render with identity plugin", one, true, "");

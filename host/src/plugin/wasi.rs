@@ -128,7 +128,10 @@ pub(super) fn add_to_linker(l: &mut Linker<CallState>) -> wasmtime::Result<()> {
     sockets::instance_network::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
     sockets::tcp_create_socket::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
     sync::sockets::tcp::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
-    sockets::udp_create_socket::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
+    // The sync bindings: the async ones make every store async-only, and a
+    // sync call of a component importing it fails ("requires that `*_async`
+    // functions are used").
+    sync::sockets::udp_create_socket::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
     sync::sockets::udp::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
     sockets::ip_name_lookup::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
     Ok(())
