@@ -13,6 +13,9 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 step "building the example plugins (plugins/build.sh)"
 bash plugins/build.sh
 
+step "building the JavaScript example plugins (plugins/js/build.sh; installs componentize-js from npm once)"
+bash plugins/js/build.sh
+
 step "building the Go harness: API server, kubelet, test node (tests/harness/build.sh)"
 bash tests/harness/build.sh
 
