@@ -134,6 +134,16 @@ fn main() {
         step("substitute", serde_json::json!({})),
     ]);
 
+    // node-env and its JavaScript twin (plugins/js/build.sh; skipped when
+    // not built), with the same settings: what a call costs in each language.
+    let node_env_settings =
+        serde_json::json!({"labels": {"NODE_ZONE": "topology.kubernetes.io/zone"}}).to_string();
+    let node_env = runtime.load(&plugins.join("node-env.wasm")).unwrap();
+    let node_env_js = plugins
+        .join("node-env-js.wasm")
+        .is_file()
+        .then(|| runtime.load(&plugins.join("node-env-js.wasm")).unwrap());
+
     println!(
         "podstamp render benchmark: cargo bench --bench render (median of 25 batches; lower is better)"
     );
@@ -185,6 +195,17 @@ fn main() {
                     .unwrap(),
             );
         });
+        let typed_call = |plugin: &podstamp::plugin::Plugin| {
+            measure(|| {
+                black_box(
+                    plugin
+                        .transform(&pod_json, &wit_node, &node_env_settings, "bench")
+                        .unwrap(),
+                );
+            })
+        };
+        let node_env_call = typed_call(&node_env);
+        let node_env_js_call = node_env_js.as_ref().map(typed_call);
         let one = measure(|| in_step(&identity));
         let three = measure(|| in_step(&example));
         let three_verified = measure(|| {
@@ -237,6 +258,10 @@ fn main() {
         row("  the same, instance not pooled", on_demand_call, false, "");
         row("WAT identity call alone", wat_call, false, "");
         row("  the same, after one WASI call", wasi_call, false, "");
+        row("node-env call alone", node_env_call, false, "");
+        if let Some(d) = node_env_js_call {
+            row("node-env-js call alone (JS)", d, false, "");
+        }
         row("render with identity plugin", one, true, "");
         row(
             "render with 3-plugin example",
