@@ -63,7 +63,10 @@ fn js_clock() -> PathBuf {
 }
 
 fn cache_dir() -> String {
-    repo().join("target/test-plugin-cache").display().to_string()
+    repo()
+        .join("target/test-plugin-cache")
+        .display()
+        .to_string()
 }
 
 /// `podstamp render` of the checkpointer with `node_args` and these
@@ -77,7 +80,11 @@ fn render(node_args: &[&str], plugins: &[String]) -> Result<String, String> {
     }
     let out = podstamp(&args);
     if out.status.success() {
-        assert_eq!(stderr(&out), "", "a successful render prints nothing on stderr");
+        assert_eq!(
+            stderr(&out),
+            "",
+            "a successful render prints nothing on stderr"
+        );
         Ok(stdout(&out))
     } else {
         assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
@@ -107,7 +114,10 @@ fn node_env_js_in_the_example_chain_renders_its_golden_manifest() {
         let out = render(
             &["--node", NODE],
             &[
-                spec(&plugin("arch-image"), Some("tests/fixtures/arch-image.yaml")),
+                spec(
+                    &plugin("arch-image"),
+                    Some("tests/fixtures/arch-image.yaml"),
+                ),
                 spec(node_env, Some("tests/fixtures/node-env.yaml")),
                 spec(&plugin("substitute"), None),
             ],
@@ -121,7 +131,10 @@ fn node_env_js_in_the_example_chain_renders_its_golden_manifest() {
 
 /// The error line of the Rust plugin, as the JavaScript one names itself.
 fn as_js(rust: String) -> String {
-    rust.replace("`node-env` (node-env 0.1.0)", "`node-env-js` (node-env-js 0.1.0)")
+    rust.replace(
+        "`node-env` (node-env 0.1.0)",
+        "`node-env-js` (node-env-js 0.1.0)",
+    )
 }
 
 #[test]
@@ -129,7 +142,15 @@ fn node_env_js_fails_as_node_env_does() {
     let dir = tempfile::tempdir().unwrap();
     let cases = [
         // Golden: the node lacks the label the settings want.
-        (vec!["--node-name", "bare", "--node-address", "InternalIP=10.0.0.9"], "containers: [pod-checkpointer]\nlabels: {NODE_ZONE: topology.kubernetes.io/zone}\n"),
+        (
+            vec![
+                "--node-name",
+                "bare",
+                "--node-address",
+                "InternalIP=10.0.0.9",
+            ],
+            "containers: [pod-checkpointer]\nlabels: {NODE_ZONE: topology.kubernetes.io/zone}\n",
+        ),
         // No address for NODE_IP.
         (vec!["--node-name", "bare"], "{}"),
         // A container the pod does not have.
@@ -162,8 +183,19 @@ fn a_js_plugin_renders_the_same_bytes_on_every_run() {
         "the wall clock is the epoch:\n{first}"
     );
     // Once more from the cache, once more compiled anew: the same bytes.
-    assert_eq!(render(&["--node", NODE], std::slice::from_ref(&clock)).unwrap(), first);
-    let out = podstamp(&["render", CHECKPOINTER, "--node", NODE, "--no-cache", "--plugin", &clock]);
+    assert_eq!(
+        render(&["--node", NODE], std::slice::from_ref(&clock)).unwrap(),
+        first
+    );
+    let out = podstamp(&[
+        "render",
+        CHECKPOINTER,
+        "--node",
+        NODE,
+        "--no-cache",
+        "--plugin",
+        &clock,
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), first);
 }
@@ -206,10 +238,10 @@ fn the_daemon_writes_with_node_env_js_what_it_writes_with_node_env() {
         }},
     });
     kube.rt
-        .block_on(
-            kube.templates()
-                .create(&Default::default(), &serde_json::from_value(template).unwrap()),
-        )
+        .block_on(kube.templates().create(
+            &Default::default(),
+            &serde_json::from_value(template).unwrap(),
+        ))
         .unwrap();
 
     let tmp = tempfile::tempdir().unwrap();
@@ -232,7 +264,10 @@ fn the_daemon_writes_with_node_env_js_what_it_writes_with_node_env() {
             "--manifest-dir",
             manifests.to_str().unwrap(),
         ];
-        (Daemon::start(&args, dir.join("podstamp.log")), manifests.join("web.yaml"))
+        (
+            Daemon::start(&args, dir.join("podstamp.log")),
+            manifests.join("web.yaml"),
+        )
     };
     let (js_daemon, js_web) = run("js", &node_env_js());
     let (rust_daemon, rust_web) = run("rust", &plugin("node-env"));
@@ -245,14 +280,26 @@ fn the_daemon_writes_with_node_env_js_what_it_writes_with_node_env() {
             })
         }));
         if found.is_err() {
-            panic!("timed out waiting for {what}; podstamp's log:\n{}", daemon.logs());
+            panic!(
+                "timed out waiting for {what}; podstamp's log:\n{}",
+                daemon.logs()
+            );
         }
     }
     let js = std::fs::read_to_string(&js_web).unwrap();
     assert_eq!(js, std::fs::read_to_string(&rust_web).unwrap());
-    for expected in ["name: ZONE", "value: zone-a", "name: RACK", "value: r7", &format!("value: {node_name}")] {
+    for expected in [
+        "name: ZONE",
+        "value: zone-a",
+        "name: RACK",
+        "value: r7",
+        &format!("value: {node_name}"),
+    ] {
         assert!(js.contains(expected), "missing {expected:?} in\n{js}");
     }
-    assert!(!js.contains("valueFrom"), "NODE_NAME was replaced in place:\n{js}");
+    assert!(
+        !js.contains("valueFrom"),
+        "NODE_NAME was replaced in place:\n{js}"
+    );
     kubelet_accepts(&[&js_web], &node_name);
 }
