@@ -19,7 +19,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::{golden, kubelet_accepts, plugin, podstamp, repo, stderr, stdout};
+use common::{golden, plugin, podstamp, repo, stderr, stdout};
 use serde_json::json;
 use support::*;
 
