@@ -16,6 +16,9 @@ bash plugins/build.sh
 step "building the Python example plugins (plugins/python/build.sh: componentize-py from PyPI)"
 bash plugins/python/build.sh
 
+step "building the JavaScript example plugins (plugins/js/build.sh; installs componentize-js from npm once)"
+bash plugins/js/build.sh
+
 step "building the Go harness: API server, kubelet, test node (tests/harness/build.sh)"
 bash tests/harness/build.sh
 

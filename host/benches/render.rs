@@ -138,19 +138,45 @@ fn main() {
         step("substitute", serde_json::json!({})),
     ]);
 
-    // `substitute` in Rust and in Python, same settings: a call alone.
-    let substitute_rust = runtime.load(&plugins.join("substitute.wasm")).unwrap();
-    let python_path = plugins.join("substitute-py.wasm");
-    let substitute_python = python_path
-        .is_file()
-        .then(|| runtime.load(&python_path).unwrap());
-    if substitute_python.is_none() {
-        eprintln!(
-            "no {}: `bash plugins/python/build.sh` adds the Python rows",
-            python_path.display()
-        );
-    }
-    let substitute_settings = r#"{"vars":{"clusterDomain":"cluster.local"}}"#;
+    // The examples written in other languages, each beside its Rust twin
+    // with the same settings (rows left out when not built: their build
+    // scripts are plugins/python/build.sh and plugins/js/build.sh).
+    let twins: Vec<(&str, &str, &str, String)> = vec![
+        (
+            "substitute",
+            "substitute-py",
+            "Python",
+            r#"{"vars":{"clusterDomain":"cluster.local"}}"#.to_string(),
+        ),
+        (
+            "node-env",
+            "node-env-js",
+            "JavaScript",
+            serde_json::json!({"labels": {"NODE_ZONE": "topology.kubernetes.io/zone"}}).to_string(),
+        ),
+    ];
+    let load = |name: &str| {
+        let path = plugins.join(format!("{name}.wasm"));
+        let size = std::fs::metadata(&path).map_or(0, |m| m.len() as usize);
+        path.is_file().then(|| (runtime.load(&path).unwrap(), size))
+    };
+    let twins: Vec<_> = twins
+        .into_iter()
+        .filter_map(|(rust, other, language, settings)| {
+            let Some(other_plugin) = load(other) else {
+                eprintln!("no {other}.wasm: its {language} rows are left out");
+                return None;
+            };
+            Some((
+                rust,
+                load(rust).unwrap(),
+                other,
+                other_plugin,
+                language,
+                settings,
+            ))
+        })
+        .collect();
 
     println!(
         "podstamp render benchmark: cargo bench --bench render (median of 25 batches; lower is better)"
@@ -222,22 +248,35 @@ fn main() {
                 (step.name.clone(), took, size)
             })
             .collect();
-        let rust_call = measure(|| {
-            black_box(
-                substitute_rust
-                    .transform(&pod_json, &wit_node, substitute_settings, "bench")
-                    .unwrap(),
-            );
-        });
-        let python_call = substitute_python.as_ref().map(|python| {
+        let alone = |plugin: &podstamp::plugin::Plugin, settings: &str| {
             measure(|| {
                 black_box(
-                    python
-                        .transform(&pod_json, &wit_node, substitute_settings, "bench")
+                    plugin
+                        .transform(&pod_json, &wit_node, settings, "bench")
                         .unwrap(),
                 );
             })
-        });
+        };
+        let twin_calls: Vec<(String, Duration, String, Duration)> = twins
+            .iter()
+            .map(
+                |(
+                    rust,
+                    (rust_plugin, rust_size),
+                    other,
+                    (other_plugin, other_size),
+                    language,
+                    settings,
+                )| {
+                    (
+                        format!("{rust} call alone (Rust, {} KB)", rust_size / 1000),
+                        alone(rust_plugin, settings),
+                        format!("{other} call alone ({language}, {} KB)", other_size / 1000),
+                        alone(other_plugin, settings),
+                    )
+                },
+            )
+            .collect();
         let one = measure(|| in_step(&identity));
         let three = measure(|| in_step(&example));
         let three_verified = measure(|| {
@@ -309,13 +348,16 @@ fn main() {
                 &target,
             );
         }
-        row("substitute call alone (Rust, vars)", rust_call, false, "");
-        if let Some(python_call) = python_call {
+        for (rust, rust_took, other, other_took) in &twin_calls {
+            row(rust, *rust_took, false, "");
             row(
-                "substitute-py call alone (Python, vars)",
-                python_call,
+                &format!("  {other}"),
+                *other_took,
                 false,
-                "",
+                &format!(
+                    "{:.1}x the Rust one",
+                    other_took.as_secs_f64() / rust_took.as_secs_f64()
+                ),
             );
         }
         row("render with identity plugin", one, true, "");

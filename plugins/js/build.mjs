@@ -1,0 +1,136 @@
+// Builds one JavaScript plugin into a podstamp component. Run by build.sh
+// (which installs the pinned toolchain first and passes its directory in
+// PODSTAMP_JS_TOOLCHAIN):
+//
+//   node build.mjs PLUGIN_DIR OUT.wasm
+//
+// 1. bundles the plugin's entry module (package.json `main`, default
+//    plugin.js) with rolldown into one ES module: `podstamp-plugin` is this
+//    checkout's SDK, `podstamp:package-info` is { name, version } from the
+//    plugin's package.json, `podstamp:plugin/*` stay imports of the component;
+// 2. makes a component of it with componentize-js for wit/podstamp.wit's
+//    `plugin` world, without wasi:http (`-d http fetch-event`);
+// 3. refuses it unless every import is the podstamp host interface or a WASI
+//    0.2 interface the host grants (the list is read from
+//    host/src/plugin/wasi.rs, the host's own), and it exports the transformer;
+// 4. writes OUT.wasm atomically (a temporary file renamed into place).
+
+import { mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { basename, dirname, join, resolve } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const repo = resolve(here, '../..');
+const sdk = join(here, 'podstamp-plugin', 'index.js');
+const wit = join(repo, 'wit', 'podstamp.wit');
+const PODSTAMP_IMPORTS = ['podstamp:plugin/host@0.1.0', 'podstamp:plugin/types@0.1.0'];
+const REQUIRED_EXPORT = 'podstamp:plugin/transformer@0.1.0';
+
+function fail(message) {
+  console.error(`build.mjs: error: ${message}`);
+  process.exit(1);
+}
+
+const args = process.argv.slice(2);
+if (args.length !== 2) fail('usage: node build.mjs PLUGIN_DIR OUT.wasm');
+const [pluginDir, out] = args.map((arg) => resolve(arg));
+const toolchain = process.env.PODSTAMP_JS_TOOLCHAIN;
+if (!toolchain) fail('PODSTAMP_JS_TOOLCHAIN is not set (run plugins/js/build.sh, not this file)');
+// The toolchain's packages, imported from its node_modules by their package
+// exports (ESM resolution does not look outside this file's own tree).
+async function importTool(name) {
+  const dir = join(toolchain, 'node_modules', name);
+  const manifest = JSON.parse(await readFile(join(dir, 'package.json'), 'utf8'));
+  let target = manifest.exports?.['.'] ?? manifest.exports;
+  while (target !== null && typeof target === 'object') {
+    target = target.import ?? target.node ?? target.default;
+  }
+  return import(pathToFileURL(join(dir, target ?? manifest.main ?? 'index.js')).href);
+}
+
+const pkgPath = join(pluginDir, 'package.json');
+let pkg;
+try {
+  pkg = JSON.parse(await readFile(pkgPath, 'utf8'));
+} catch (e) {
+  fail(`${pkgPath}: ${e.message} (a plugin directory needs a package.json with name and version)`);
+}
+for (const field of ['name', 'version']) {
+  if (typeof pkg[field] !== 'string' || pkg[field] === '') {
+    fail(`${pkgPath}: no ${field}: add "${field}": "..." (it is the plugin's info())`);
+  }
+}
+const entry = resolve(pluginDir, pkg.main ?? 'plugin.js');
+
+// --- 1. bundle ----------------------------------------------------------------
+// A fresh directory of its own: componentize-js maps the current directory
+// into the engine it snapshots, which must then reach the bundle by a plain
+// relative path (through a symbolic link, such as a target/ that is one, it
+// fails with "Operation not permitted").
+const work = await mkdtemp(join(tmpdir(), 'podstamp-js-'));
+const bundlePath = join(work, 'bundle.js');
+const { rolldown } = await importTool('rolldown');
+const INFO_ID = '\0podstamp:package-info';
+const bundle = await rolldown({
+  input: entry,
+  cwd: pluginDir,
+  logLevel: 'warn',
+  external: (id) => id.startsWith('podstamp:plugin/'),
+  plugins: [
+    {
+      name: 'podstamp',
+      resolveId(id) {
+        if (id === 'podstamp-plugin') return sdk;
+        if (id === 'podstamp:package-info') return INFO_ID;
+        return null;
+      },
+      load(id) {
+        if (id !== INFO_ID) return null;
+        return `export default ${JSON.stringify({ name: pkg.name, version: pkg.version })};`;
+      },
+    },
+  ],
+});
+await bundle.write({ file: bundlePath, format: 'esm' });
+await bundle.close();
+
+// --- 2. componentize --------------------------------------------------------------
+const { componentize } = await importTool('@bytecodealliance/componentize-js');
+process.chdir(work);
+const { component } = await componentize({
+  sourcePath: 'bundle.js',
+  witPath: wit,
+  worldName: 'plugin',
+  // Without these the component imports wasi:http, which the host refuses.
+  disableFeatures: ['http', 'fetch-event'],
+});
+
+// --- 3. check its imports and export -------------------------------------------------
+const wasiRs = await readFile(join(repo, 'host/src/plugin/wasi.rs'), 'utf8');
+const list = wasiRs.match(/WASI_INTERFACES: &\[&str\] = &\[([^\]]*)\]/);
+if (!list) fail('cannot find WASI_INTERFACES in host/src/plugin/wasi.rs');
+const wasi = new Set([...list[1].matchAll(/"([^"]+)"/g)].map((m) => m[1]));
+const { componentWit } = await importTool('@bytecodealliance/jco');
+const witText = await componentWit(component);
+const imports = [...witText.matchAll(/^\s*import ([^;]+);/gm)].map((m) => m[1]);
+const exports = [...witText.matchAll(/^\s*export ([^;]+);/gm)].map((m) => m[1]);
+const allowed = (name) => {
+  if (PODSTAMP_IMPORTS.includes(name)) return true;
+  const m = name.match(/^([^@]+)@0\.2\.\d+$/);
+  return m !== null && wasi.has(m[1]);
+};
+const refused = imports.filter((name) => !allowed(name));
+if (refused.length > 0) {
+  fail(`${pkg.name}: the component imports ${refused.join(', ')}, which podstamp does not provide`);
+}
+if (!exports.includes(REQUIRED_EXPORT)) {
+  fail(`${pkg.name}: the component does not export ${REQUIRED_EXPORT} (export const transformer = definePlugin({...}))`);
+}
+
+// --- 4. write ------------------------------------------------------------------------
+const tmp = `${out}.tmp`;
+await writeFile(tmp, component);
+await rename(tmp, out);
+await rm(work, { recursive: true, force: true });
+console.error(`build.mjs: ${basename(out)}: ${pkg.name} ${pkg.version}, ${component.length} bytes`);
