@@ -1218,6 +1218,7 @@ fn docs_reliability_md_is_the_fault_table() {
                 "tests/render.rs" => include_str!("render.rs"),
                 "tests/kubelet.rs" => include_str!("kubelet.rs"),
                 "tests/rollouts.rs" => include_str!("rollouts.rs"),
+                "tests/oci.rs" => include_str!("oci.rs"),
                 other => panic!("fault {}: unknown file {other}", f.id),
             };
             assert!(
