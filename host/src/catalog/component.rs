@@ -68,8 +68,10 @@ pub enum ComponentError {
     #[error("oci {reference}: {source}")]
     Oci {
         reference: String,
+        /// Boxed: the registry's errors are large, and this error is on
+        /// every catalog load's path.
         #[source]
-        source: crate::oci::OciError,
+        source: Box<crate::oci::OciError>,
     },
     /// Read, compiled or checked against the WIT: the message names the origin.
     #[error(transparent)]
@@ -133,7 +135,7 @@ fn from_registry(pinned: &Pinned, runtime: &Runtime) -> Result<Vec<u8>, Componen
         .pull(pinned)
         .map_err(|source| ComponentError::Oci {
             reference: pinned.to_string(),
-            source,
+            source: Box::new(source),
         })?;
     tracing::info!(reference = %pinned, bytes = pulled.bytes.len(), "pulled a plugin component");
     oci::cache::keep(runtime, pinned, &pulled);
