@@ -339,6 +339,33 @@ const FAULTS: &[Fault] = &[
         test: "tests/render.rs: plugin_configmap_refuses_what_is_no_plugin_or_does_not_fit",
     },
     Fault {
+        id: "catalog-oci-tag",
+        area: "catalog",
+        fault: "a catalog entry `oci: REGISTRY/REPO:TAG` without a digest",
+        kept: "the catalog is refused whole before anything is pulled (at start: exit 2; on a reload: the catalog in use keeps serving)",
+        reported: "one line naming the entry and the fix",
+        says: "names a tag, which can be moved to another component: pin it by digest",
+        test: "tests/oci.rs: a_tag_without_a_digest_is_refused_in_the_catalog",
+    },
+    Fault {
+        id: "catalog-oci-registry-down",
+        area: "catalog",
+        fault: "the registry of an `oci:` plugin does not answer when the node starts",
+        kept: "with the component in the disk cache: nothing, the node starts and renders (a digest names fixed content, the registry is not asked); without it: the catalog is refused, nothing is written, manifests on disk are kept",
+        reported: "one line naming the entry, the reference and the registry",
+        says: "does not answer",
+        test: "tests/oci.rs: the_daemon_renders_an_oci_plugin_and_starts_again_with_the_registry_down",
+    },
+    Fault {
+        id: "catalog-oci-unauthorized",
+        area: "catalog",
+        fault: "the registry refuses the credentials of `daemon.registry` (401), or of `plugin push|pull --registry-config`",
+        kept: "the catalog is refused whole; nothing is written (`plugin pull`: nothing written, exit 1)",
+        reported: "one line naming the entry, the registry and where the credentials came from (file or Secret)",
+        says: "refuses the credentials (401 Unauthorized; credentials from",
+        test: "tests/oci.rs: wrong_registry_credentials_refuse_the_catalog_with_a_401_line",
+    },
+    Fault {
         id: "template-name-dotdot",
         area: "template",
         fault: "name `../escape`",
@@ -1191,6 +1218,7 @@ fn docs_reliability_md_is_the_fault_table() {
                 "tests/render.rs" => include_str!("render.rs"),
                 "tests/kubelet.rs" => include_str!("kubelet.rs"),
                 "tests/rollouts.rs" => include_str!("rollouts.rs"),
+                "tests/oci.rs" => include_str!("oci.rs"),
                 other => panic!("fault {}: unknown file {other}", f.id),
             };
             assert!(

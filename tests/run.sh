@@ -25,6 +25,9 @@ bash tests/harness/build.sh
 step "the test node's host packages (tests/harness/node-deps.sh)"
 bash tests/harness/node-deps.sh
 
+step "the test registry's host packages (tests/harness/registry-deps.sh)"
+bash tests/harness/registry-deps.sh
+
 step "host tests (cargo test --workspace)"
 cargo test --workspace --locked
 

@@ -78,6 +78,23 @@ pub struct DaemonEntry {
     /// Rollouts across nodes: where their Leases are, and how long a slot
     /// outlives a holder that stopped renewing it.
     pub rollouts: Option<RolloutsEntry>,
+    /// How `oci:` catalog components are pulled.
+    pub registry: Option<RegistryEntry>,
+}
+
+/// `daemon.registry`: credentials, CA and timeout of the registries that
+/// `oci:` catalog entries name.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RegistryEntry {
+    /// A docker config JSON file.
+    pub config: Option<PathBuf>,
+    /// A `kubernetes.io/dockerconfigjson` Secret of the daemon's namespace.
+    pub secret: Option<String>,
+    /// A PEM file of CA certificates trusted besides the system's.
+    pub ca: Option<PathBuf>,
+    /// The most one pull may take, e.g. `30s`.
+    pub timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
@@ -190,6 +207,14 @@ impl ConfigFile {
             &mut daemon.manifest_dir,
         ]
         .into_iter()
+        .chain(
+            daemon
+                .registry
+                .as_mut()
+                .map(|r| [&mut r.config, &mut r.ca])
+                .into_iter()
+                .flatten(),
+        )
         .flatten()
         {
             *path = base.join(&*path);

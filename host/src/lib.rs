@@ -14,6 +14,7 @@ pub mod daemon;
 pub mod fleet;
 pub mod manifest;
 pub mod node;
+pub mod oci;
 pub mod plugin;
 pub mod reason;
 pub mod render;

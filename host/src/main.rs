@@ -20,6 +20,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod oci_command;
 mod status_command;
 
 use podstamp::catalog::{
@@ -78,6 +79,10 @@ enum PluginCommand {
     },
     /// Print a ConfigMap holding the plugin (gzip, pinned by sha256), for `kubectl apply --server-side -f -`, and the catalog entry that uses it.
     Configmap(ConfigMapArgs),
+    /// Push a plugin to an OCI registry as a Wasm artifact; prints REF@sha256:DIGEST.
+    Push(oci_command::PushArgs),
+    /// Pull a plugin from an OCI registry by digest, checked against it.
+    Pull(oci_command::PullArgs),
 }
 
 #[derive(Args)]
@@ -166,6 +171,16 @@ enum Failure {
     Render(String),
 }
 
+impl From<(u8, String)> for Failure {
+    fn from((code, message): (u8, String)) -> Failure {
+        if code == 2 {
+            Failure::Usage(message)
+        } else {
+            Failure::Render(message)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format, &cli.log_level);
@@ -173,6 +188,12 @@ fn main() -> ExitCode {
         Command::Render(args) => run_render(args),
         Command::Plugin(PluginCommand::Inspect { path }) => run_inspect(&path),
         Command::Plugin(PluginCommand::Configmap(args)) => run_configmap(&args),
+        Command::Plugin(PluginCommand::Push(args)) => {
+            oci_command::push(args).map_err(Failure::from)
+        }
+        Command::Plugin(PluginCommand::Pull(args)) => {
+            oci_command::pull(args).map_err(Failure::from)
+        }
         Command::Run(args) => return run_daemon(&args),
         Command::Status(args) => {
             return match status_command::run(args) {

@@ -69,6 +69,18 @@ pub struct RunArgs {
     /// Compile plugins every time instead of using the cache.
     #[arg(long, conflicts_with = "cache_dir")]
     pub no_cache: bool,
+    /// Credentials for `oci:` plugins: a docker config JSON file (daemon.registry.config) [env: PODSTAMP_REGISTRY_CONFIG].
+    #[arg(long, value_name = "FILE")]
+    pub registry_config: Option<PathBuf>,
+    /// Credentials for `oci:` plugins: a kubernetes.io/dockerconfigjson Secret of the daemon's namespace (daemon.registry.secret) [env: PODSTAMP_REGISTRY_SECRET].
+    #[arg(long, value_name = "NAME")]
+    pub registry_secret: Option<String>,
+    /// CA certificates (PEM) trusted for registries besides the system's (daemon.registry.ca) [env: PODSTAMP_REGISTRY_CA].
+    #[arg(long, value_name = "FILE")]
+    pub registry_ca: Option<PathBuf>,
+    /// The most one pull of an `oci:` plugin may take, e.g. 30s (daemon.registry.timeout) [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    pub registry_timeout: Option<String>,
 }
 
 impl RunArgs {
@@ -95,6 +107,10 @@ impl RunArgs {
             revision_history: self.revision_history,
             rollout_namespace: self.rollout_namespace.clone(),
             slot_lease_duration: self.slot_lease_duration.clone(),
+            registry_config: self.registry_config.clone(),
+            registry_secret: self.registry_secret.clone(),
+            registry_ca: self.registry_ca.clone(),
+            registry_timeout: self.registry_timeout.clone(),
         }
     }
 }

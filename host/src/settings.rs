@@ -38,6 +38,10 @@
 //! | `daemon.revisionHistory` | `--revision-history` | | `3` |
 //! | `daemon.rollouts.namespace` | `--rollout-namespace` | `PODSTAMP_ROLLOUT_NAMESPACE` | `namespace` |
 //! | `daemon.rollouts.leaseDuration` | `--slot-lease-duration` | | `30s` |
+//! | `daemon.registry.config` | `--registry-config` | `PODSTAMP_REGISTRY_CONFIG` | none |
+//! | `daemon.registry.secret` | `--registry-secret` | `PODSTAMP_REGISTRY_SECRET` | none |
+//! | `daemon.registry.ca` | `--registry-ca` | `PODSTAMP_REGISTRY_CA` | the system's CAs only |
+//! | `daemon.registry.timeout` | `--registry-timeout` | | `30s` |
 //!
 //! Not settings in this sense: the catalog (`plugins`, `chain`, or
 //! `daemon.catalog`, with `limits.renderTimeout`, which the catalog's render
@@ -87,6 +91,10 @@ pub struct Layer {
     pub revision_history: Option<usize>,
     pub rollout_namespace: Option<String>,
     pub slot_lease_duration: Option<String>,
+    pub registry_config: Option<PathBuf>,
+    pub registry_secret: Option<String>,
+    pub registry_ca: Option<PathBuf>,
+    pub registry_timeout: Option<String>,
 }
 
 /// Where a setting is given: its flag, environment variable and field of
@@ -141,6 +149,23 @@ const SLOT_LEASE_DURATION: Key = key(
     "daemon.rollouts.leaseDuration",
 );
 
+const REGISTRY_CONFIG: Key = key(
+    "--registry-config",
+    Some("PODSTAMP_REGISTRY_CONFIG"),
+    "daemon.registry.config",
+);
+const REGISTRY_SECRET: Key = key(
+    "--registry-secret",
+    Some("PODSTAMP_REGISTRY_SECRET"),
+    "daemon.registry.secret",
+);
+const REGISTRY_CA: Key = key(
+    "--registry-ca",
+    Some("PODSTAMP_REGISTRY_CA"),
+    "daemon.registry.ca",
+);
+const REGISTRY_TIMEOUT: Key = key("--registry-timeout", None, "daemon.registry.timeout");
+
 impl Layer {
     /// The environment's layer; `var` reads a variable (`std::env::var`,
     /// or a map in tests).
@@ -159,6 +184,9 @@ impl Layer {
             listen: text(&LISTEN),
             revisions_dir: path(&REVISIONS_DIR),
             rollout_namespace: text(&ROLLOUT_NAMESPACE),
+            registry_config: path(&REGISTRY_CONFIG),
+            registry_secret: text(&REGISTRY_SECRET),
+            registry_ca: path(&REGISTRY_CA),
             ..Layer::default()
         }
     }
@@ -193,6 +221,10 @@ impl Layer {
             revision_history: d.revision_history,
             rollout_namespace: d.rollouts.as_ref().and_then(|r| r.namespace.clone()),
             slot_lease_duration: d.rollouts.as_ref().and_then(|r| r.lease_duration.clone()),
+            registry_config: d.registry.as_ref().and_then(|r| r.config.clone()),
+            registry_secret: d.registry.as_ref().and_then(|r| r.secret.clone()),
+            registry_ca: d.registry.as_ref().and_then(|r| r.ca.clone()),
+            registry_timeout: d.registry.as_ref().and_then(|r| r.timeout.clone()),
         }
     }
 }
@@ -253,6 +285,49 @@ impl<'a> Layers<'a> {
             }
             None => Ok(DEFAULT_NAMESPACE.to_string()),
         }
+    }
+
+    /// The registry options: credentials from a file or a Secret (not
+    /// both), a CA, a timeout.
+    fn registry(
+        &self,
+        namespace: &str,
+        source: &Source,
+    ) -> Result<crate::oci::RegistryOptions, SettingsError> {
+        use crate::oci::{Credentials, RegistryOptions};
+        let file = self.path(&REGISTRY_CONFIG, |l| l.registry_config.as_ref());
+        let secret = self.pick(&REGISTRY_SECRET, |l| l.registry_secret.as_deref());
+        let credentials = match (file, secret) {
+            (Some(_), Some((_, at))) => {
+                return Err(Layers::invalid(
+                    at,
+                    "give registry credentials from a file (--registry-config) or a Secret (--registry-secret), not both",
+                ));
+            }
+            (Some(file), None) => Credentials::File(file),
+            (None, Some((name, at))) => {
+                crate::validate::check_dns_subdomain(name).map_err(|e| Layers::invalid(at, e))?;
+                Credentials::Secret {
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                    kubeconfig: match source {
+                        Source::Api { kubeconfig } => kubeconfig.clone(),
+                        Source::Dir(_) => None,
+                    },
+                }
+            }
+            (None, None) => Credentials::Anonymous,
+        };
+        let timeout = match self.pick(&REGISTRY_TIMEOUT, |l| l.registry_timeout.as_deref()) {
+            Some((text, at)) => parse_duration(text).map_err(|e| Layers::invalid(at, e))?,
+            None => crate::oci::registry::DEFAULT_TIMEOUT,
+        };
+        Ok(RegistryOptions {
+            credentials,
+            ca: self.path(&REGISTRY_CA, |l| l.registry_ca.as_ref()),
+            timeout,
+            insecure_http: false,
+        })
     }
 
     fn limits(&self) -> Result<Limits, SettingsError> {
@@ -361,6 +436,8 @@ pub struct DaemonSettings {
     /// the limit of every manifest written, too.
     pub limits: Limits,
     pub cache_dir: Option<PathBuf>,
+    /// How `oci:` catalog components are pulled.
+    pub registry: crate::oci::RegistryOptions,
 }
 
 /// Resolves `podstamp run`'s settings, reading the configuration file the
@@ -456,7 +533,9 @@ pub fn daemon(flags: &Layer, env: &Layer) -> Result<DaemonSettings, SettingsErro
             }
             None => crate::daemon::coordinator::DEFAULT_LEASE_DURATION,
         };
+    let registry = layers.registry(&namespace, &source)?;
     Ok(DaemonSettings {
+        registry,
         source,
         namespace,
         rollout_namespace,
@@ -534,6 +613,15 @@ impl DaemonSettings {
             (
                 "daemon.rollouts.leaseDuration",
                 format!("{:?}", self.slot_lease_duration),
+            ),
+            (
+                "daemon.registry",
+                format!(
+                    "{}; CA {}; timeout {:?}",
+                    self.registry.credentials,
+                    shown(self.registry.ca.as_ref()),
+                    self.registry.timeout
+                ),
             ),
             ("limits.timeout", format!("{:?}", limits.timeout)),
             ("limits.memory", format!("{} bytes", limits.memory_bytes)),

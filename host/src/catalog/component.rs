@@ -15,7 +15,8 @@ use sha2::{Digest, Sha256};
 use super::config_maps::{ConfigMapError, ConfigMaps};
 use super::gzip::{GzipError, MAX_COMPONENT_BYTES, inflate, is_gzip};
 use super::spec::{ConfigMapSource, Source};
-use crate::plugin::LoadError;
+use crate::oci::{self, Pinned, Registry, RegistryOptions};
+use crate::plugin::{LoadError, Runtime};
 
 /// A component's bytes, uncompressed, and where they came from.
 pub struct ComponentBytes {
@@ -63,6 +64,15 @@ pub enum ComponentError {
         "ConfigMap {name}: the API server does not answer and the compiled-code cache has no component with sha256 {sha256}"
     )]
     NotCached { name: String, sha256: String },
+    /// Pulled from a registry (or its disk cache) and checked.
+    #[error("oci {reference}: {source}")]
+    Oci {
+        reference: String,
+        /// Boxed: the registry's errors are large, and this error is on
+        /// every catalog load's path.
+        #[source]
+        source: Box<crate::oci::OciError>,
+    },
     /// Read, compiled or checked against the WIT: the message names the origin.
     #[error(transparent)]
     Load(#[from] LoadError),
@@ -83,10 +93,12 @@ pub fn component_bytes(
     source: &Source<'_>,
     pin: Option<&str>,
     config_maps: &dyn ConfigMaps,
+    runtime: &Runtime,
 ) -> Result<ComponentBytes, ComponentError> {
     let (bytes, origin) = match source {
         Source::Path(path) => (read_file(path)?, path.display().to_string()),
         Source::ConfigMap(source) => from_config_map(source, config_maps)?,
+        Source::Oci(pinned) => (from_registry(pinned, runtime)?, format!("oci {pinned}")),
     };
     let sha256 = hex::encode(Sha256::digest(&bytes));
     if let Some(expected) = pin
@@ -103,6 +115,31 @@ pub fn component_bytes(
         sha256,
         origin,
     })
+}
+
+/// The component of a pinned artifact: from the disk cache, else pulled
+/// (checked against its digests) and kept there.
+fn from_registry(pinned: &Pinned, runtime: &Runtime) -> Result<Vec<u8>, ComponentError> {
+    if let Some(bytes) = oci::cache::cached(runtime, pinned) {
+        return Ok(bytes);
+    }
+    let anonymous;
+    let registry = match runtime.registry() {
+        Some(registry) => registry,
+        None => {
+            anonymous = Registry::new(RegistryOptions::default());
+            &anonymous
+        }
+    };
+    let pulled = registry
+        .pull(pinned)
+        .map_err(|source| ComponentError::Oci {
+            reference: pinned.to_string(),
+            source: Box::new(source),
+        })?;
+    tracing::info!(reference = %pinned, bytes = pulled.bytes.len(), "pulled a plugin component");
+    oci::cache::keep(runtime, pinned, &pulled);
+    Ok(pulled.bytes)
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>, LoadError> {

@@ -135,7 +135,7 @@ impl Catalog {
     ) -> Result<Catalog, CatalogError> {
         let mut loaded: BTreeMap<String, Plugin> = BTreeMap::new();
         Catalog::load_with(spec, origin, budget, &mut |source, pin| {
-            let component = component::component_bytes(source, pin, config_maps)?;
+            let component = component::component_bytes(source, pin, config_maps, runtime)?;
             let known = loaded
                 .get(&component.sha256)
                 .or_else(|| reuse.and_then(|r| r.plugin_with(&component.sha256)));
@@ -176,8 +176,10 @@ impl Catalog {
                         sha256: sha256.to_string(),
                     })
             }
-            Source::Path(_) => {
-                let component = component::component_bytes(source, pin, &no_config_maps)?;
+            // A file is read as usual; an OCI component comes from its disk
+            // cache (or the registry, if it answers).
+            Source::Path(_) | Source::Oci(_) => {
+                let component = component::component_bytes(source, pin, &no_config_maps, runtime)?;
                 Ok(runtime.load_bytes(&component.bytes, &component.origin)?)
             }
         })

@@ -5,7 +5,8 @@
 //! plugins:
 //!   node-env:
 //!     path: /usr/lib/podstamp/plugins/node-env.wasm   # a file on the node, or
-//!     configMap: {name: podstamp-plugin-node-env, key: node-env.wasm}
+//!     configMap: {name: podstamp-plugin-node-env, key: node-env.wasm}   # or
+//!     oci: registry.example/plugins/node-env@sha256:…   # a Wasm OCI artifact, by digest
 //!     sha256: 3f1c…        # of the uncompressed component; required for configMap
 //!     settings: {…}        # or settingsFile: (file catalog only)
 //!     mandatory: false
@@ -15,6 +16,8 @@
 //! Invariants: an entry names exactly one component source; a ConfigMap
 //! source is always pinned by digest (what the API holds can change under
 //! the daemon; the pin says which component the catalog means); a ConfigMap
+//! an `oci:` source is always pinned by its manifest digest (a tag alone is
+//! refused: it can be moved under the node); a ConfigMap
 //! catalog refers to nothing relative to a file (no `settingsFile`, absolute
 //! paths only), since it has no file to be relative to.
 
@@ -52,6 +55,8 @@ pub struct PluginEntry {
     pub path: Option<PathBuf>,
     /// A component in a ConfigMap of the daemon's namespace.
     pub config_map: Option<ConfigMapSource>,
+    /// A Wasm OCI artifact, `REGISTRY/REPO@sha256:DIGEST`.
+    pub oci: Option<String>,
     /// The sha256 of the uncompressed component, hex.
     pub sha256: Option<String>,
     pub settings: Option<Value>,
@@ -81,6 +86,7 @@ impl ConfigMapSource {
 pub enum Source<'a> {
     Path(&'a std::path::Path),
     ConfigMap(&'a ConfigMapSource),
+    Oci(crate::oci::Pinned),
 }
 
 /// `daemon.catalog`: where the daemon reads its catalog from, instead of
@@ -103,19 +109,30 @@ impl PluginEntry {
             })?),
             None => None,
         };
-        let source = match (&self.path, &self.config_map) {
-            (Some(_), Some(_)) => {
+        let given = [
+            self.path.is_some(),
+            self.config_map.is_some(),
+            self.oci.is_some(),
+        ];
+        if given.iter().filter(|g| **g).count() > 1 {
+            return Err(ConfigError::Invalid(format!(
+                "{field}: give one of path, configMap and oci, not several (one entry, one component)"
+            )));
+        }
+        let source = match (&self.path, &self.config_map, &self.oci) {
+            (None, None, None) => {
                 return Err(ConfigError::Invalid(format!(
-                    "{field}: give path or configMap, not both (one entry, one component)"
+                    "{field}: no component: give path (a file on the node), configMap: {{name, key}} or oci: REGISTRY/REPO@sha256:DIGEST"
                 )));
             }
-            (None, None) => {
-                return Err(ConfigError::Invalid(format!(
-                    "{field}: no component: give path (a file on the node) or configMap: {{name, key}}"
-                )));
+            (Some(path), _, _) => Source::Path(path),
+            (_, _, Some(text)) => {
+                let pinned = crate::oci::Pinned::parse(text).map_err(|e| {
+                    ConfigError::Invalid(format!("{}: {e}", join_key(field, "oci")))
+                })?;
+                Source::Oci(pinned)
             }
-            (Some(path), None) => Source::Path(path),
-            (None, Some(config_map)) => {
+            (None, Some(config_map), None) => {
                 let at = join_key(field, "configMap");
                 crate::validate::check_dns_subdomain(&config_map.name)
                     .map_err(|e| ConfigError::Invalid(format!("{}: {e}", join_key(&at, "name"))))?;

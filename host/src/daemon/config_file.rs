@@ -154,6 +154,7 @@ pub fn node_local(config: &ConfigFile) -> Vec<(&'static str, String)> {
             "daemon.rollouts.leaseDuration",
             shown(&d.rollouts.as_ref().and_then(|r| r.lease_duration.clone())),
         ),
+        ("daemon.registry", shown(&d.registry)),
         ("limits.timeout", shown(&l.timeout)),
         ("limits.memory", shown(&l.memory)),
         ("limits.maxManifestSize", shown(&l.max_manifest_size)),

@@ -161,7 +161,8 @@ pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
         (Some(_), Source::Api { .. }) => true,
         (None, _) => false,
     };
-    let plugins = Runtime::new(settings.limits, settings.cache_dir.as_deref())?;
+    let plugins = Runtime::new(settings.limits, settings.cache_dir.as_deref())?
+        .with_registry(crate::oci::Registry::new(settings.registry.clone()));
     let catalog = if needs_api {
         None
     } else {

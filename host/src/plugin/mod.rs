@@ -94,6 +94,9 @@ impl fmt::Display for PluginInfo {
 #[derive(Clone)]
 pub struct Runtime {
     shared: Arc<Shared>,
+    /// Where `oci:` catalog components are pulled from (the daemon's
+    /// registry settings); None: anonymously, trusting the system's CAs.
+    registry: Option<Arc<crate::oci::Registry>>,
 }
 
 struct Shared {
@@ -194,7 +197,19 @@ impl Runtime {
                 ticker_thread: Some(ticker_thread),
                 components_loaded: AtomicU64::new(0),
             }),
+            registry: None,
         })
+    }
+
+    /// This runtime, pulling `oci:` components through `registry`.
+    pub fn with_registry(mut self, registry: crate::oci::Registry) -> Self {
+        self.registry = Some(Arc::new(registry));
+        self
+    }
+
+    /// The registry settings `oci:` components are pulled with, if given.
+    pub fn registry(&self) -> Option<&crate::oci::Registry> {
+        self.registry.as_deref()
     }
 
     pub fn limits(&self) -> Limits {

@@ -1,0 +1,504 @@
+//! Pushing and pulling components through a registry, with the ORAS
+//! project's `oci-client` (no registry protocol of our own).
+//!
+//! Invariants:
+//! * a pull never returns bytes that were not checked: the manifest's
+//!   sha256 is the pinned digest, it is at most [`MAX_MANIFEST_BYTES`], it
+//!   holds exactly one `application/wasm` layer, and that layer's bytes
+//!   (at most [`MAX_COMPONENT_BYTES`]) have the sha256 the manifest says;
+//! * every call is bounded by the configured timeout, whatever the
+//!   registry does (connect, each read, and the whole pull);
+//! * the layout is the CNCF TAG Runtime's Wasm OCI artifact: an OCI image
+//!   manifest whose config is `application/vnd.wasm.config.v0+json` and
+//!   whose one layer is the component, `application/wasm`; a push writes no
+//!   timestamp, so the same component gives the same digest;
+//! * every error names the registry (or the reference) and, for a 401,
+//!   where the credentials came from.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures::StreamExt;
+use oci_client::Client;
+use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
+use oci_client::errors::{OciDistributionError, OciErrorCode};
+use oci_client::manifest::OCI_IMAGE_MEDIA_TYPE;
+use oci_client::secrets::RegistryAuth;
+use serde::Deserialize;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use super::credentials::{Credentials, CredentialsError, DockerConfig};
+use super::reference::{Pinned, ReferenceError, parse_target};
+pub use crate::catalog::gzip::MAX_COMPONENT_BYTES;
+
+/// The config media type of a Wasm component artifact (CNCF TAG Runtime).
+pub const WASM_CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";
+/// The layer media type of a Wasm component artifact (CNCF TAG Runtime).
+pub const WASM_LAYER_MEDIA_TYPE: &str = "application/wasm";
+/// The largest manifest pulled: a component's manifest is well under 1 KiB;
+/// this bounds what a hostile or broken registry can make us hold.
+pub const MAX_MANIFEST_BYTES: usize = 64 << 10;
+/// The default bound on one pull or push.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How to reach the registries.
+#[derive(Debug, Clone)]
+pub struct RegistryOptions {
+    pub credentials: Credentials,
+    /// A PEM file of CA certificates trusted besides the system's.
+    pub ca: Option<PathBuf>,
+    pub timeout: Duration,
+    /// Plain HTTP instead of HTTPS (tests of the CLI only; never the default).
+    pub insecure_http: bool,
+}
+
+impl Default for RegistryOptions {
+    fn default() -> Self {
+        RegistryOptions {
+            credentials: Credentials::Anonymous,
+            ca: None,
+            timeout: DEFAULT_TIMEOUT,
+            insecure_http: false,
+        }
+    }
+}
+
+/// Why a push or a pull failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OciError {
+    #[error(transparent)]
+    Reference(#[from] ReferenceError),
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+    #[error("registry CA file {path}: {detail}")]
+    Ca { path: String, detail: String },
+    #[error("registry {registry} does not answer: {detail}")]
+    Unreachable { registry: String, detail: String },
+    #[error("registry {registry} did not finish within {timeout:?} (registry timeout)")]
+    Timeout { registry: String, timeout: Duration },
+    #[error(
+        "registry {registry} refuses the credentials (401 Unauthorized; {credentials}): fix them, or the registry's access"
+    )]
+    Unauthorized {
+        registry: String,
+        credentials: String,
+    },
+    #[error("{reference}: not in the registry ({detail}): push it, or fix the digest")]
+    Unknown { reference: String, detail: String },
+    #[error(
+        "{reference}: the manifest is {size} bytes, over the limit of {limit} bytes: not a component's manifest"
+    )]
+    ManifestTooLarge {
+        reference: String,
+        size: usize,
+        limit: usize,
+    },
+    #[error(
+        "{reference}: the {what}'s sha256 is {actual}, not {expected}: the registry served other bytes; refused"
+    )]
+    Digest {
+        reference: String,
+        what: &'static str,
+        expected: String,
+        actual: String,
+    },
+    #[error(
+        "{reference}: not a Wasm component artifact ({detail}); push one with `podstamp plugin push`"
+    )]
+    NotAComponent { reference: String, detail: String },
+    #[error("registry {registry}: {detail}")]
+    Registry { registry: String, detail: String },
+}
+
+/// The parts of an OCI image manifest a pull reads.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Manifest {
+    #[serde(default)]
+    config: Option<Descriptor>,
+    #[serde(default)]
+    layers: Vec<Descriptor>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Descriptor {
+    media_type: String,
+    digest: String,
+    size: u64,
+}
+
+/// A component pulled and checked.
+pub struct Pulled {
+    pub bytes: Vec<u8>,
+    /// The manifest, as pulled (its sha256 is the pin).
+    pub manifest: Vec<u8>,
+}
+
+/// Pushes and pulls components.
+pub struct Registry {
+    options: RegistryOptions,
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+impl Registry {
+    pub fn new(options: RegistryOptions) -> Registry {
+        Registry { options }
+    }
+
+    pub fn options(&self) -> &RegistryOptions {
+        &self.options
+    }
+
+    /// Pushes `component` to `target` (`REGISTRY/REPO[:TAG]`) and returns
+    /// the reference pinned by the manifest's digest.
+    pub fn push(&self, component: &[u8], target: &str) -> Result<Pinned, OciError> {
+        let reference = parse_target(target)?;
+        let registry = reference.resolve_registry().to_string();
+        self.block_on(&registry, async {
+            let client = self.client()?;
+            let auth = self.auth(&registry).await?;
+            client.store_auth_if_needed(&registry, &auth).await;
+            let layer_digest = format!("sha256:{}", sha256_hex(component));
+            // No `created`: the same component gives the same digest.
+            let config = serde_json::to_vec(&json!({
+                "architecture": "wasm",
+                "os": "wasip2",
+                "layerDigests": [layer_digest],
+            }))
+            .expect("a JSON value serializes");
+            let config_digest = format!("sha256:{}", sha256_hex(&config));
+            let manifest = serde_json::to_vec(&json!({
+                "schemaVersion": 2,
+                "mediaType": OCI_IMAGE_MEDIA_TYPE,
+                "config": {"mediaType": WASM_CONFIG_MEDIA_TYPE, "digest": config_digest, "size": config.len()},
+                "layers": [{"mediaType": WASM_LAYER_MEDIA_TYPE, "digest": layer_digest, "size": component.len()}],
+            }))
+            .expect("a JSON value serializes");
+            let fail = |e| self.classify(e, &registry, &reference.whole());
+            client
+                .push_blob(&reference, component.to_vec(), &layer_digest)
+                .await
+                .map_err(fail)?;
+            client
+                .push_blob(&reference, config, &config_digest)
+                .await
+                .map_err(fail)?;
+            client
+                .push_manifest_raw(
+                    &reference,
+                    manifest.clone(),
+                    OCI_IMAGE_MEDIA_TYPE.parse().expect("a valid header value"),
+                )
+                .await
+                .map_err(fail)?;
+            Ok(Pinned {
+                registry: reference.registry().to_string(),
+                repository: reference.repository().to_string(),
+                digest: format!("sha256:{}", sha256_hex(&manifest)),
+            })
+        })
+    }
+
+    /// Pulls the component `pinned` names and checks it (see the module's
+    /// invariants).
+    pub fn pull(&self, pinned: &Pinned) -> Result<Pulled, OciError> {
+        let registry = pinned.registry.clone();
+        self.block_on(&registry, async {
+            let client = self.client()?;
+            let auth = self.auth(&registry).await?;
+            let reference = pinned.reference();
+            let shown = pinned.to_string();
+            let fail = |e| self.classify(e, &registry, &shown);
+            let (manifest, _) = client
+                .pull_manifest_raw(&reference, &auth, &[OCI_IMAGE_MEDIA_TYPE])
+                .await
+                .map_err(fail)?;
+            if manifest.len() > MAX_MANIFEST_BYTES {
+                return Err(OciError::ManifestTooLarge {
+                    reference: shown,
+                    size: manifest.len(),
+                    limit: MAX_MANIFEST_BYTES,
+                });
+            }
+            let actual = sha256_hex(&manifest);
+            if actual != pinned.hex() {
+                return Err(OciError::Digest {
+                    reference: shown,
+                    what: "manifest",
+                    expected: pinned.digest.clone(),
+                    actual: format!("sha256:{actual}"),
+                });
+            }
+            let layer = component_layer(&manifest, &shown)?;
+            let descriptor = oci_client::manifest::OciDescriptor {
+                media_type: layer.media_type.clone(),
+                digest: layer.digest.clone(),
+                size: layer.size as i64,
+                ..Default::default()
+            };
+            let mut stream = client
+                .pull_blob_stream(&reference, &descriptor)
+                .await
+                .map_err(fail)?;
+            let mut bytes = Vec::with_capacity(layer.size as usize);
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| OciError::Unreachable {
+                    registry: registry.clone(),
+                    detail: e.to_string(),
+                })?;
+                if bytes.len() + chunk.len() > MAX_COMPONENT_BYTES {
+                    return Err(OciError::NotAComponent {
+                        reference: shown,
+                        detail: format!("its layer is over {MAX_COMPONENT_BYTES} bytes"),
+                    });
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+            let actual = format!("sha256:{}", sha256_hex(&bytes));
+            if actual != layer.digest {
+                return Err(OciError::Digest {
+                    reference: shown,
+                    what: "layer",
+                    expected: layer.digest,
+                    actual,
+                });
+            }
+            Ok(Pulled {
+                bytes,
+                manifest: manifest.to_vec(),
+            })
+        })
+    }
+
+    /// Runs `work` on a runtime of its own (callers are synchronous: the
+    /// CLI, the catalog loader's thread), bounded by the timeout.
+    fn block_on<T>(
+        &self,
+        registry: &str,
+        work: impl Future<Output = Result<T, OciError>>,
+    ) -> Result<T, OciError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| OciError::Registry {
+                registry: registry.to_string(),
+                detail: format!("cannot start an async runtime: {e}"),
+            })?;
+        let timeout = self.options.timeout;
+        runtime
+            .block_on(async { tokio::time::timeout(timeout, work).await })
+            .unwrap_or_else(|_| {
+                Err(OciError::Timeout {
+                    registry: registry.to_string(),
+                    timeout,
+                })
+            })
+    }
+
+    fn client(&self) -> Result<Client, OciError> {
+        // reqwest is built without a TLS provider of its own: ring, as kube.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut extra = Vec::new();
+        if let Some(path) = &self.options.ca {
+            let data = std::fs::read(path).map_err(|e| OciError::Ca {
+                path: path.display().to_string(),
+                detail: e.to_string(),
+            })?;
+            extra.push(Certificate {
+                encoding: CertificateEncoding::Pem,
+                data,
+            });
+        }
+        let config = ClientConfig {
+            protocol: if self.options.insecure_http {
+                ClientProtocol::Http
+            } else {
+                ClientProtocol::Https
+            },
+            extra_root_certificates: extra,
+            connect_timeout: Some(self.options.timeout),
+            read_timeout: Some(self.options.timeout),
+            // One artifact, one layer: no manifest lists.
+            platform_resolver: None,
+            ..ClientConfig::default()
+        };
+        Client::try_from(config).map_err(|e| match &self.options.ca {
+            Some(path) => OciError::Ca {
+                path: path.display().to_string(),
+                detail: e.to_string(),
+            },
+            None => OciError::Registry {
+                registry: "(any)".into(),
+                detail: e.to_string(),
+            },
+        })
+    }
+
+    /// The credentials for `registry`, read now (see [`Credentials`]).
+    async fn auth(&self, registry: &str) -> Result<RegistryAuth, OciError> {
+        let from = self.options.credentials.to_string();
+        let json = match &self.options.credentials {
+            Credentials::Anonymous => return Ok(RegistryAuth::Anonymous),
+            Credentials::File(path) => std::fs::read(path).map_err(|e| CredentialsError::Read {
+                from: from.clone(),
+                detail: e.to_string(),
+            })?,
+            Credentials::Secret {
+                namespace,
+                name,
+                kubeconfig,
+            } => read_secret(namespace, name, kubeconfig.as_deref())
+                .await
+                .map_err(|detail| CredentialsError::Read {
+                    from: from.clone(),
+                    detail,
+                })?,
+        };
+        let config = DockerConfig::parse(&json, &from)?;
+        Ok(match config.basic(registry, &from)? {
+            Some((user, password)) => RegistryAuth::Basic(user, password),
+            None => RegistryAuth::Anonymous,
+        })
+    }
+
+    /// The client's error, said for `reference` of `registry`.
+    fn classify(&self, error: OciDistributionError, registry: &str, reference: &str) -> OciError {
+        let unauthorized = || OciError::Unauthorized {
+            registry: registry.to_string(),
+            credentials: self.options.credentials.to_string(),
+        };
+        let unknown = |detail: String| OciError::Unknown {
+            reference: reference.to_string(),
+            detail,
+        };
+        match error {
+            OciDistributionError::UnauthorizedError { .. }
+            | OciDistributionError::AuthenticationFailure(_) => unauthorized(),
+            OciDistributionError::RegistryError { envelope, .. } => {
+                let codes: Vec<&OciErrorCode> = envelope.errors.iter().map(|e| &e.code).collect();
+                let detail = envelope.to_string();
+                if codes
+                    .iter()
+                    .any(|c| matches!(c, OciErrorCode::Unauthorized | OciErrorCode::Denied))
+                {
+                    unauthorized()
+                } else if codes.iter().any(|c| {
+                    matches!(
+                        c,
+                        OciErrorCode::ManifestUnknown
+                            | OciErrorCode::BlobUnknown
+                            | OciErrorCode::NameUnknown
+                            | OciErrorCode::NotFound
+                    )
+                }) {
+                    unknown(detail)
+                } else {
+                    OciError::Registry {
+                        registry: registry.to_string(),
+                        detail,
+                    }
+                }
+            }
+            OciDistributionError::ServerError { code: 401, .. } => unauthorized(),
+            OciDistributionError::ServerError {
+                code: 404, message, ..
+            } => unknown(message),
+            OciDistributionError::ImageManifestNotFoundError(detail) => unknown(detail),
+            OciDistributionError::DigestError(e) => OciError::Digest {
+                reference: reference.to_string(),
+                what: "manifest",
+                expected: reference.rsplit('@').next().unwrap_or_default().to_string(),
+                actual: e.to_string(),
+            },
+            OciDistributionError::RequestError(e) if e.is_timeout() => OciError::Timeout {
+                registry: registry.to_string(),
+                timeout: self.options.timeout,
+            },
+            OciDistributionError::RequestError(e) if e.is_connect() => OciError::Unreachable {
+                registry: registry.to_string(),
+                detail: error_chain(&e),
+            },
+            other => OciError::Registry {
+                registry: registry.to_string(),
+                detail: error_chain(&other),
+            },
+        }
+    }
+}
+
+/// An error and its sources, on one line.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
+/// The one `application/wasm` layer of a component's manifest.
+fn component_layer(manifest: &[u8], reference: &str) -> Result<Descriptor, OciError> {
+    let not = |detail: String| OciError::NotAComponent {
+        reference: reference.to_string(),
+        detail,
+    };
+    let manifest: Manifest =
+        serde_json::from_slice(manifest).map_err(|e| not(format!("its manifest: {e}")))?;
+    if let Some(config) = &manifest.config
+        && config.media_type != WASM_CONFIG_MEDIA_TYPE
+    {
+        return Err(not(format!(
+            "config media type {}, expected {WASM_CONFIG_MEDIA_TYPE}",
+            config.media_type
+        )));
+    }
+    let mut layers = manifest.layers.into_iter();
+    match (layers.next(), layers.next()) {
+        (Some(layer), None) if layer.media_type == WASM_LAYER_MEDIA_TYPE => {
+            if layer.size > MAX_COMPONENT_BYTES as u64 {
+                return Err(not(format!(
+                    "its layer is {} bytes, over {MAX_COMPONENT_BYTES}",
+                    layer.size
+                )));
+            }
+            Ok(layer)
+        }
+        (Some(layer), None) => Err(not(format!(
+            "layer media type {}, expected {WASM_LAYER_MEDIA_TYPE}",
+            layer.media_type
+        ))),
+        _ => Err(not("expected exactly one layer".into())),
+    }
+}
+
+/// The `.dockerconfigjson` of a Secret, read with the daemon's kubeconfig.
+async fn read_secret(
+    namespace: &str,
+    name: &str,
+    kubeconfig: Option<&std::path::Path>,
+) -> Result<Vec<u8>, String> {
+    let client = crate::daemon::client(kubeconfig)
+        .await
+        .map_err(|e| e.to_string())?;
+    let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client, namespace);
+    let secret = api.get(name).await.map_err(|e| e.to_string())?;
+    if secret.type_.as_deref() != Some("kubernetes.io/dockerconfigjson") {
+        return Err(format!(
+            "type is {:?}, expected kubernetes.io/dockerconfigjson (`kubectl create secret docker-registry`)",
+            secret.type_.as_deref().unwrap_or("")
+        ));
+    }
+    secret
+        .data
+        .and_then(|mut d| d.remove(".dockerconfigjson"))
+        .map(|b| b.0)
+        .ok_or_else(|| "has no key .dockerconfigjson".to_string())
+}

@@ -1,0 +1,458 @@
+//! Plugins as OCI artifacts, end to end, against a real registry (Debian's
+//! `docker-registry`, TLS from the harness CA, basic auth; see
+//! tests/oci/registry.rs): `podstamp plugin push|pull`, and the daemon
+//! running a catalog whose plugins are `oci:` references.
+//!
+//! Needs `bash tests/harness/registry-deps.sh`, `bash tests/harness/build.sh`
+//! and `bash plugins/build.sh` first.
+
+mod common;
+#[path = "oci/registry.rs"]
+mod registry;
+#[path = "daemon/support.rs"]
+#[allow(unused_imports)]
+mod support;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use common::{podstamp, stderr, stdout};
+use registry::{PASSWORD, TestRegistry};
+use support::*;
+
+const CONVERGE: Duration = Duration::from_secs(30);
+
+/// A registry under `dir`, with the harness CA of the shared API server.
+fn start_registry(dir: &Path) -> TestRegistry {
+    TestRegistry::start(&dir.join("registry"), &shared_server().dir)
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// `podstamp plugin push FILE REF` with the registry's CA and `config`.
+fn push(registry: &TestRegistry, config: &Path, file: &Path, target: &str) -> Output {
+    podstamp(&[
+        "plugin",
+        "push",
+        file.to_str().unwrap(),
+        &format!("{}/{target}", registry.host),
+        "--registry-config",
+        config.to_str().unwrap(),
+        "--registry-ca",
+        registry.ca.to_str().unwrap(),
+    ])
+}
+
+fn pull(registry: &TestRegistry, config: &Path, reference: &str, out: &Path) -> Output {
+    podstamp(&[
+        "plugin",
+        "pull",
+        reference,
+        "-o",
+        out.to_str().unwrap(),
+        "--registry-config",
+        config.to_str().unwrap(),
+        "--registry-ca",
+        registry.ca.to_str().unwrap(),
+    ])
+}
+
+/// Pushes the example plugin `name`; returns its pinned reference.
+fn pushed(registry: &TestRegistry, config: &Path, name: &str) -> String {
+    let out = push(
+        registry,
+        config,
+        &common::plugin(name),
+        &format!("plugins/{name}:v1"),
+    );
+    assert!(out.status.success(), "push: {}", stderr(&out));
+    stdout(&out).trim().to_string()
+}
+
+#[test]
+fn push_then_pull_round_trips_through_a_registry_with_tls_and_auth() {
+    let tmp = tempfile::tempdir().unwrap();
+    let registry = start_registry(tmp.path());
+    let config = registry.docker_config(&tmp.path().join("auth.json"), PASSWORD);
+    let file = common::plugin("identity");
+    let original = fs::read(&file).unwrap();
+
+    let out = push(&registry, &config, &file, "plugins/identity:v1");
+    assert!(out.status.success(), "push: {}", stderr(&out));
+    let reference = stdout(&out).trim().to_string();
+    let prefix = format!("{}/plugins/identity@sha256:", registry.host);
+    let digest = reference
+        .strip_prefix(&prefix)
+        .unwrap_or_else(|| panic!("{reference:?} is not {prefix}HEX"));
+    assert_eq!(digest.len(), 64, "{reference}");
+    // The same component pushed again: the same digest (no timestamp).
+    let again = push(&registry, &config, &file, "plugins/identity:v2");
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(stdout(&again).trim(), reference);
+
+    // The registry holds the manifest under that digest, in the Wasm
+    // artifact layout, and the component as its one layer.
+    let manifest = fs::read(registry.blob_file(digest)).unwrap();
+    assert_eq!(sha256_hex(&manifest), digest);
+    let manifest: serde_json::Value = serde_json::from_slice(&manifest).unwrap();
+    assert_eq!(
+        manifest["config"]["mediaType"],
+        "application/vnd.wasm.config.v0+json"
+    );
+    assert_eq!(manifest["layers"].as_array().unwrap().len(), 1);
+    assert_eq!(manifest["layers"][0]["mediaType"], "application/wasm");
+    assert_eq!(
+        manifest["layers"][0]["digest"],
+        format!("sha256:{}", sha256_hex(&original))
+    );
+
+    let pulled = tmp.path().join("pulled.wasm");
+    let out = pull(&registry, &config, &reference, &pulled);
+    assert!(out.status.success(), "pull: {}", stderr(&out));
+    assert_eq!(fs::read(&pulled).unwrap(), original);
+
+    // A tag alone is refused, saying to pin it.
+    let out = pull(
+        &registry,
+        &config,
+        &format!("{}/plugins/identity:v1", registry.host),
+        &pulled,
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("pin it by digest"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn wrong_credentials_are_a_401_naming_the_registry_and_where_they_came_from() {
+    let tmp = tempfile::tempdir().unwrap();
+    let registry = start_registry(tmp.path());
+    let good = registry.docker_config(&tmp.path().join("auth.json"), PASSWORD);
+    let reference = pushed(&registry, &good, "identity");
+    let bad = registry.docker_config(&tmp.path().join("wrong.json"), "not-the-password");
+    let out = pull(&registry, &bad, &reference, &tmp.path().join("x.wasm"));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let line = stderr(&out);
+    assert_eq!(line.lines().count(), 1, "{line}");
+    assert!(
+        line.contains(&format!(
+            "registry {} refuses the credentials (401 Unauthorized; credentials from file {})",
+            registry.host,
+            bad.display()
+        )),
+        "{line}"
+    );
+    let out = push(
+        &registry,
+        &bad,
+        &common::plugin("identity"),
+        "plugins/identity:v3",
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("401 Unauthorized"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// The rules of `kind` (Role or ClusterRole) in deploy/rbac.yaml.
+fn deploy_rules(kind: &str) -> serde_json::Value {
+    use serde::Deserialize;
+    let text = fs::read_to_string(common::repo().join("deploy/rbac.yaml")).unwrap();
+    for document in serde_norway::Deserializer::from_str(&text) {
+        let value = serde_json::Value::deserialize(document).unwrap();
+        if value["kind"] == kind {
+            return value["rules"].clone();
+        }
+    }
+    panic!("deploy/rbac.yaml has no {kind}");
+}
+
+impl Kube {
+    fn create_value(&self, object: serde_json::Value) {
+        let gvk: kube::api::GroupVersionKind = {
+            let (group, version) = match object["apiVersion"].as_str().unwrap().split_once('/') {
+                Some((g, v)) => (g.to_string(), v.to_string()),
+                None => (
+                    String::new(),
+                    object["apiVersion"].as_str().unwrap().to_string(),
+                ),
+            };
+            kube::api::GroupVersionKind::gvk(&group, &version, object["kind"].as_str().unwrap())
+        };
+        let resource = kube::api::ApiResource::from_gvk(&gvk);
+        let object: kube::api::DynamicObject = serde_json::from_value(object).unwrap();
+        let cluster = matches!(
+            gvk.kind.as_str(),
+            "Node" | "ClusterRole" | "ClusterRoleBinding"
+        );
+        let api: kube::Api<kube::api::DynamicObject> = if cluster {
+            kube::Api::all_with(self.client.clone(), &resource)
+        } else {
+            kube::Api::namespaced_with(self.client.clone(), &self.ns, &resource)
+        };
+        self.rt
+            .block_on(api.create(&Default::default(), &object))
+            .unwrap();
+    }
+}
+
+/// A namespace with the deploy/ RBAC bound to the harness's `podstamp`
+/// user, a Node, a template `a` saying `${var.greeting}`, and the registry
+/// Secret `podstamp-registry` holding `docker_config`.
+fn namespace_with_template(docker_config: &Path) -> (Kube, String) {
+    use serde_json::json;
+    let server = shared_server();
+    let ns = unique("oci");
+    let node = unique("node");
+    let kube = Kube::admin(server, &ns);
+    let cluster_role = format!("podstamp-{ns}");
+    for object in [
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "podstamp"}, "rules": deploy_rules("Role")}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "podstamp"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "podstamp"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "podstamp"}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": cluster_role}, "rules": deploy_rules("ClusterRole")}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": cluster_role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "podstamp"}]}),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "podstamp-registry"},
+            "type": "kubernetes.io/dockerconfigjson",
+            "data": {".dockerconfigjson": k8s_openapi::ByteString(fs::read(docker_config).unwrap())}}),
+        json!({"apiVersion": "v1", "kind": "PodTemplate",
+            "metadata": {"name": "a", "labels": {"podstamp.io/enabled": "true"}},
+            "template": {"spec": {"containers": [{"name": "main", "image": "a:1",
+                "command": ["serve", "--say=${var.greeting}"]}]}}}),
+    ] {
+        kube.create_value(object);
+    }
+    (kube, node)
+}
+
+/// `podstamp run` against the shared API server with `config` and `extra` flags.
+fn start_daemon(
+    dir: &Path,
+    ns: &str,
+    node: &str,
+    config: &Path,
+    extra: &[&str],
+    log: &str,
+) -> Daemon {
+    let kubeconfig = shared_server().kubeconfig("podstamp");
+    let manifests = dir.join("manifests");
+    let mut args = vec![
+        "--config",
+        config.to_str().unwrap(),
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--namespace",
+        ns,
+        "--node-name",
+        node,
+        "--manifest-dir",
+        manifests.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    Daemon::start(&args, dir.join(log))
+}
+
+fn wait_content(daemon: &Daemon, path: &Path, needle: &str) {
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(
+            &format!("{} to say {needle}", path.display()),
+            CONVERGE,
+            || {
+                daemon.assert_running();
+                fs::read_to_string(path)
+                    .ok()
+                    .filter(|t| t.contains(needle))
+                    .map(|_| ())
+            },
+        )
+    }));
+    if found.is_err() {
+        panic!(
+            "{} never said {needle}; podstamp's log:\n{}",
+            path.display(),
+            daemon.logs()
+        );
+    }
+}
+
+/// The configuration file: one `oci:` plugin, `substitute`, saying `greeting`.
+fn oci_config(path: &Path, reference: &str, greeting: &str, registry: &str) -> PathBuf {
+    fs::write(
+        path,
+        format!(
+            "plugins:\n  substitute:\n    oci: {reference}\n    settings: {{vars: {{greeting: {greeting}}}}}\nchain: [substitute]\nlimits: {{timeout: 2s}}\ndaemon: {{registry: {registry}}}\n"
+        ),
+    )
+    .unwrap();
+    path.to_path_buf()
+}
+
+#[test]
+fn the_daemon_renders_an_oci_plugin_and_starts_again_with_the_registry_down() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut registry = start_registry(tmp.path());
+    let auth = registry.docker_config(&tmp.path().join("auth.json"), PASSWORD);
+    let reference = pushed(&registry, &auth, "substitute");
+    let (kube, node) = namespace_with_template(&auth);
+    // Credentials from the Secret (deploy/rbac.yaml grants get on it), the CA from a file.
+    let config = oci_config(
+        &tmp.path().join("podstamp.yaml"),
+        &reference,
+        "hello",
+        &format!(
+            "{{secret: podstamp-registry, ca: {}}}",
+            registry.ca.display()
+        ),
+    );
+    let cache = tmp.path().join("cache");
+    let cache_flag = ["--cache-dir", cache.to_str().unwrap()];
+    let a = tmp.path().join("manifests/a.yaml");
+    let daemon = start_daemon(
+        tmp.path(),
+        &kube.ns,
+        &node,
+        &config,
+        &cache_flag,
+        "first.log",
+    );
+    wait_content(&daemon, &a, "--say=hello");
+    assert!(daemon.stop().success());
+    assert!(
+        registry
+            .log()
+            .contains("/v2/plugins/substitute/manifests/sha256:"),
+        "the daemon pulled from the registry:\n{}",
+        registry.log()
+    );
+
+    // The registry is down; the cache is kept: the node starts and renders.
+    registry.stop();
+    fs::remove_file(&a).unwrap();
+    let daemon = start_daemon(
+        tmp.path(),
+        &kube.ns,
+        &node,
+        &config,
+        &cache_flag,
+        "again.log",
+    );
+    wait_content(&daemon, &a, "--say=hello");
+    drop(daemon);
+
+    // Without the cache, the same start cannot have the plugin: it says
+    // which registry does not answer, and writes nothing.
+    fs::remove_file(&a).unwrap();
+    let empty = tmp.path().join("empty-cache");
+    let daemon = start_daemon(
+        tmp.path(),
+        &kube.ns,
+        &node,
+        &config,
+        &["--cache-dir", empty.to_str().unwrap()],
+        "no-cache.log",
+    );
+    let line = wait_for("the refusal", CONVERGE, || {
+        daemon
+            .logs()
+            .lines()
+            .find(|l| l.contains(&format!("registry {} does not answer", registry.host)))
+            .map(str::to_string)
+    });
+    assert!(line.contains("plugins.substitute: oci "), "{line}");
+    assert!(!a.exists(), "nothing rendered without the plugin");
+}
+
+#[test]
+fn wrong_registry_credentials_refuse_the_catalog_with_a_401_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let registry = start_registry(tmp.path());
+    let auth = registry.docker_config(&tmp.path().join("auth.json"), PASSWORD);
+    let reference = pushed(&registry, &auth, "substitute");
+    let (kube, node) = namespace_with_template(&auth);
+    let wrong = registry.docker_config(&tmp.path().join("wrong.json"), "not-the-password");
+    let config = oci_config(
+        &tmp.path().join("podstamp.yaml"),
+        &reference,
+        "hello",
+        &format!(
+            "{{config: {}, ca: {}}}",
+            wrong.display(),
+            registry.ca.display()
+        ),
+    );
+    let daemon = start_daemon(
+        tmp.path(),
+        &kube.ns,
+        &node,
+        &config,
+        &["--no-cache"],
+        "podstamp.log",
+    );
+    let line = wait_for("the 401 line", CONVERGE, || {
+        daemon
+            .logs()
+            .lines()
+            .find(|l| l.contains("401 Unauthorized"))
+            .map(str::to_string)
+    });
+    assert!(
+        line.contains(&format!(
+            "plugins.substitute: oci {reference}: registry {} refuses the credentials (401 Unauthorized; credentials from file {})",
+            registry.host,
+            wrong.display()
+        )),
+        "{line}"
+    );
+    assert!(!tmp.path().join("manifests/a.yaml").exists());
+}
+
+#[test]
+fn a_tag_without_a_digest_is_refused_in_the_catalog() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("podstamp.yaml");
+    fs::write(
+        &config,
+        "plugins:\n  greet:\n    oci: 127.0.0.1:5000/plugins/greet:v1\nchain: [greet]\n",
+    )
+    .unwrap();
+    let template = tmp.path().join("t.yaml");
+    fs::write(
+        &template,
+        "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: t}\ntemplate: {spec: {containers: [{name: c, image: i}]}}\n",
+    )
+    .unwrap();
+    let out = podstamp(&[
+        "render",
+        template.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--node-name",
+        "n",
+        "--no-cache",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let line = stderr(&out);
+    assert_eq!(line.lines().count(), 1, "{line}");
+    assert!(
+        line.contains("plugins.greet.oci: \"127.0.0.1:5000/plugins/greet:v1\" names a tag, which can be moved to another component: pin it by digest"),
+        "{line}"
+    );
+}
