@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::common::repo;
+#[allow(unused_imports)] // each test file uses some of them
 pub use crate::common::{harness_bin, kubelet_accepts};
 
 /// Polls `probe` every 50 ms until it gives a value, for at most `limit`.

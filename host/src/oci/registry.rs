@@ -484,7 +484,7 @@ async fn read_secret(
     name: &str,
     kubeconfig: Option<&std::path::Path>,
 ) -> Result<Vec<u8>, String> {
-    let client = crate::daemon::client(kubeconfig)
+    let client = crate::daemon::client(kubeconfig, None)
         .await
         .map_err(|e| e.to_string())?;
     let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
