@@ -129,6 +129,10 @@ fn substitute_py_is_byte_identical_to_substitute_on_its_golden_cases() {
     golden("example-chain.yaml", &from_python);
 }
 
+/// What a failing render is given: a label, the template text (`None`: the
+/// checkpointer as it is), the node flags and a settings file.
+type Case<'a> = (&'a str, Option<String>, &'a [&'a str], Option<String>);
+
 #[test]
 fn substitute_py_fails_with_substitute_s_messages() {
     let python = python_plugin("substitute-py");
@@ -151,7 +155,7 @@ fn substitute_py_fails_with_substitute_s_messages() {
     };
     let node = ["--node", NODE];
     let bare = ["--node-name", "bare"];
-    let cases: Vec<(&str, Option<String>, &[&str], Option<String>)> = vec![
+    let cases: Vec<Case> = vec![
         // tests/render.rs: a node without the address.
         ("no address", None, &bare, None),
         (
@@ -174,7 +178,7 @@ fn substitute_py_fails_with_substitute_s_messages() {
         ),
         (
             "no such var",
-            None,
+            Some(annotated("x", "\"${var.zone}\"")),
             &node,
             settings("empty.yaml", "vars: {}\n"),
         ),
