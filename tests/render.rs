@@ -1185,12 +1185,12 @@ fn a_catalog_entry_names_one_pinned_source() {
     );
     assert_eq!(
         render_with_fails(&both, &[], 2),
-        "plugins.node-env: give path or configMap, not both (one entry, one component)"
+        "plugins.node-env: give one of path, configMap and oci, not several (one entry, one component)"
     );
     let neither = files.put("neither.yaml", "plugins:\n  node-env: {settings: {}}\n");
     assert_eq!(
         render_with_fails(&neither, &[], 2),
-        "plugins.node-env: no component: give path (a file on the node) or configMap: {name, key}"
+        "plugins.node-env: no component: give path (a file on the node), configMap: {name, key} or oci: REGISTRY/REPO@sha256:DIGEST"
     );
     let bad_pin = files.put(
         "bad-pin.yaml",
