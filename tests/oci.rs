@@ -456,3 +456,160 @@ fn a_tag_without_a_digest_is_refused_in_the_catalog() {
         "{line}"
     );
 }
+
+/// `podstamp plugin pull REF` that must fail: exit 1, one line on stderr
+/// containing `says`, and no file written.
+fn pull_refused(
+    registry: &TestRegistry,
+    config: &Path,
+    reference: &str,
+    says: &str,
+    extra: &[&str],
+) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out_file = tmp.path().join("pulled.wasm");
+    let mut args = vec![
+        "plugin",
+        "pull",
+        reference,
+        "-o",
+        out_file.to_str().unwrap(),
+        "--registry-config",
+        config.to_str().unwrap(),
+        "--registry-ca",
+        registry.ca.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let out = podstamp(&args);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{reference}: {err}");
+    assert!(
+        err.contains(says),
+        "{reference}: expected {says:?} in: {err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    assert!(!out_file.exists(), "{reference}: a file was written");
+}
+
+/// The layer and config digests of the manifest `reference` pins.
+fn manifest_of(registry: &TestRegistry, reference: &str) -> serde_json::Value {
+    let hex = reference.rsplit_once("@sha256:").unwrap().1;
+    serde_json::from_slice(&fs::read(registry.blob_file(hex)).unwrap()).unwrap()
+}
+
+#[test]
+fn an_unknown_digest_is_refused_in_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let registry = start_registry(tmp.path());
+    let config = registry.docker_config(&tmp.path().join("auth.json"), PASSWORD);
+    pushed(&registry, &config, "identity");
+    let unknown = format!(
+        "{}/plugins/identity@sha256:{}",
+        registry.host,
+        "0".repeat(64)
+    );
+    pull_refused(&registry, &config, &unknown, "not in the registry", &[]);
+}
+
+#[test]
+fn a_blob_that_does_not_match_its_digest_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let registry = start_registry(tmp.path());
+    let config = registry.docker_config(&tmp.path().join("auth.json"), PASSWORD);
+    let reference = pushed(&registry, &config, "identity");
+    // The registry's storage altered under it: same length, one byte
+    // changed, so only the content's digest can tell.
+    let layer = manifest_of(&registry, &reference)["layers"][0]["digest"]
+        .as_str()
+        .unwrap()
+        .strip_prefix("sha256:")
+        .unwrap()
+        .to_string();
+    let blob = registry.blob_file(&layer);
+    let mut bytes = fs::read(&blob).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    fs::write(&blob, &bytes).unwrap();
+    pull_refused(
+        &registry,
+        &config,
+        &reference,
+        "the registry served other bytes",
+        &[],
+    );
+}
+
+#[test]
+fn a_manifest_over_the_size_limit_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let registry = start_registry(tmp.path());
+    let config = registry.docker_config(&tmp.path().join("auth.json"), PASSWORD);
+    let reference = pushed(&registry, &config, "identity");
+    // The same artifact with 70 KB of annotations: a valid manifest the
+    // registry accepts (its blobs are there), over podstamp's 64 KiB limit.
+    let mut manifest = manifest_of(&registry, &reference);
+    manifest["annotations"] = serde_json::json!({"padding": "x".repeat(70_000)});
+    let body = serde_json::to_vec(&manifest).unwrap();
+    let digest = sha256_hex(&body);
+    let body_file = tmp.path().join("big-manifest.json");
+    fs::write(&body_file, &body).unwrap();
+    let put = std::process::Command::new("curl")
+        .args(["--silent", "--show-error", "--fail", "--max-time", "30"])
+        .args(["--cacert", registry.ca.to_str().unwrap()])
+        .args(["--user", &format!("{}:{PASSWORD}", registry::USER)])
+        .args(["--request", "PUT", "--header"])
+        .arg("Content-Type: application/vnd.oci.image.manifest.v1+json")
+        .arg("--data-binary")
+        .arg(format!("@{}", body_file.display()))
+        .arg(format!(
+            "https://{}/v2/plugins/identity/manifests/sha256:{digest}",
+            registry.host
+        ))
+        .output()
+        .expect("curl (apt-get install curl)");
+    assert!(put.status.success(), "PUT: {}", stderr(&put));
+    let big = format!("{}/plugins/identity@sha256:{digest}", registry.host);
+    pull_refused(
+        &registry,
+        &config,
+        &big,
+        "over the limit of 65536 bytes",
+        &[],
+    );
+}
+
+#[test]
+fn a_registry_that_never_answers_is_bounded_by_the_timeout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let registry = start_registry(tmp.path());
+    let config = registry.docker_config(&tmp.path().join("auth.json"), PASSWORD);
+    // Accepts connections and never says a byte (not even TLS's).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().take(16) {
+            held.push(stream);
+        }
+        std::thread::sleep(Duration::from_secs(60));
+    });
+    let silent = format!(
+        "127.0.0.1:{port}/plugins/identity@sha256:{}",
+        "1".repeat(64)
+    );
+    let started = std::time::Instant::now();
+    pull_refused(
+        &registry,
+        &config,
+        &silent,
+        "did not finish within 2s (registry timeout)",
+        &["--registry-timeout", "2s"],
+    );
+    // Not a timing assertion on speed: only that the bound is what stops it
+    // (well before the default 30 s).
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "{:?}",
+        started.elapsed()
+    );
+}

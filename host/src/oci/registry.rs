@@ -21,7 +21,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use oci_client::Client;
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
-use oci_client::errors::{OciDistributionError, OciErrorCode};
+use oci_client::errors::{DigestError, OciDistributionError, OciErrorCode};
 use oci_client::manifest::OCI_IMAGE_MEDIA_TYPE;
 use oci_client::secrets::RegistryAuth;
 use serde::Deserialize;
@@ -247,9 +247,27 @@ impl Registry {
                 .map_err(fail)?;
             let mut bytes = Vec::with_capacity(layer.size as usize);
             while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| OciError::Unreachable {
-                    registry: registry.clone(),
-                    detail: e.to_string(),
+                // oci-client checks the layer's digest as it streams and
+                // ends the stream with that error: other bytes, not a
+                // connection that failed.
+                let chunk = chunk.map_err(|e| {
+                    match e
+                        .get_ref()
+                        .and_then(|inner| inner.downcast_ref::<DigestError>())
+                    {
+                        Some(DigestError::VerificationError { expected, actual }) => {
+                            OciError::Digest {
+                                reference: shown.clone(),
+                                what: "layer",
+                                expected: expected.clone(),
+                                actual: actual.clone(),
+                            }
+                        }
+                        _ => OciError::Unreachable {
+                            registry: registry.clone(),
+                            detail: e.to_string(),
+                        },
+                    }
                 })?;
                 if bytes.len() + chunk.len() > MAX_COMPONENT_BYTES {
                     return Err(OciError::NotAComponent {
