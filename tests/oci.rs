@@ -334,6 +334,13 @@ fn the_daemon_renders_an_oci_plugin_and_starts_again_with_the_registry_down() {
         "first.log",
     );
     wait_content(&daemon, &a, "--say=hello");
+    let pulls = |daemon: &Daemon, result: &str| {
+        daemon.metric(&format!("podstamp_oci_pulls_total{{result=\"{result}\"}}"))
+    };
+    assert_eq!(
+        (pulls(&daemon, "pulled"), pulls(&daemon, "cached")),
+        (1.0, 0.0)
+    );
     assert!(daemon.stop().success());
     assert!(
         registry
@@ -355,6 +362,11 @@ fn the_daemon_renders_an_oci_plugin_and_starts_again_with_the_registry_down() {
         "again.log",
     );
     wait_content(&daemon, &a, "--say=hello");
+    assert_eq!(
+        (pulls(&daemon, "pulled"), pulls(&daemon, "cached")),
+        (0.0, 1.0),
+        "from the cache, the registry not asked"
+    );
     drop(daemon);
 
     // Without the cache, the same start cannot have the plugin: it says

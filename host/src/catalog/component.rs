@@ -120,9 +120,6 @@ pub fn component_bytes(
 /// The component of a pinned artifact: from the disk cache, else pulled
 /// (checked against its digests) and kept there.
 fn from_registry(pinned: &Pinned, runtime: &Runtime) -> Result<Vec<u8>, ComponentError> {
-    if let Some(bytes) = oci::cache::cached(runtime, pinned) {
-        return Ok(bytes);
-    }
     let anonymous;
     let registry = match runtime.registry() {
         Some(registry) => registry,
@@ -131,12 +128,18 @@ fn from_registry(pinned: &Pinned, runtime: &Runtime) -> Result<Vec<u8>, Componen
             &anonymous
         }
     };
-    let pulled = registry
-        .pull(pinned)
-        .map_err(|source| ComponentError::Oci {
+    if let Some(bytes) = oci::cache::cached(runtime, pinned) {
+        registry.pulls().add("cached");
+        return Ok(bytes);
+    }
+    let pulled = registry.pull(pinned).map_err(|source| {
+        registry.pulls().add(source.kind());
+        ComponentError::Oci {
             reference: pinned.to_string(),
             source: Box::new(source),
-        })?;
+        }
+    })?;
+    registry.pulls().add("pulled");
     tracing::info!(reference = %pinned, bytes = pulled.bytes.len(), "pulled a plugin component");
     oci::cache::keep(runtime, pinned, &pulled);
     Ok(pulled.bytes)

@@ -10,12 +10,13 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::oci::PullCounts;
 use crate::reason::Reason;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{self, AbortHandle, JoinError, JoinSet};
@@ -67,6 +68,8 @@ struct Inner {
 pub struct Metrics {
     inner: Mutex<Inner>,
     ready: AtomicBool,
+    /// The plugin registry's pull counts, kept by the catalog loader.
+    oci_pulls: OnceLock<Arc<PullCounts>>,
 }
 
 /// How one reload of the catalog ended.
@@ -220,6 +223,11 @@ impl Metrics {
             .fleet_writes
             .entry((object, result))
             .or_default() += 1;
+    }
+
+    /// Shows `pulls` (the catalog's registry's) as `podstamp_oci_pulls_total`.
+    pub fn follow_oci_pulls(&self, pulls: Arc<PullCounts>) {
+        let _ = self.oci_pulls.set(pulls);
     }
 
     /// One request sent to the API server (see `api_requests`).
@@ -433,6 +441,16 @@ impl Metrics {
                 out,
                 "podstamp_api_requests_total{{resource=\"{resource}\",verb=\"{verb}\"}} {n}"
             );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_oci_pulls_total Components of `oci:` catalog entries, by result: pulled, cached (the registry not asked) or the failure (unreachable, timeout, unauthorized, unknown, digest_mismatch, manifest_too_large, …).\n\
+             # TYPE podstamp_oci_pulls_total counter"
+        );
+        if let Some(pulls) = self.oci_pulls.get() {
+            for (result, n) in pulls.snapshot() {
+                let _ = writeln!(out, "podstamp_oci_pulls_total{{result=\"{result}\"}} {n}");
+            }
         }
         let _ = writeln!(
             out,

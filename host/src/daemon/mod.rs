@@ -163,6 +163,10 @@ pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
     };
     let plugins = Runtime::new(settings.limits, settings.cache_dir.as_deref())?
         .with_registry(crate::oci::Registry::new(settings.registry.clone()));
+    let oci_pulls = plugins
+        .registry()
+        .map(|registry| registry.pulls().clone())
+        .unwrap_or_default();
     let catalog = if needs_api {
         None
     } else {
@@ -216,6 +220,7 @@ pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
         reloading,
         dir_node,
         rlimit::max_connections(nofile),
+        oci_pulls,
     ))
 }
 
@@ -235,8 +240,10 @@ async fn serve(
     reloading: Option<Reloading>,
     dir_node: Option<NodeContext>,
     max_connections: usize,
+    oci_pulls: Arc<crate::oci::PullCounts>,
 ) -> Result<(), DaemonError> {
     let metrics = Arc::new(Metrics::default());
+    metrics.follow_oci_pulls(oci_pulls);
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .map_err(|source| DaemonError::Listen {

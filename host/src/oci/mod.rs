@@ -20,6 +20,6 @@ pub mod registry;
 pub use credentials::{Credentials, CredentialsError, DockerConfig};
 pub use reference::{Pinned, ReferenceError};
 pub use registry::{
-    MAX_MANIFEST_BYTES, OciError, Pulled, Registry, RegistryOptions, WASM_CONFIG_MEDIA_TYPE,
-    WASM_LAYER_MEDIA_TYPE,
+    MAX_MANIFEST_BYTES, OciError, PullCounts, Pulled, Registry, RegistryOptions,
+    WASM_CONFIG_MEDIA_TYPE, WASM_LAYER_MEDIA_TYPE,
 };

@@ -15,7 +15,9 @@
 //! * every error names the registry (or the reference) and, for a 401,
 //!   where the credentials came from.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -111,6 +113,26 @@ pub enum OciError {
     Registry { registry: String, detail: String },
 }
 
+impl OciError {
+    /// A short name of what went wrong, for the `result` label of
+    /// `podstamp_oci_pulls_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OciError::Reference(_) => "reference",
+            OciError::Credentials(_) => "credentials",
+            OciError::Ca { .. } => "ca",
+            OciError::Unreachable { .. } => "unreachable",
+            OciError::Timeout { .. } => "timeout",
+            OciError::Unauthorized { .. } => "unauthorized",
+            OciError::Unknown { .. } => "unknown",
+            OciError::ManifestTooLarge { .. } => "manifest_too_large",
+            OciError::Digest { .. } => "digest_mismatch",
+            OciError::NotAComponent { .. } => "not_a_component",
+            OciError::Registry { .. } => "registry_error",
+        }
+    }
+}
+
 /// The parts of an OCI image manifest a pull reads.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -139,6 +161,32 @@ pub struct Pulled {
 /// Pushes and pulls components.
 pub struct Registry {
     options: RegistryOptions,
+    pulls: Arc<PullCounts>,
+}
+
+/// How the daemon's pulls of pinned components ended, by result: `pulled`,
+/// `cached` (from the disk cache, the registry not asked) or the kind of
+/// failure ([`OciError::kind`]). Shared with `/metrics`.
+#[derive(Debug, Default)]
+pub struct PullCounts {
+    counts: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl PullCounts {
+    pub fn add(&self, result: &'static str) {
+        *self
+            .counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(result)
+            .or_default() += 1;
+    }
+
+    /// Every result seen so far, with its count, by result.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        counts.iter().map(|(k, v)| (*k, *v)).collect()
+    }
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -147,7 +195,16 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 impl Registry {
     pub fn new(options: RegistryOptions) -> Registry {
-        Registry { options }
+        Registry {
+            options,
+            pulls: Arc::default(),
+        }
+    }
+
+    /// How pulls through this registry ended (the catalog loader counts
+    /// them; the daemon's `/metrics` shows them).
+    pub fn pulls(&self) -> &Arc<PullCounts> {
+        &self.pulls
     }
 
     pub fn options(&self) -> &RegistryOptions {
