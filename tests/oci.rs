@@ -29,6 +29,15 @@ fn start_registry(dir: &Path) -> TestRegistry {
     TestRegistry::start(&dir.join("registry"), &shared_server().dir)
 }
 
+/// A test directory, a registry in it, and a docker config file with the
+/// registry's password.
+fn scene() -> (tempfile::TempDir, TestRegistry, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let registry = start_registry(tmp.path());
+    let config = registry.docker_config(&tmp.path().join("auth.json"), PASSWORD);
+    (tmp, registry, config)
+}
+
 fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(bytes))
@@ -49,7 +58,19 @@ fn push(registry: &TestRegistry, config: &Path, file: &Path, target: &str) -> Ou
 }
 
 fn pull(registry: &TestRegistry, config: &Path, reference: &str, out: &Path) -> Output {
-    podstamp(&[
+    pull_with(registry, config, reference, out, &[])
+}
+
+/// `podstamp plugin pull REF -o OUT` with the registry's CA, `config` and
+/// `extra` arguments.
+fn pull_with(
+    registry: &TestRegistry,
+    config: &Path,
+    reference: &str,
+    out: &Path,
+    extra: &[&str],
+) -> Output {
+    let mut args = vec![
         "plugin",
         "pull",
         reference,
@@ -59,7 +80,9 @@ fn pull(registry: &TestRegistry, config: &Path, reference: &str, out: &Path) -> 
         config.to_str().unwrap(),
         "--registry-ca",
         registry.ca.to_str().unwrap(),
-    ])
+    ];
+    args.extend_from_slice(extra);
+    podstamp(&args)
 }
 
 /// Pushes the example plugin `name`; returns its pinned reference.
@@ -76,9 +99,7 @@ fn pushed(registry: &TestRegistry, config: &Path, name: &str) -> String {
 
 #[test]
 fn push_then_pull_round_trips_through_a_registry_with_tls_and_auth() {
-    let tmp = tempfile::tempdir().unwrap();
-    let registry = start_registry(tmp.path());
-    let config = registry.docker_config(&tmp.path().join("auth.json"), PASSWORD);
+    let (tmp, registry, config) = scene();
     let file = common::plugin("identity");
     let original = fs::read(&file).unwrap();
 
@@ -133,9 +154,7 @@ fn push_then_pull_round_trips_through_a_registry_with_tls_and_auth() {
 
 #[test]
 fn wrong_credentials_are_a_401_naming_the_registry_and_where_they_came_from() {
-    let tmp = tempfile::tempdir().unwrap();
-    let registry = start_registry(tmp.path());
-    let good = registry.docker_config(&tmp.path().join("auth.json"), PASSWORD);
+    let (tmp, registry, good) = scene();
     let reference = pushed(&registry, &good, "identity");
     let bad = registry.docker_config(&tmp.path().join("wrong.json"), "not-the-password");
     let out = pull(&registry, &bad, &reference, &tmp.path().join("x.wasm"));
@@ -307,9 +326,7 @@ fn oci_config(path: &Path, reference: &str, greeting: &str, registry: &str) -> P
 
 #[test]
 fn the_daemon_renders_an_oci_plugin_and_starts_again_with_the_registry_down() {
-    let tmp = tempfile::tempdir().unwrap();
-    let mut registry = start_registry(tmp.path());
-    let auth = registry.docker_config(&tmp.path().join("auth.json"), PASSWORD);
+    let (tmp, mut registry, auth) = scene();
     let reference = pushed(&registry, &auth, "substitute");
     let (kube, node) = namespace_with_template(&auth);
     // Credentials from the Secret (deploy/rbac.yaml grants get on it), the CA from a file.
@@ -394,9 +411,7 @@ fn the_daemon_renders_an_oci_plugin_and_starts_again_with_the_registry_down() {
 
 #[test]
 fn wrong_registry_credentials_refuse_the_catalog_with_a_401_line() {
-    let tmp = tempfile::tempdir().unwrap();
-    let registry = start_registry(tmp.path());
-    let auth = registry.docker_config(&tmp.path().join("auth.json"), PASSWORD);
+    let (tmp, registry, auth) = scene();
     let reference = pushed(&registry, &auth, "substitute");
     let (kube, node) = namespace_with_template(&auth);
     let wrong = registry.docker_config(&tmp.path().join("wrong.json"), "not-the-password");
@@ -480,19 +495,7 @@ fn pull_refused(
 ) {
     let tmp = tempfile::tempdir().unwrap();
     let out_file = tmp.path().join("pulled.wasm");
-    let mut args = vec![
-        "plugin",
-        "pull",
-        reference,
-        "-o",
-        out_file.to_str().unwrap(),
-        "--registry-config",
-        config.to_str().unwrap(),
-        "--registry-ca",
-        registry.ca.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let out = podstamp(&args);
+    let out = pull_with(registry, config, reference, &out_file, extra);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{reference}: {err}");
     assert!(
@@ -511,9 +514,7 @@ fn manifest_of(registry: &TestRegistry, reference: &str) -> serde_json::Value {
 
 #[test]
 fn an_unknown_digest_is_refused_in_one_line() {
-    let tmp = tempfile::tempdir().unwrap();
-    let registry = start_registry(tmp.path());
-    let config = registry.docker_config(&tmp.path().join("auth.json"), PASSWORD);
+    let (_tmp, registry, config) = scene();
     pushed(&registry, &config, "identity");
     let unknown = format!(
         "{}/plugins/identity@sha256:{}",
@@ -525,9 +526,7 @@ fn an_unknown_digest_is_refused_in_one_line() {
 
 #[test]
 fn a_blob_that_does_not_match_its_digest_is_refused() {
-    let tmp = tempfile::tempdir().unwrap();
-    let registry = start_registry(tmp.path());
-    let config = registry.docker_config(&tmp.path().join("auth.json"), PASSWORD);
+    let (_tmp, registry, config) = scene();
     let reference = pushed(&registry, &config, "identity");
     // The registry's storage altered under it: same length, one byte
     // changed, so only the content's digest can tell.
@@ -553,9 +552,7 @@ fn a_blob_that_does_not_match_its_digest_is_refused() {
 
 #[test]
 fn a_manifest_over_the_size_limit_is_refused() {
-    let tmp = tempfile::tempdir().unwrap();
-    let registry = start_registry(tmp.path());
-    let config = registry.docker_config(&tmp.path().join("auth.json"), PASSWORD);
+    let (tmp, registry, config) = scene();
     let reference = pushed(&registry, &config, "identity");
     // The same artifact with 70 KB of annotations: a valid manifest the
     // registry accepts (its blobs are there), over podstamp's 64 KiB limit.
@@ -592,9 +589,7 @@ fn a_manifest_over_the_size_limit_is_refused() {
 
 #[test]
 fn a_registry_that_never_answers_is_bounded_by_the_timeout() {
-    let tmp = tempfile::tempdir().unwrap();
-    let registry = start_registry(tmp.path());
-    let config = registry.docker_config(&tmp.path().join("auth.json"), PASSWORD);
+    let (_tmp, registry, config) = scene();
     // Accepts connections and never says a byte (not even TLS's).
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
