@@ -161,12 +161,10 @@ pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
         (Some(_), Source::Api { .. }) => true,
         (None, _) => false,
     };
-    let plugins = Runtime::new(settings.limits, settings.cache_dir.as_deref())?
-        .with_registry(crate::oci::Registry::new(settings.registry.clone()));
-    let oci_pulls = plugins
-        .registry()
-        .map(|registry| registry.pulls().clone())
-        .unwrap_or_default();
+    let registry = crate::oci::Registry::new(settings.registry.clone());
+    let oci_pulls = registry.pulls().clone();
+    let plugins =
+        Runtime::new(settings.limits, settings.cache_dir.as_deref())?.with_registry(registry);
     let catalog = if needs_api {
         None
     } else {
