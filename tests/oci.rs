@@ -58,18 +58,12 @@ fn push(registry: &TestRegistry, config: &Path, file: &Path, target: &str) -> Ou
 }
 
 fn pull(registry: &TestRegistry, config: &Path, reference: &str, out: &Path) -> Output {
-    pull_with(registry, config, reference, out, &[])
+    pull_with(&registry.ca, config, reference, out, &[])
 }
 
-/// `podstamp plugin pull REF -o OUT` with the registry's CA, `config` and
+/// `podstamp plugin pull REF -o OUT` trusting `ca`, with `config` and
 /// `extra` arguments.
-fn pull_with(
-    registry: &TestRegistry,
-    config: &Path,
-    reference: &str,
-    out: &Path,
-    extra: &[&str],
-) -> Output {
+fn pull_with(ca: &Path, config: &Path, reference: &str, out: &Path, extra: &[&str]) -> Output {
     let mut args = vec![
         "plugin",
         "pull",
@@ -79,7 +73,7 @@ fn pull_with(
         "--registry-config",
         config.to_str().unwrap(),
         "--registry-ca",
-        registry.ca.to_str().unwrap(),
+        ca.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
     podstamp(&args)
@@ -486,16 +480,10 @@ fn a_tag_without_a_digest_is_refused_in_the_catalog() {
 
 /// `podstamp plugin pull REF` that must fail: exit 1, one line on stderr
 /// containing `says`, and no file written.
-fn pull_refused(
-    registry: &TestRegistry,
-    config: &Path,
-    reference: &str,
-    says: &str,
-    extra: &[&str],
-) {
+fn pull_refused(ca: &Path, config: &Path, reference: &str, says: &str, extra: &[&str]) {
     let tmp = tempfile::tempdir().unwrap();
     let out_file = tmp.path().join("pulled.wasm");
-    let out = pull_with(registry, config, reference, &out_file, extra);
+    let out = pull_with(ca, config, reference, &out_file, extra);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{reference}: {err}");
     assert!(
@@ -506,7 +494,7 @@ fn pull_refused(
     assert!(!out_file.exists(), "{reference}: a file was written");
 }
 
-/// The layer and config digests of the manifest `reference` pins.
+/// The manifest `reference` pins, as the registry stores it.
 fn manifest_of(registry: &TestRegistry, reference: &str) -> serde_json::Value {
     let hex = reference.rsplit_once("@sha256:").unwrap().1;
     serde_json::from_slice(&fs::read(registry.blob_file(hex)).unwrap()).unwrap()
@@ -521,7 +509,7 @@ fn an_unknown_digest_is_refused_in_one_line() {
         registry.host,
         "0".repeat(64)
     );
-    pull_refused(&registry, &config, &unknown, "not in the registry", &[]);
+    pull_refused(&registry.ca, &config, &unknown, "not in the registry", &[]);
 }
 
 #[test]
@@ -542,7 +530,7 @@ fn a_blob_that_does_not_match_its_digest_is_refused() {
     bytes[last] ^= 0xff;
     fs::write(&blob, &bytes).unwrap();
     pull_refused(
-        &registry,
+        &registry.ca,
         &config,
         &reference,
         "the registry served other bytes",
@@ -579,7 +567,7 @@ fn a_manifest_over_the_size_limit_is_refused() {
     assert!(put.status.success(), "PUT: {}", stderr(&put));
     let big = format!("{}/plugins/identity@sha256:{digest}", registry.host);
     pull_refused(
-        &registry,
+        &registry.ca,
         &config,
         &big,
         "over the limit of 65536 bytes",
@@ -589,8 +577,12 @@ fn a_manifest_over_the_size_limit_is_refused() {
 
 #[test]
 fn a_registry_that_never_answers_is_bounded_by_the_timeout() {
-    let (_tmp, registry, config) = scene();
-    // Accepts connections and never says a byte (not even TLS's).
+    // No registry: a listener that accepts connections and never says a
+    // byte (not even TLS's).
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("auth.json");
+    fs::write(&config, r#"{"auths": {}}"#).unwrap();
+    let ca = shared_server().dir.join("ca.crt");
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -606,7 +598,7 @@ fn a_registry_that_never_answers_is_bounded_by_the_timeout() {
     );
     let started = std::time::Instant::now();
     pull_refused(
-        &registry,
+        &ca,
         &config,
         &silent,
         "did not finish within 2s (registry timeout)",
