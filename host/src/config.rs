@@ -143,6 +143,13 @@ pub enum ConfigError {
         #[source]
         source: crate::catalog::ConfigMapError,
     },
+    /// The settings file a catalog entry names cannot be read or parsed.
+    #[error("{field}.settingsFile: {source}")]
+    SettingsFile {
+        field: String,
+        #[source]
+        source: Box<ConfigError>,
+    },
     /// A field of the wrong shape, or unknown.
     #[error("{origin}: {field}: {source}")]
     Field {

@@ -210,7 +210,12 @@ impl Catalog {
                     )));
                 }
                 (Some(inline), None) => inline.clone(),
-                (None, Some(file)) => read_settings(file)?,
+                (None, Some(file)) => read_settings(file).map_err(|source| {
+                    CatalogError::Config(ConfigError::SettingsFile {
+                        field: field.clone(),
+                        source: Box::new(source),
+                    })
+                })?,
                 (None, None) => Value::Object(Default::default()),
             };
             let (source, pin) = entry
