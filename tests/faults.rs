@@ -546,6 +546,33 @@ const FAULTS: &[Fault] = &[
         test: "podstamp_render_refuses_a_manifest_over_the_size_limit",
     },
     Fault {
+        id: "golden-case-differs",
+        area: "podstamp test",
+        fault: "a case whose render differs from its `expected.yaml` (or `expected.error`), or renders a manifest where an error is expected and the other way round",
+        kept: "the expectation files, unchanged (only `--update` writes them)",
+        reported: "exit code 1, a unified diff (or both error lines) under `FAILED  CASE` on stdout, one line on stderr",
+        says: "the manifest differs from expected.yaml",
+        test: "tests/test_command.rs: a_failing_case_prints_a_unified_diff_or_both_error_lines",
+    },
+    Fault {
+        id: "golden-case-malformed",
+        area: "podstamp test",
+        fault: "a case with no `node.yaml` (or template) in it or above it, with both `expected.yaml` and `expected.error`, or a case name that is not there",
+        kept: "no case runs",
+        reported: "exit code 2, one line on stderr",
+        says: "no node.yaml in it or above it up to .: add the Node to render for",
+        test: "tests/test_command.rs: a_malformed_case_stops_the_run_with_one_line_and_exit_2",
+    },
+    Fault {
+        id: "golden-case-unrecorded",
+        area: "podstamp test",
+        fault: "a case without an expectation",
+        kept: "nothing written until `--update`",
+        reported: "exit code 1, `FAILED  CASE` on stdout",
+        says: "record what it renders with `podstamp test --update`",
+        test: "tests/test_command.rs: update_records_what_renders_and_then_every_case_passes",
+    },
+    Fault {
         id: "template-duplicate-name",
         area: "template",
         fault: "two files with the same pod name",
@@ -1255,6 +1282,7 @@ fn docs_reliability_md_is_the_fault_table() {
                 "tests/kubelet.rs" => include_str!("kubelet.rs"),
                 "tests/rollouts.rs" => include_str!("rollouts.rs"),
                 "tests/oci.rs" => include_str!("oci.rs"),
+                "tests/test_command.rs" => include_str!("test_command.rs"),
                 other => panic!("fault {}: unknown file {other}", f.id),
             };
             assert!(

@@ -1,7 +1,7 @@
 //! `podstamp render` and `podstamp plugin inspect` through the binary, with
-//! the real example plugins compiled from plugins/: golden output for each
-//! plugin and for the example chain, byte stability, and every error with its
-//! message and exit code.
+//! the real example plugins compiled from plugins/: the golden cases of each
+//! plugin and of the example chain (tests/cases/rust, run by `podstamp
+//! test`), byte stability, and every error with its message and exit code.
 
 mod common;
 // For the harness's kube-apiserver; this file takes the rest from `common`.
@@ -9,7 +9,7 @@ mod common;
 #[path = "daemon/support.rs"]
 mod support;
 
-use common::{golden, plugin, podstamp, podstamp_in, stderr, stdout};
+use common::{expected, plugin, podstamp, podstamp_in, stderr, stdout};
 
 const CHECKPOINTER: &str = "examples/pod-checkpointer.yaml";
 const NODE: &str = "examples/node.yaml";
@@ -63,7 +63,7 @@ fn render_fails(node_args: &[&str], plugin_spec: &str) -> String {
 #[test]
 fn passthrough_is_golden_and_byte_stable() {
     let first = render_ok(&[]);
-    golden("passthrough.yaml", &first);
+    assert_eq!(first, expected("rust/passthrough"));
     for _ in 0..3 {
         assert_eq!(render_ok(&[]), first);
     }
@@ -93,36 +93,22 @@ fn identity_changes_nothing() {
     assert_eq!(render_ok(&[with_plugin("identity", None)]), render_ok(&[]));
 }
 
+/// The example plugins' golden cases, as a plugin author runs them: each
+/// plugin alone with its settings, the example chain, and an error line.
 #[test]
-fn node_env_is_golden() {
-    golden(
-        "node-env.yaml",
-        &render_ok(&[with_plugin(
-            "node-env",
-            Some("tests/fixtures/node-env.yaml"),
-        )]),
-    );
-}
-
-#[test]
-fn substitute_is_golden() {
-    golden(
-        "substitute.yaml",
-        &render_ok(&[with_plugin(
-            "substitute",
-            Some("tests/fixtures/substitute.yaml"),
-        )]),
-    );
-}
-
-#[test]
-fn arch_image_is_golden() {
-    golden(
-        "arch-image.yaml",
-        &render_ok(&[with_plugin(
-            "arch-image",
-            Some("tests/fixtures/arch-image.yaml"),
-        )]),
+fn the_example_plugins_pass_their_golden_cases() {
+    for name in ["arch-image", "node-env", "substitute"] {
+        plugin(name);
+    }
+    assert_eq!(
+        common::pass_cases("rust", &["--no-cache"]),
+        "ok      arch-image\n\
+         ok      arch-image-unknown-arch\n\
+         ok      example-chain\n\
+         ok      node-env\n\
+         ok      passthrough\n\
+         ok      substitute\n\
+         6 case(s) in tests/cases/rust: 6 passed, 0 failed\n"
     );
 }
 
@@ -140,7 +126,7 @@ fn the_example_chain_is_golden_and_matches_the_flag_form() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let from_config = stdout(&out);
-    golden("example-chain.yaml", &from_config);
+    assert_eq!(from_config, expected("rust/example-chain"));
     let from_flags = render_ok(&[
         with_plugin("arch-image", Some("tests/fixtures/arch-image.yaml")),
         with_plugin("node-env", Some("tests/fixtures/node-env.yaml")),
@@ -443,11 +429,11 @@ fn inspect_describes_a_plugin() {
 
 #[test]
 fn the_kubelet_accepts_every_golden_manifest() {
-    let dir = common::repo().join("tests/golden");
+    let dir = common::repo().join("tests/cases/rust");
     let files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .map(|e| e.unwrap().path().join("expected.yaml"))
+        .filter(|p| p.is_file())
         .collect();
     assert!(files.len() >= 5, "{files:?}");
     common::kubelet_accepts(

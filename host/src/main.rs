@@ -14,25 +14,21 @@
 
 mod run_args;
 
-use std::io::{IsTerminal, Read, Write};
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 mod oci_command;
+mod render_command;
 mod status_command;
+mod test_command;
 
-use podstamp::catalog::{
-    ComponentError, ConfigMapError, ConfigMapSet, ConfigMaps, NoConfigMaps, PluginError, gzip,
-};
-use podstamp::chain::Step;
-use podstamp::config::{self, Catalog, CatalogError, ConfigFile};
-use podstamp::node::{NodeAddress, NodeContext};
+use podstamp::catalog::gzip;
+use podstamp::config;
 use podstamp::plugin::{Limits, Runtime, WIT_PACKAGE};
-use podstamp::render::{check_size, render};
 use podstamp::settings::Layer;
-use podstamp::template::{Template, parse_document};
 
 #[derive(Parser)]
 #[command(
@@ -60,12 +56,14 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Render one PodTemplate for one node, offline, and print the manifest.
-    Render(RenderArgs),
+    Render(render_command::RenderArgs),
     /// Run the node daemon: keep this node's static pod manifests in step with its PodTemplates.
     Run(run_args::RunArgs),
     /// Work with plugin components.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Run golden test cases: render each case's template for its node through its chain and compare with its expected manifest or error.
+    Test(test_command::TestArgs),
     /// Show how each template's update rolls across the nodes, as their daemons report it.
     Status(status_command::StatusArgs),
 }
@@ -103,68 +101,6 @@ struct ConfigMapArgs {
     plugin: Option<String>,
 }
 
-#[derive(Args)]
-struct RenderArgs {
-    /// The PodTemplate, YAML or JSON; `-` for stdin.
-    #[arg(default_value = "-")]
-    template: String,
-    /// A Node object (YAML or JSON) to render for; the --node-* flags override its fields.
-    #[arg(long, value_name = "FILE")]
-    node: Option<PathBuf>,
-    /// The node's name.
-    #[arg(long, value_name = "NAME")]
-    node_name: Option<String>,
-    /// A node label (repeatable).
-    #[arg(long, value_name = "KEY=VALUE")]
-    node_label: Vec<String>,
-    /// A node annotation (repeatable).
-    #[arg(long, value_name = "KEY=VALUE")]
-    node_annotation: Vec<String>,
-    /// A node address, e.g. InternalIP=10.0.0.5 (repeatable).
-    #[arg(long, value_name = "TYPE=ADDRESS")]
-    node_address: Vec<String>,
-    /// The node's architecture (Go naming: amd64, arm64...); default: the Node's, else this machine's.
-    #[arg(long, value_name = "ARCH")]
-    node_arch: Option<String>,
-    /// The node's operating system; default: the Node's, else this machine's.
-    #[arg(long, value_name = "OS")]
-    node_os: Option<String>,
-    /// The node's kubelet version, e.g. v1.34.2.
-    #[arg(long, value_name = "VERSION")]
-    kubelet_version: Option<String>,
-    /// A configuration file (the daemon's format): plugin catalog, chain, limits.
-    #[arg(long, short, value_name = "FILE", conflicts_with = "plugin")]
-    config: Option<PathBuf>,
-    /// A plugin to run, in order (repeatable): PATH or PATH,settings=FILE.
-    #[arg(long, value_name = "PATH[,settings=FILE]")]
-    plugin: Vec<String>,
-    /// A ConfigMap (YAML or JSON; repeatable) holding a plugin or the catalog
-    /// that --config names, as the daemon would read it from its namespace.
-    #[arg(long, value_name = "FILE", requires = "config")]
-    configmap: Vec<PathBuf>,
-    /// Namespace written into the manifest [env: PODSTAMP_NAMESPACE] [default: the config's, else kube-system].
-    #[arg(long)]
-    namespace: Option<String>,
-    /// Write the manifest to this file (atomically) instead of stdout.
-    #[arg(long, short, value_name = "FILE")]
-    output: Option<PathBuf>,
-    /// Time limit per plugin call, e.g. 100ms [default: the config's, else 100ms].
-    #[arg(long)]
-    timeout: Option<String>,
-    /// Memory limit per plugin instance, e.g. 64Mi [default: the config's, else 64Mi].
-    #[arg(long)]
-    memory: Option<String>,
-    /// The largest manifest, and pod a plugin may return, e.g. 1Mi [env: PODSTAMP_MAX_MANIFEST_SIZE] [default: the config's limits.maxManifestSize, else 1Mi].
-    #[arg(long, value_name = "SIZE")]
-    max_manifest_size: Option<String>,
-    /// Where compiled plugin code is cached [env: PODSTAMP_CACHE_DIR] [default: the config's cacheDir, else $XDG_CACHE_HOME/podstamp, else ~/.cache/podstamp].
-    #[arg(long, value_name = "DIR")]
-    cache_dir: Option<PathBuf>,
-    /// Compile plugins every time instead of using the cache.
-    #[arg(long, conflicts_with = "cache_dir")]
-    no_cache: bool,
-}
-
 /// A failure, and which exit code it earns.
 enum Failure {
     Usage(String),
@@ -185,7 +121,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format, &cli.log_level);
     let result = match cli.command {
-        Command::Render(args) => run_render(args),
+        Command::Render(args) => render_command::run_render(args),
         Command::Plugin(PluginCommand::Inspect { path }) => run_inspect(&path),
         Command::Plugin(PluginCommand::Configmap(args)) => run_configmap(&args),
         Command::Plugin(PluginCommand::Push(args)) => {
@@ -194,6 +130,7 @@ fn main() -> ExitCode {
         Command::Plugin(PluginCommand::Pull(args)) => {
             oci_command::pull(args).map_err(Failure::from)
         }
+        Command::Test(args) => test_command::run(args),
         Command::Run(args) => return run_daemon(&args),
         Command::Status(args) => {
             return match status_command::run(args) {
@@ -259,224 +196,6 @@ fn init_logging(format: LogFormat, filter: &str) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
-}
-
-fn run_render(args: RenderArgs) -> Result<(), Failure> {
-    let usage = Failure::Usage;
-    let flags = Layer {
-        config: args.config.clone(),
-        namespace: args.namespace.clone(),
-        timeout: args.timeout.clone(),
-        memory: args.memory.clone(),
-        max_manifest_size: args.max_manifest_size.clone(),
-        cache_dir: args.cache_dir.clone(),
-        no_cache: args.no_cache,
-        ..Layer::default()
-    };
-    let podstamp::settings::RenderSettings {
-        config,
-        namespace,
-        limits,
-        cache_dir,
-    } = podstamp::settings::render(&flags, &Layer::from_process_env())
-        .map_err(|e| usage(e.to_string()))?;
-    let node = node_context(&args)?;
-
-    let (template_text, origin) = read_input(&args.template).map_err(usage)?;
-    let template = parse_document(&template_text, &origin)
-        .map_err(|e| Failure::Render(e.to_string()))
-        .and_then(|value| {
-            Template::from_value(&value).map_err(|e| Failure::Render(format!("{origin}: {e}")))
-        })?;
-    if let Some(warning) = template.ignored(&namespace) {
-        eprintln!("podstamp: warning: {warning}");
-    }
-
-    let max_manifest = limits.max_output_bytes;
-    // Without --configmap, a ConfigMap source says where it would come from.
-    let config_maps: Box<dyn ConfigMaps> = if args.configmap.is_empty() {
-        Box::new(NoConfigMaps {
-            namespace: namespace.clone(),
-        })
-    } else {
-        Box::new(read_config_maps(&args.configmap, &namespace)?)
-    };
-    let catalog = load_catalog(&args, &config, &*config_maps, limits, cache_dir.as_deref())?;
-    let chain = catalog
-        .chain_for(&template.annotations)
-        .map_err(|e| Failure::Render(format!("PodTemplate {}: {e}", template.id())))?;
-    let manifest = check_size(&template, max_manifest)
-        .and_then(|()| render(&template, &node, &chain, &namespace))
-        .map_err(|e| Failure::Render(e.to_string()))?;
-    // The plugins' output limit alone would let a template without plugins through.
-    if manifest.bytes.len() > max_manifest {
-        return Err(Failure::Render(format!(
-            "PodTemplate {}: the manifest is {} bytes, over the limit of {max_manifest} (limits.maxManifestSize)",
-            template.id(),
-            manifest.bytes.len()
-        )));
-    }
-
-    match &args.output {
-        Some(path) => {
-            let dir = path
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .ok_or_else(|| usage(format!("--output {}: not a file name", path.display())))?;
-            podstamp::write::write_atomic(dir, name, &manifest.bytes)
-                .map_err(|e| Failure::Render(format!("{}: {e}", path.display())))?;
-        }
-        None => {
-            let mut stdout = std::io::stdout().lock();
-            stdout
-                .write_all(&manifest.bytes)
-                .and_then(|()| stdout.flush())
-                .map_err(|e| Failure::Render(format!("stdout: {e}")))?;
-        }
-    }
-    Ok(())
-}
-
-/// The ConfigMaps given with --configmap: each file one ConfigMap, or a v1
-/// List of them.
-fn read_config_maps(files: &[PathBuf], namespace: &str) -> Result<ConfigMapSet, Failure> {
-    let usage = Failure::Usage;
-    let mut set = ConfigMapSet::new(namespace);
-    for file in files {
-        let origin = format!("--configmap {}", file.display());
-        let bytes = std::fs::read(file).map_err(|e| usage(format!("{origin}: {e}")))?;
-        let value = parse_document(&bytes, &origin).map_err(|e| usage(e.to_string()))?;
-        let objects = match (
-            value.get("kind").and_then(|k| k.as_str()),
-            value.get("items"),
-        ) {
-            (Some("List"), Some(serde_json::Value::Array(items))) => items.clone(),
-            _ => vec![value],
-        };
-        for object in objects {
-            set.insert(object, &origin).map_err(usage)?;
-        }
-    }
-    Ok(set)
-}
-
-fn load_catalog(
-    args: &RenderArgs,
-    config: &ConfigFile,
-    config_maps: &dyn ConfigMaps,
-    limits: Limits,
-    cache_dir: Option<&Path>,
-) -> Result<Catalog, Failure> {
-    if args.plugin.is_empty() && args.config.is_none() {
-        return Ok(Catalog::from_steps(Vec::new()));
-    }
-    let runtime = Runtime::new(limits, cache_dir).map_err(|e| Failure::Render(e.to_string()))?;
-    if args.config.is_some() {
-        return Catalog::load_config(config, &runtime, config_maps, None).map_err(|e| match e {
-            CatalogError::Config(e) => Failure::Usage(e.to_string()),
-            // No --configmap for a ConfigMap source: the command line lacks it.
-            CatalogError::Plugin(
-                e @ PluginError {
-                    source: ComponentError::ConfigMap(ConfigMapError::Unavailable { .. }),
-                    ..
-                },
-            ) => Failure::Usage(e.to_string()),
-            CatalogError::Plugin(e) => Failure::Render(e.to_string()),
-        });
-    }
-    let mut steps = Vec::new();
-    for spec in &args.plugin {
-        let (path, settings_file) = match spec.split_once(",settings=") {
-            Some((path, file)) => (path, Some(file)),
-            None => (spec.as_str(), None),
-        };
-        if path.contains(',') {
-            return Err(Failure::Usage(format!(
-                "--plugin {spec}: expected PATH or PATH,settings=FILE"
-            )));
-        }
-        let settings = match settings_file {
-            Some(file) => {
-                config::read_settings(Path::new(file)).map_err(|e| Failure::Usage(e.to_string()))?
-            }
-            None => serde_json::json!({}),
-        };
-        let plugin = runtime
-            .load(Path::new(path))
-            .map_err(|e| Failure::Render(e.to_string()))?;
-        let name = plugin.info().name.clone();
-        steps.push(Step::new(name, plugin, &settings));
-    }
-    Ok(
-        Catalog::from_steps(steps)
-            .with_render_budget(config::default_render_budget(limits.timeout)),
-    )
-}
-
-fn read_input(name: &str) -> Result<(Vec<u8>, String), String> {
-    if name == "-" {
-        let mut bytes = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut bytes)
-            .map_err(|e| format!("stdin: {e}"))?;
-        Ok((bytes, "<stdin>".to_string()))
-    } else {
-        let bytes = std::fs::read(name).map_err(|e| format!("{name}: {e}"))?;
-        Ok((bytes, name.to_string()))
-    }
-}
-
-fn key_value<'a>(flag: &str, text: &'a str) -> Result<(&'a str, &'a str), Failure> {
-    text.split_once('=')
-        .filter(|(k, _)| !k.is_empty())
-        .ok_or_else(|| Failure::Usage(format!("{flag} {text:?}: expected KEY=VALUE")))
-}
-
-fn node_context(args: &RenderArgs) -> Result<NodeContext, Failure> {
-    let usage = Failure::Usage;
-    let mut node = match (&args.node, &args.node_name) {
-        (Some(path), _) => {
-            podstamp::node::read_node_file(path).map_err(|e| usage(e.to_string()))?
-        }
-        (None, Some(name)) => NodeContext::named(name.clone()),
-        (None, None) => {
-            return Err(usage(
-                "say which node to render for: --node FILE or --node-name NAME".into(),
-            ));
-        }
-    };
-    if let Some(name) = &args.node_name {
-        node.name = name.clone();
-    }
-    for label in &args.node_label {
-        let (k, v) = key_value("--node-label", label)?;
-        node.labels.insert(k.to_string(), v.to_string());
-    }
-    for annotation in &args.node_annotation {
-        let (k, v) = key_value("--node-annotation", annotation)?;
-        node.annotations.insert(k.to_string(), v.to_string());
-    }
-    for address in &args.node_address {
-        let (kind, address) = key_value("--node-address", address)?;
-        node.addresses.push(NodeAddress {
-            kind: kind.to_string(),
-            address: address.to_string(),
-        });
-    }
-    if let Some(arch) = &args.node_arch {
-        node.architecture = arch.clone();
-    }
-    if let Some(os) = &args.node_os {
-        node.operating_system = os.clone();
-    }
-    if let Some(version) = &args.kubelet_version {
-        node.kubelet_version = Some(version.clone());
-    }
-    Ok(node)
 }
 
 fn run_inspect(path: &Path) -> Result<(), Failure> {

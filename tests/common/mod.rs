@@ -55,24 +55,31 @@ pub fn stderr(output: &Output) -> String {
     String::from_utf8(output.stderr.clone()).unwrap()
 }
 
-/// Compares `actual` with tests/golden/`name`; with PODSTAMP_BLESS=1 writes it instead.
-pub fn golden(name: &str, actual: &str) {
-    let path = repo().join("tests/golden").join(name);
-    if std::env::var_os("PODSTAMP_BLESS").is_some() {
-        std::fs::write(&path, actual).unwrap();
-        return;
-    }
-    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+/// The expected manifest of the example case `case` (tests/cases/`case`/expected.yaml).
+pub fn expected(case: &str) -> String {
+    let path = repo().join("tests/cases").join(case).join("expected.yaml");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
-            "{}: {e} (run with PODSTAMP_BLESS=1 to create it)",
+            "{}: {e} (record it with `podstamp test tests/cases --update`)",
             path.display()
         )
-    });
+    })
+}
+
+/// Runs `podstamp test tests/cases/`group` `args…` from the repo root and
+/// returns what it printed, panicking with it unless every case passed.
+pub fn pass_cases(group: &str, args: &[&str]) -> String {
+    let dir = format!("tests/cases/{group}");
+    let mut all = vec!["test", dir.as_str()];
+    all.extend_from_slice(args);
+    let out = podstamp(&all);
     assert!(
-        expected == actual,
-        "output differs from {} (run with PODSTAMP_BLESS=1 to accept):\n--- expected\n{expected}\n--- actual\n{actual}",
-        path.display()
+        out.status.success(),
+        "`podstamp test {dir}` failed (if the change is meant, record it with `podstamp test {dir} --update`):\n{}{}",
+        stdout(&out),
+        stderr(&out)
     );
+    stdout(&out)
 }
 
 /// A binary of the Go test harness, built by tests/harness/build.sh.
