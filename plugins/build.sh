@@ -5,6 +5,15 @@
 # Usage: bash plugins/build.sh          (from anywhere)
 #        PODSTAMP_PLUGIN_PROFILE=quick bash plugins/build.sh
 #          (no LTO: twice the size, but relinks a plugin in seconds)
+#        bash plugins/build.sh --manifest-path DIR/Cargo.toml [--out-dir OUT] [--target-dir T]
+#          one plugin crate anywhere, e.g. one made by `podstamp plugin new`
+#          (its own Cargo workspace, depending on plugins/podstamp-plugin):
+#          -> OUT/<package>.wasm (default DIR/target), built in T (default
+#          DIR/target/wasm32, or $PODSTAMP_PLUGIN_TARGET_DIR).
+#
+# The build profile (panic=abort, size-optimised, LTO; `quick` without LTO)
+# is set here for every crate built, so that a plugin made outside this tree
+# is built exactly as the examples are.
 #
 # What it needs, and installs when missing:
 #   - Debian's rustc-web, cargo-web, rust-web-src and lld-16 (a rustc >= 1.95
@@ -17,8 +26,37 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
-out_dir="${PODSTAMP_PLUGIN_DIR:-$repo/target/plugins}"
-target_dir="$repo/target/wasm32"
+manifest=""
+out_dir=""
+target_dir="${PODSTAMP_PLUGIN_TARGET_DIR:-}"
+while (($#)); do
+    case "$1" in
+    --manifest-path | --out-dir | --target-dir)
+        (($# >= 2)) || { echo "build.sh: error: $1 needs a value" >&2; exit 2; }
+        case "$1" in
+        --manifest-path) manifest="$2" ;;
+        --out-dir) out_dir="$2" ;;
+        --target-dir) target_dir="$2" ;;
+        esac
+        shift 2
+        ;;
+    *)
+        echo "build.sh: error: unknown argument $1 (usage: build.sh [--manifest-path Cargo.toml] [--out-dir DIR] [--target-dir DIR])" >&2
+        exit 2
+        ;;
+    esac
+done
+if [[ -n "$manifest" ]]; then
+    [[ -f "$manifest" ]] || { echo "build.sh: error: --manifest-path $manifest: no such file" >&2; exit 2; }
+    manifest="$(cd "$(dirname "$manifest")" && pwd)/$(basename "$manifest")"
+    crate_dir="$(dirname "$manifest")"
+    out_dir="${out_dir:-$crate_dir/target}"
+    target_dir="${target_dir:-$crate_dir/target/wasm32}"
+else
+    manifest="$here/Cargo.toml"
+    out_dir="${out_dir:-${PODSTAMP_PLUGIN_DIR:-$repo/target/plugins}}"
+    target_dir="${target_dir:-$repo/target/wasm32}"
+fi
 target=wasm32-unknown-unknown
 profile="${PODSTAMP_PLUGIN_PROFILE:-release}"
 wasm_tools_version=1.263.0
@@ -73,12 +111,21 @@ fi
 
 # --- the plugins ---------------------------------------------------------------
 plugins=()
-for manifest in "$here"/*/Cargo.toml; do
-    if grep -Eq '^crate-type *= *\[ *"cdylib" *\]' "$manifest"; then
-        plugins+=("$(basename "$(dirname "$manifest")")")
-    fi
-done
-((${#plugins[@]} > 0)) || die "no plugin crates (crate-type = [\"cdylib\"]) under $here"
+if [[ "$manifest" == "$here/Cargo.toml" ]]; then
+    for member in "$here"/*/Cargo.toml; do
+        if grep -Eq '^crate-type *= *\[ *"cdylib" *\]' "$member"; then
+            plugins+=("$(basename "$(dirname "$member")")")
+        fi
+    done
+    ((${#plugins[@]} > 0)) || die "no plugin crates (crate-type = [\"cdylib\"]) under $here"
+else
+    # The [package] name of the one crate given.
+    name="$(awk '/^\[/{p = ($0 == "[package]")} p && /^name *=/{gsub(/^name *= *"|".*$/, ""); print; exit}' "$manifest")"
+    [[ -n "$name" ]] || die "$manifest: no [package] name (a plugin is one crate)"
+    grep -Eq '^crate-type *= *\[ *"cdylib"' "$manifest" ||
+        die "$manifest: the crate must be a cdylib ([lib] crate-type = [\"cdylib\"])"
+    plugins=("$name")
+fi
 
 package_args=()
 for name in "${plugins[@]}"; do package_args+=(-p "$name"); done
@@ -90,12 +137,24 @@ clean_env=(env -i "HOME=$HOME" "PATH=/usr/bin:/bin" "CARGO_HOME=${CARGO_HOME:-$H
 for var in TERM CARGO_NET_OFFLINE CARGO_BUILD_JOBS CARGO_TERM_COLOR http_proxy https_proxy; do
     if [[ -n "${!var:-}" ]]; then clean_env+=("$var=${!var}"); fi
 done
-"${clean_env[@]}" \
+# The profiles: every plugin crate, in this tree or not, is built alike.
+profile_env=(
+    CARGO_PROFILE_RELEASE_PANIC=abort # a panic traps; the SDK's hook logs it first
+    CARGO_PROFILE_RELEASE_OPT_LEVEL=s
+    # Fat LTO halves a typed plugin but makes relinking one take a minute or two.
+    CARGO_PROFILE_RELEASE_LTO=true
+    CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1
+    CARGO_PROFILE_RELEASE_STRIP=debuginfo
+    CARGO_PROFILE_QUICK_INHERITS=release
+    CARGO_PROFILE_QUICK_LTO=false
+    CARGO_PROFILE_QUICK_CODEGEN_UNITS=16
+)
+"${clean_env[@]}" "${profile_env[@]}" \
     RUSTC=/usr/bin/rustc \
     RUSTC_BOOTSTRAP=1 \
     CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER=wasm-ld-16 \
     CARGO_TARGET_DIR="$target_dir" \
-    /usr/bin/cargo build --manifest-path "$here/Cargo.toml" --profile "$profile" \
+    /usr/bin/cargo build --manifest-path "$manifest" --profile "$profile" \
     --target "$target" -Zbuild-std=std,panic_abort "${package_args[@]}"
 
 # --- core modules -> components, checked ---------------------------------------
