@@ -573,6 +573,15 @@ const FAULTS: &[Fault] = &[
         test: "tests/test_command.rs: update_records_what_renders_and_then_every_case_passes",
     },
     Fault {
+        id: "plugin-new-refused",
+        area: "podstamp plugin new",
+        fault: "a name that is not a package name, a `--dir` that exists and is not empty, a `--plugins` directory without the language's SDK",
+        kept: "the directory given, untouched; no staging directory left",
+        reported: "exit code 2, one line on stderr",
+        says: "exists and is not empty; choose another directory",
+        test: "tests/scaffold.rs: plugin_new_refuses_with_one_line_and_writes_nothing",
+    },
+    Fault {
         id: "template-duplicate-name",
         area: "template",
         fault: "two files with the same pod name",
@@ -1283,6 +1292,7 @@ fn docs_reliability_md_is_the_fault_table() {
                 "tests/rollouts.rs" => include_str!("rollouts.rs"),
                 "tests/oci.rs" => include_str!("oci.rs"),
                 "tests/test_command.rs" => include_str!("test_command.rs"),
+                "tests/scaffold.rs" => include_str!("scaffold.rs"),
                 other => panic!("fault {}: unknown file {other}", f.id),
             };
             assert!(

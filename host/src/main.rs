@@ -21,6 +21,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 mod oci_command;
+mod plugin_new_command;
 mod render_command;
 mod status_command;
 mod test_command;
@@ -70,6 +71,8 @@ enum Command {
 
 #[derive(Subcommand)]
 enum PluginCommand {
+    /// Create a plugin project, in Rust, Python or JavaScript, with a unit test, golden cases and its build script.
+    New(plugin_new_command::NewArgs),
     /// Print a plugin's name, version, imports and exports, and whether it matches this podstamp's WIT.
     Inspect {
         /// The plugin component (.wasm).
@@ -122,6 +125,7 @@ fn main() -> ExitCode {
     init_logging(cli.log_format, &cli.log_level);
     let result = match cli.command {
         Command::Render(args) => render_command::run_render(args),
+        Command::Plugin(PluginCommand::New(args)) => plugin_new_command::run(args),
         Command::Plugin(PluginCommand::Inspect { path }) => run_inspect(&path),
         Command::Plugin(PluginCommand::Configmap(args)) => run_configmap(&args),
         Command::Plugin(PluginCommand::Push(args)) => {

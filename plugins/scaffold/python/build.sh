@@ -3,4 +3,4 @@
 # (componentize-py, installed on first use; nothing redone when up to date).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-exec bash "{{sdk_path}}/build.sh" "$here" "$here/target/{{name}}.wasm"
+exec bash "{{plugins}}/python/build.sh" "$here" "$here/target/{{name}}.wasm"

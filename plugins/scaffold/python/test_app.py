@@ -5,7 +5,7 @@ import json
 import sys
 import unittest
 
-sys.path.insert(0, "{{sdk_path}}")
+sys.path.insert(0, "{{plugins}}/python")
 
 import app  # noqa: E402
 from podstamp_plugin import Error, Node, run  # noqa: E402
