@@ -60,8 +60,8 @@ fi
 target=wasm32-unknown-unknown
 profile="${PODSTAMP_PLUGIN_PROFILE:-release}"
 wasm_tools_version=1.263.0
-allowed_imports=("podstamp:plugin/host@0.1.0" "podstamp:plugin/types@0.1.0")
-required_export="podstamp:plugin/transformer@0.1.0"
+allowed_imports=("podstamp:plugin/host@0.1.1" "podstamp:plugin/types@0.1.1")
+required_exports=("podstamp:plugin/transformer@0.1.1" "podstamp:plugin/settings-validator@0.1.1")
 
 say() { echo "build.sh: $*" >&2; }
 die() {
@@ -173,8 +173,11 @@ check_component() {
         for allowed in "${allowed_imports[@]}"; do [[ "$line" == "$allowed" ]] && ok=1; done
         ((ok)) || die "$file imports $line: a plugin may import only ${allowed_imports[*]}"
     done <<<"$imports"
-    awk '/^world /{w=1; next} w && /^}/{exit} w' <<<"$wit" | grep -qx "  export $required_export;" ||
-        die "$file does not export $required_export"
+    local export
+    for export in "${required_exports[@]}"; do
+        awk '/^world /{w=1; next} w && /^}/{exit} w' <<<"$wit" | grep -qx "  export $export;" ||
+            die "$file does not export $export"
+    done
 }
 
 for name in "${plugins[@]}"; do

@@ -1486,7 +1486,7 @@ fn a_settings_change_in_the_config_file_rewrites_only_the_affected_manifest() {
     let second = catalog_in_use(&daemon);
     assert_ne!(second, first);
 
-    // Broken three ways: each refused whole, nothing rewritten.
+    // Broken four ways: each refused whole, nothing rewritten.
     let not_a_component = s.tmp.path().join("not-a-component.wasm");
     fs::write(&not_a_component, b"\0asm but not really").unwrap();
     let good = reload_config("bonjour", "");
@@ -1508,6 +1508,12 @@ fn a_settings_change_in_the_config_file_rewrites_only_the_affected_manifest() {
                 not_a_component.to_str().unwrap(),
             ),
             "plugins.substitute: NOT_A_COMPONENT: not a valid WebAssembly component",
+        ),
+        // Settings the plugin refuses (its validate-settings, WIT 0.1.1):
+        // refused at reload, not at the first render.
+        (
+            reload_config("[1]", ""),
+            "plugins.substitute: settings.vars.greeting: invalid type: sequence, expected a string (refused by the plugin substitute 0.1.0's validate-settings; fix the settings)",
         ),
     ];
     let manifests = (identity(&s.a()), identity(&s.b()));

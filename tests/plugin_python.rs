@@ -174,13 +174,13 @@ fn substitute_py_fails_with_substitute_s_messages() {
             settings("empty.yaml", "vars: {}\n"),
         ),
         (
-            "settings of the wrong type",
+            "settings of the wrong type (refused at load)",
             None,
             &node,
             settings("bad.json", r#"{"vars": {"a": 1}}"#),
         ),
         (
-            "an unknown setting",
+            "an unknown setting (refused at load)",
             None,
             &node,
             settings("unknown.json", r#"{"varz": {}}"#),
@@ -196,15 +196,27 @@ fn substitute_py_fails_with_substitute_s_messages() {
         };
         let (py_code, py_out, py_err) = run(&python);
         let (rs_code, _, rs_err) = run(&rust);
-        assert_eq!((py_code, py_out.as_str()), (1, ""), "{what}: {py_err}");
-        assert_eq!(rs_code, 1, "{what}: {rs_err}");
-        // The same line but for the plugin's name in its label.
+        // Settings are refused at load (validate-settings, exit 2), the
+        // rest when rendering (exit 1): the same for both.
+        assert_eq!(
+            (py_code, py_out.as_str()),
+            (rs_code, ""),
+            "{what}: {py_err}"
+        );
+        assert!(matches!(rs_code, 1 | 2), "{what}: {rs_err}");
+        // The same line but for the plugin's name.
         assert_eq!(
             py_err.replace("substitute-py", "substitute"),
             rs_err,
             "{what}"
         );
-        assert!(py_err.contains("`substitute-py` (substitute-py 0.1.0): "));
+        assert!(
+            py_err.contains("`substitute-py` (substitute-py 0.1.0): ")
+                || py_err.contains(
+                    "(refused by the plugin substitute-py 0.1.0's validate-settings; fix the settings)"
+                ),
+            "{py_err}"
+        );
     }
 }
 

@@ -8,6 +8,8 @@ mod common;
 #[allow(unused_imports)]
 #[path = "daemon/support.rs"]
 mod support;
+#[path = "faults/wat.rs"]
+mod wat_plugins;
 
 use common::{expected, plugin, podstamp, podstamp_in, stderr, stdout};
 
@@ -255,16 +257,6 @@ fn arch_image_fails_with(file_name: &str, settings: &str) -> String {
 }
 
 #[test]
-fn invalid_plugin_settings_are_reported_by_the_plugin() {
-    let err = arch_image_fails_with(
-        "s.json",
-        r#"{"images": {"pod-checkpointer": {"arm64": 5}}}"#,
-    );
-    assert!(err.contains("invalid settings"), "{err}");
-    assert!(err.contains("images.pod-checkpointer.arm64"), "{err}");
-}
-
-#[test]
 fn the_result_of_the_chain_is_validated() {
     let err = arch_image_fails_with(
         "s.yaml",
@@ -412,14 +404,16 @@ fn inspect_describes_a_plugin() {
     let text = stdout(&out);
     assert!(text.contains("plugin:  node-env 0.1.0\n"), "{text}");
     assert!(
-        text.contains("wit:     podstamp:plugin@0.1.0 (matches this podstamp)\n"),
+        text.contains("wit:     podstamp:plugin@0.1.1 (matches this podstamp)\n"),
         "{text}"
     );
     assert!(
-        text.contains("exports: podstamp:plugin/transformer@0.1.0\n"),
+        text.contains(
+            "exports: podstamp:plugin/transformer@0.1.1, podstamp:plugin/settings-validator@0.1.1\n"
+        ),
         "{text}"
     );
-    assert!(text.contains("podstamp:plugin/host@0.1.0"), "{text}");
+    assert!(text.contains("podstamp:plugin/host@0.1.1"), "{text}");
     let err = fails(&["plugin", "inspect", NODE], None, 1);
     assert!(
         err.starts_with("examples/node.yaml: not a valid WebAssembly component"),
@@ -1651,4 +1645,125 @@ fn the_api_server_stores_the_printed_configmap_and_what_it_returns_renders() {
     let from_path = render_with(&by_path, &[]);
     assert!(from_path.status.success(), "{}", stderr(&from_path));
     assert_eq!(stdout(&from_api), stdout(&from_path));
+}
+
+/// Settings a plugin refuses (WIT 0.1.1's `validate-settings`) are refused
+/// when the plugins are loaded, before anything renders, naming the entry
+/// and the field inside the settings: the SDK's type check and the
+/// plugin's own (`arch-image` refuses an empty image). A 0.1.0 component,
+/// which cannot say, still loads and renders with any settings.
+#[test]
+fn settings_a_plugin_refuses_are_refused_at_load_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let arch_image = plugin("arch-image").display().to_string();
+    let cases = [
+        (
+            r#"{"images": {"pod-checkpointer": 5}}"#,
+            "settings.images.pod-checkpointer: invalid type: integer `5`, expected a map",
+        ),
+        (
+            r#"{"images": {"pod-checkpointer": {"arm64": ""}}}"#,
+            "settings.images.pod-checkpointer.arm64: an empty image; give the image for this architecture, or remove the entry",
+        ),
+    ];
+    for (i, (settings, says)) in cases.iter().enumerate() {
+        let settings = file(&format!("s{i}.json"), settings);
+        let spec = format!("{arch_image},settings={settings}");
+        let err = fails(
+            &[
+                "render",
+                CHECKPOINTER,
+                "--node",
+                NODE,
+                "--plugin",
+                &spec,
+                "--no-cache",
+            ],
+            None,
+            2,
+        );
+        assert_eq!(
+            err,
+            format!(
+                "--plugin {spec}: {says} (refused by the plugin arch-image 0.1.0's validate-settings; fix the settings)"
+            )
+        );
+        // In a catalog, even an entry no chain uses.
+        let config = file(
+            &format!("c{i}.yaml"),
+            &format!(
+                "plugins:\n  arch-image:\n    path: {arch_image}\n    settingsFile: {settings}\nchain: []\n"
+            ),
+        );
+        let err = fails(
+            &[
+                "render",
+                CHECKPOINTER,
+                "--node",
+                NODE,
+                "--config",
+                &config,
+                "--no-cache",
+            ],
+            None,
+            2,
+        );
+        assert!(
+            err.starts_with(&format!("plugins.arch-image: {says} (refused by")),
+            "{err}"
+        );
+    }
+
+    // A 0.1.0 component: nothing to ask; it renders.
+    let old = dir.path().join("old.wasm");
+    std::fs::write(
+        &old,
+        wat_plugins::componentize(
+            &wat_plugins::core_module("", wat_plugins::IDENTITY, ""),
+            &[wat_plugins::WIT],
+        ),
+    )
+    .unwrap();
+    let settings = file("any.json", r#"{"images": 5}"#);
+    let spec = format!("{},settings={settings}", old.display());
+    let out = podstamp(&[
+        "render",
+        CHECKPOINTER,
+        "--node",
+        NODE,
+        "--plugin",
+        &spec,
+        "--no-cache",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), expected("rust/passthrough"));
+
+    // A validate-settings that traps: the plugin is broken, not the settings.
+    let broken = dir.path().join("broken.wasm");
+    std::fs::write(&broken, wat_plugins::validating("(unreachable)", "")).unwrap();
+    let spec = broken.display().to_string();
+    let err = fails(
+        &[
+            "render",
+            CHECKPOINTER,
+            "--node",
+            NODE,
+            "--plugin",
+            &spec,
+            "--no-cache",
+        ],
+        None,
+        1,
+    );
+    assert!(
+        err.starts_with(&format!(
+            "--plugin {spec}: settings: the plugin wat 0.0.1's validate-settings failed: trapped"
+        )),
+        "{err}"
+    );
 }

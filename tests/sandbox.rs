@@ -405,7 +405,7 @@ fn a_component_importing_wasi_beyond_the_fixed_list_is_refused_at_load() {
     assert!(matches!(err, LoadError::ForbiddenImport { .. }), "{err:?}");
     assert_eq!(
         err.to_string(),
-        "wasi.wasm: imports `wasi:http/outgoing-handler@0.2.0`, which podstamp does not provide: plugins get only podstamp:plugin/host@0.1.0 and WASI 0.2's io, clocks, random, cli, filesystem and sockets interfaces, which grant nothing"
+        "wasi.wasm: imports `wasi:http/outgoing-handler@0.2.0`, which podstamp does not provide: plugins get only podstamp:plugin/host (@0.1.0 or @0.1.1) and WASI 0.2's io, clocks, random, cli, filesystem and sockets interfaces, which grant nothing"
     );
 }
 
@@ -503,7 +503,7 @@ fn a_component_built_against_another_wit_version_is_refused_naming_the_expected_
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "old.wasm: built against podstamp:plugin@0.2.0, but this podstamp expects podstamp:plugin@0.1.0; rebuild the plugin with the matching SDK"
+        "old.wasm: built against podstamp:plugin@0.2.0, but this podstamp loads podstamp:plugin@0.1.0 and @0.1.1 (it implements podstamp:plugin@0.1.1); rebuild the plugin with the matching SDK"
     );
 }
 
@@ -522,7 +522,7 @@ fn something_that_is_not_a_plugin_is_refused() {
     let err = runtime.load_bytes(&empty, "empty.wasm").unwrap_err();
     assert_eq!(
         err.to_string(),
-        "empty.wasm: does not export podstamp:plugin/transformer@0.1.0, so it is not a podstamp plugin (it exports: nothing)"
+        "empty.wasm: does not export podstamp:plugin/transformer (@0.1.0 or @0.1.1), so it is not a podstamp plugin (it exports: nothing)"
     );
     let err = runtime.load(Path::new("/nonexistent/p.wasm")).unwrap_err();
     assert!(
@@ -591,5 +591,54 @@ fn assert_over_the_8_mib_cap(failure: CallFailure) {
             .to_string()
             .starts_with("memory cap of 8 MiB exceeded"),
         "{failure}"
+    );
+}
+
+/// WIT 0.1.1's optional `validate-settings`: called only on a plugin that
+/// exports it (a 0.1.0 component has nothing to call and accepts anything
+/// here), its refusal kept with its field, and bounded like any call.
+#[test]
+fn validate_settings_is_called_when_exported_and_bounded_like_a_call() {
+    let runtime = runtime();
+    let old = load(&runtime, IDENTITY);
+    assert!(!old.validates_settings());
+    assert_eq!(old.validate_settings(r#"{"anything": 1}"#), Ok(()));
+    assert!(call(&old).is_ok(), "a 0.1.0 component still transforms");
+
+    let load_validating = |(body, extra): (&str, &str)| {
+        runtime
+            .load_bytes(&wat_plugins::validating(body, extra), "v.wasm")
+            .unwrap()
+    };
+    let accepting = load_validating((wat_plugins::VALIDATE_OK, ""));
+    assert!(accepting.validates_settings());
+    assert_eq!(accepting.validate_settings("{}"), Ok(()));
+    assert_eq!(call(&accepting), Ok(pod()), "a 0.1.1 component transforms");
+
+    let (body, extra) = wat_plugins::validate_refusing("must be set", "label");
+    let refusing = load_validating((&body, &extra));
+    assert_eq!(
+        refusing.validate_settings("{}"),
+        Err(CallFailure::Rejected {
+            message: "must be set".into(),
+            field: Some("label".into()),
+        })
+    );
+
+    let trapping = load_validating(("(unreachable)", ""));
+    assert!(
+        matches!(
+            trapping.validate_settings("{}"),
+            Err(CallFailure::Trap { .. })
+        ),
+        "{:?}",
+        trapping.validate_settings("{}")
+    );
+    let looping = load_validating(("(loop $l (br $l)) (unreachable)", ""));
+    assert_eq!(
+        looping.validate_settings("{}"),
+        Err(CallFailure::DeadlineExceeded {
+            timeout: limits().timeout
+        })
     );
 }

@@ -14,7 +14,7 @@ use podstamp::catalog::{
 use podstamp::chain::Step;
 use podstamp::config::{self, Catalog, CatalogError, ConfigFile};
 use podstamp::node::{NodeAddress, NodeContext};
-use podstamp::plugin::{Limits, Runtime};
+use podstamp::plugin::{CallFailure, Limits, Runtime};
 use podstamp::render::{check_size, render};
 use podstamp::settings::Layer;
 use podstamp::template::{Template, parse_document};
@@ -255,6 +255,10 @@ fn load_catalog(
                     ..
                 },
             ) => Failure::Usage(e.to_string()),
+            // Settings are the configuration's: refusing them is a usage error.
+            CatalogError::Plugin(e) if e.source.is_settings_refusal() => {
+                Failure::Usage(e.to_string())
+            }
             CatalogError::Plugin(e) => Failure::Render(e.to_string()),
         });
     }
@@ -279,7 +283,24 @@ fn load_catalog(
             .load(Path::new(path))
             .map_err(|e| Failure::Render(e.to_string()))?;
         let name = plugin.info().name.clone();
-        steps.push(Step::new(name, plugin, &settings));
+        let step = Step::new(name, plugin, &settings);
+        // As a catalog's entries: bad settings are refused before rendering.
+        if let Err(failure) = step.plugin.validate_settings(&step.settings_json) {
+            let usage = matches!(failure, CallFailure::Rejected { .. });
+            let message = format!(
+                "--plugin {spec}: {}",
+                ComponentError::Settings {
+                    plugin: step.plugin.info().to_string(),
+                    failure: Box::new(failure),
+                }
+            );
+            return Err(if usage {
+                Failure::Usage(message)
+            } else {
+                Failure::Render(message)
+            });
+        }
+        steps.push(step);
     }
     Ok(
         Catalog::from_steps(steps)

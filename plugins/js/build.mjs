@@ -8,6 +8,9 @@
 //    plugin.js) with rolldown into one ES module: `podstamp-plugin` is this
 //    checkout's SDK, `podstamp:package-info` is { name, version } from the
 //    plugin's package.json, `podstamp:plugin/*` stay imports of the component;
+//    the bundle's entry re-exports the plugin's module and adds the
+//    `settingsValidator` export of its `transformer` (definePlugin makes it:
+//    the settings' schema, then the plugin's own `validate`);
 // 2. makes a component of it with componentize-js for wit/podstamp.wit's
 //    `plugin` world, without wasi:http (`-d http fetch-event`);
 // 3. refuses it unless every import is the podstamp host interface or a WASI
@@ -24,8 +27,8 @@ const here = dirname(fileURLToPath(import.meta.url));
 const repo = resolve(here, '../..');
 const sdk = join(here, 'podstamp-plugin', 'index.js');
 const wit = join(repo, 'wit', 'podstamp.wit');
-const PODSTAMP_IMPORTS = ['podstamp:plugin/host@0.1.0', 'podstamp:plugin/types@0.1.0'];
-const REQUIRED_EXPORT = 'podstamp:plugin/transformer@0.1.0';
+const PODSTAMP_IMPORTS = ['podstamp:plugin/host@0.1.1', 'podstamp:plugin/types@0.1.1'];
+const REQUIRED_EXPORTS = ['podstamp:plugin/transformer@0.1.1', 'podstamp:plugin/settings-validator@0.1.1'];
 
 function fail(message) {
   console.error(`build.mjs: error: ${message}`);
@@ -72,8 +75,14 @@ const work = await mkdtemp(join(tmpdir(), 'podstamp-js-'));
 const bundlePath = join(work, 'bundle.js');
 const { rolldown } = await importTool('rolldown');
 const INFO_ID = '\0podstamp:package-info';
+const ENTRY_ID = '\0podstamp:entry';
+const entryModule = `export * from ${JSON.stringify(entry)};
+import { transformer } from ${JSON.stringify(entry)};
+import { settingsValidatorOf } from 'podstamp-plugin';
+export const settingsValidator = settingsValidatorOf(transformer);
+`;
 const bundle = await rolldown({
-  input: entry,
+  input: ENTRY_ID,
   cwd: pluginDir,
   logLevel: 'warn',
   external: (id) => id.startsWith('podstamp:plugin/'),
@@ -83,9 +92,11 @@ const bundle = await rolldown({
       resolveId(id) {
         if (id === 'podstamp-plugin') return sdk;
         if (id === 'podstamp:package-info') return INFO_ID;
+        if (id === ENTRY_ID) return ENTRY_ID;
         return null;
       },
       load(id) {
+        if (id === ENTRY_ID) return entryModule;
         if (id !== INFO_ID) return null;
         return `export default ${JSON.stringify({ name: pkg.name, version: pkg.version })};`;
       },
@@ -124,8 +135,10 @@ const refused = imports.filter((name) => !allowed(name));
 if (refused.length > 0) {
   fail(`${pkg.name}: the component imports ${refused.join(', ')}, which podstamp does not provide`);
 }
-if (!exports.includes(REQUIRED_EXPORT)) {
-  fail(`${pkg.name}: the component does not export ${REQUIRED_EXPORT} (export const transformer = definePlugin({...}))`);
+for (const required of REQUIRED_EXPORTS) {
+  if (!exports.includes(required)) {
+    fail(`${pkg.name}: the component does not export ${required} (export const transformer = definePlugin({...}))`);
+  }
 }
 
 // --- 4. write ------------------------------------------------------------------------

@@ -26,7 +26,7 @@ version=0.25.1
 tools="${PODSTAMP_PYTHON_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/podstamp}"
 venv="$tools/componentize-py-$version"
 wit="$repo/wit"
-required_export="podstamp:plugin/transformer@0.1.0"
+required_exports=("podstamp:plugin/transformer@0.1.1" "podstamp:plugin/settings-validator@0.1.1")
 
 say() { echo "python/build.sh: $*" >&2; }
 die() {
@@ -81,7 +81,7 @@ check_component() {
     while IFS= read -r line; do
         [[ -z "$line" ]] && continue
         case "$line" in
-        podstamp:plugin/host@0.1.0 | podstamp:plugin/types@0.1.0) continue ;;
+        podstamp:plugin/host@0.1.1 | podstamp:plugin/types@0.1.1) continue ;;
         wasi:*@0.2.*)
             iface="${line%@*}"
             local granted
@@ -90,7 +90,10 @@ check_component() {
         esac
         die "$file imports $line, which podstamp does not provide (it grants podstamp:plugin/host and: ${wasi_interfaces[*]})"
     done < <(sed -n 's/^ *import \(.*\);$/\1/p' <<<"$world")
-    grep -qx "  export $required_export;" <<<"$world" || die "$file does not export $required_export"
+    local export
+    for export in "${required_exports[@]}"; do
+        grep -qx "  export $export;" <<<"$world" || die "$file does not export $export"
+    done
 }
 
 # --- build --------------------------------------------------------------------------

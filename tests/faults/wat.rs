@@ -5,7 +5,13 @@
 
 use std::path::{Path, PathBuf};
 
-pub const WIT: &str = include_str!("../../wit/podstamp.wit");
+/// The contract as it was at 0.1.0 (before `settings-validator`), which the host
+/// still loads: every hand-written plugin of the tests is a 0.1.0
+/// component, so each test that uses one also shows that such a component
+/// keeps working.
+pub const WIT: &str = include_str!("../fixtures/wit-0.1.0/podstamp.wit");
+/// The contract of today (0.1.1: the optional `settings-validator` export).
+pub const WIT_0_1_1: &str = include_str!("../../wit/podstamp.wit");
 const TRANSFORM: &str = "podstamp:plugin/transformer@0.1.0#transform";
 
 /// A core module implementing the plugin ABI; `body` is the transform
@@ -68,6 +74,41 @@ pub fn componentize(core_wat: &str, wit_packages: &[&str]) -> Vec<u8> {
     let mut encoder = wit_component::ComponentEncoder::default();
     encoder.module(&module).expect("module").validate(true);
     encoder.encode().expect("componentize")
+}
+
+/// A component of today's WIT (0.1.1, with the `settings-validator` export) that
+/// returns the pod unchanged and whose `validate-settings` runs `body`
+/// (the settings' pointer and length in locals 0 and 1; it leaves a
+/// pointer to the result on the stack); `extra` goes after the helpers.
+pub fn validating(body: &str, extra: &str) -> Vec<u8> {
+    let extra = format!(
+        "{extra}\n  (func (export \"podstamp:plugin/settings-validator@0.1.1#validate-settings\") (param i32 i32) (result i32)\n    {body})"
+    );
+    let module = core_module("", IDENTITY, &extra).replace("@0.1.0#", "@0.1.1#");
+    componentize(&module, &[WIT_0_1_1])
+}
+
+/// A `validate-settings` that accepts any settings.
+pub const VALIDATE_OK: &str = "(i32.store8 (i32.const 2048) (i32.const 0)) (i32.const 2048)";
+
+/// A `validate-settings` that refuses any settings with `message` at
+/// `field`: (body, extra) for [`validating`]. The result is laid out as the
+/// canonical ABI lays out `result<_, plugin-error>`: the case at 2048, the
+/// message's pointer and length at 2052 and 2056, the field's option at
+/// 2060, its pointer and length at 2064 and 2068.
+pub fn validate_refusing(message: &str, field: &str) -> (String, String) {
+    (
+        format!(
+            "(i32.store8 (i32.const 2048) (i32.const 1))
+    (i32.store (i32.const 2052) (i32.const 2304)) (i32.store (i32.const 2056) (i32.const {}))
+    (i32.store8 (i32.const 2060) (i32.const 1))
+    (i32.store (i32.const 2064) (i32.const 2560)) (i32.store (i32.const 2068) (i32.const {}))
+    (i32.const 2048)",
+            message.len(),
+            field.len()
+        ),
+        format!("(data (i32.const 2304) \"{message}\") (data (i32.const 2560) \"{field}\")"),
+    )
 }
 
 /// Returns its input pod unchanged.

@@ -16,7 +16,7 @@ use super::config_maps::{ConfigMapError, ConfigMaps};
 use super::gzip::{GzipError, MAX_COMPONENT_BYTES, inflate, is_gzip};
 use super::spec::{ConfigMapSource, Source};
 use crate::oci::{self, Pinned, Registry, RegistryOptions};
-use crate::plugin::{LoadError, Runtime};
+use crate::plugin::{CallFailure, LoadError, Runtime};
 
 /// A component's bytes, uncompressed, and where they came from.
 pub struct ComponentBytes {
@@ -76,6 +76,23 @@ pub enum ComponentError {
     /// Read, compiled or checked against the WIT: the message names the origin.
     #[error(transparent)]
     Load(#[from] LoadError),
+    /// The plugin's `validate-settings` refused the entry's settings (its
+    /// field, when it names one, is a path inside them), or failed.
+    #[error("{}", settings_refused(plugin, failure))]
+    Settings {
+        /// Who the plugin says it is (`name version`).
+        plugin: String,
+        /// Boxed: kept small, as every catalog error is.
+        #[source]
+        failure: Box<CallFailure>,
+    },
+}
+
+impl ComponentError {
+    /// The plugin refused its settings (not: it failed to say).
+    pub fn is_settings_refusal(&self) -> bool {
+        matches!(self, ComponentError::Settings { failure, .. } if matches!(**failure, CallFailure::Rejected { .. }))
+    }
 }
 
 /// A catalog entry's component that could not be had or loaded.
@@ -200,4 +217,20 @@ fn from_config_map(
         raw
     };
     Ok((bytes, origin))
+}
+
+/// `settings.FIELD: MESSAGE (refused by …)`, or how the check failed.
+fn settings_refused(plugin: &str, failure: &CallFailure) -> String {
+    match failure {
+        CallFailure::Rejected { message, field } => {
+            let at = field
+                .as_deref()
+                .map(|f| format!("settings.{f}"))
+                .unwrap_or_else(|| "settings".to_string());
+            format!(
+                "{at}: {message} (refused by the plugin {plugin}'s validate-settings; fix the settings)"
+            )
+        }
+        other => format!("settings: the plugin {plugin}'s validate-settings failed: {other}"),
+    }
 }

@@ -230,10 +230,19 @@ impl Catalog {
                 entry: field.clone(),
                 source,
             })?;
-            steps.insert(
-                name.clone(),
-                Arc::new(Step::new(name.clone(), plugin, &settings)),
-            );
+            let step = Step::new(name.clone(), plugin, &settings);
+            // Bad settings are refused here, before any render, when the
+            // plugin can say so (WIT 0.1.1's `validate-settings`).
+            step.plugin
+                .validate_settings(&step.settings_json)
+                .map_err(|failure| PluginError {
+                    entry: field.clone(),
+                    source: ComponentError::Settings {
+                        plugin: step.plugin.info().to_string(),
+                        failure: Box::new(failure),
+                    },
+                })?;
+            steps.insert(name.clone(), Arc::new(step));
             settings_by_name.insert(name.clone(), settings);
         }
         let mut catalog = Catalog {

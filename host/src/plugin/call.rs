@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use wasmtime::component::ComponentExportIndex;
 use wasmtime::{ResourceLimiter, Store, Trap};
 
 use super::bindings;
@@ -21,7 +22,9 @@ use crate::node::NodeContext;
 #[derive(Clone)]
 pub struct Plugin {
     pub(super) runtime: Runtime,
-    pub(super) pre: bindings::PluginPre<CallState>,
+    pub(super) pre: bindings::MinimalPluginPre<CallState>,
+    /// Its `validate-settings` function, when it exports one (WIT 0.1.1).
+    pub(super) validate: Option<ComponentExportIndex>,
     pub(super) origin: String,
     pub(super) sha256: String,
     pub(super) info: PluginInfo,
@@ -89,6 +92,29 @@ impl Plugin {
         })
     }
 
+    /// Whether the plugin checks its settings before rendering (it exports
+    /// `validate-settings`, WIT 0.1.1).
+    pub fn validates_settings(&self) -> bool {
+        self.validate.is_some()
+    }
+
+    /// Runs `validate-settings` on these settings (the JSON `transform`
+    /// would get), in a fresh instance with the limits of any call. A
+    /// plugin that does not export it (built against WIT 0.1.0) accepts
+    /// anything here: its first `transform` checks them.
+    pub fn validate_settings(&self, settings_json: &str) -> Result<(), CallFailure> {
+        let Some(index) = &self.validate else {
+            return Ok(());
+        };
+        let result = self.call_with("validate-settings", Duration::MAX, |store| {
+            let instance = self.pre.instance_pre().instantiate(&mut *store)?;
+            let validate = instance
+                .get_typed_func::<(&str,), (Result<(), wit::PluginError>,)>(&mut *store, index)?;
+            Ok(validate.call(&mut *store, (settings_json,))?.0)
+        })?;
+        result.map_err(rejected)
+    }
+
     /// Runs `transform` on one pod. `subject` names what is rendered (the
     /// template, the node) in the plugin's log lines.
     pub fn transform(
@@ -134,21 +160,29 @@ impl Plugin {
                 })
             }
             Ok(pod) => Ok(pod),
-            Err(e) => Err(CallFailure::Rejected {
-                message: crate::text::cut(e.message, MAX_ERROR_TEXT),
-                field: e
-                    .field
-                    .filter(|f| !f.is_empty())
-                    .map(|f| crate::text::cut(f, MAX_ERROR_TEXT)),
-            }),
+            Err(e) => Err(rejected(e)),
         }
     }
 
+    /// One call of the transformer interface, in a fresh instance.
     fn call<R>(
         &self,
         subject: &str,
         time_left: Duration,
-        f: impl FnOnce(&bindings::Plugin, &mut Store<CallState>) -> wasmtime::Result<R>,
+        f: impl FnOnce(&bindings::MinimalPlugin, &mut Store<CallState>) -> wasmtime::Result<R>,
+    ) -> Result<R, CallFailure> {
+        self.call_with(subject, time_left, |store| {
+            let plugin = self.pre.instantiate(&mut *store)?;
+            f(&plugin, store)
+        })
+    }
+
+    /// `f` (which instantiates the plugin) in a fresh store, bounded.
+    fn call_with<R>(
+        &self,
+        subject: &str,
+        time_left: Duration,
+        f: impl FnOnce(&mut Store<CallState>) -> wasmtime::Result<R>,
     ) -> Result<R, CallFailure> {
         let shared = &self.runtime.shared;
         // The deadline is a whole number of epoch ticks, rounded down, so
@@ -184,11 +218,19 @@ impl Plugin {
         store.set_epoch_deadline(ticks.max(1) as u64);
         store.epoch_deadline_trap();
 
-        let result = self
-            .pre
-            .instantiate(&mut store)
-            .and_then(|plugin| f(&plugin, &mut store));
+        let result = f(&mut store);
         result.map_err(|e| classify(e, store.data_mut(), limits))
+    }
+}
+
+/// A plugin's own error, its message and field cut to size.
+fn rejected(e: wit::PluginError) -> CallFailure {
+    CallFailure::Rejected {
+        message: crate::text::cut(e.message, MAX_ERROR_TEXT),
+        field: e
+            .field
+            .filter(|f| !f.is_empty())
+            .map(|f| crate::text::cut(f, MAX_ERROR_TEXT)),
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::interface::{EXPORT_NAME, HOST_IMPORT, WIT_PACKAGE};
+use super::interface::WIT_PACKAGE;
 
 /// Why a plugin could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -15,15 +15,15 @@ pub enum LoadError {
     #[error("{origin}: not a valid WebAssembly component: {detail}")]
     Compile { origin: String, detail: String },
     #[error(
-        "{origin}: built against podstamp:plugin@{found}, but this podstamp expects {WIT_PACKAGE}; rebuild the plugin with the matching SDK"
+        "{origin}: built against podstamp:plugin@{found}, but this podstamp loads podstamp:plugin@0.1.0 and @0.1.1 (it implements {WIT_PACKAGE}); rebuild the plugin with the matching SDK"
     )]
     WrongVersion { origin: String, found: String },
     #[error(
-        "{origin}: does not export {EXPORT_NAME}, so it is not a podstamp plugin (it exports: {exports})"
+        "{origin}: does not export podstamp:plugin/transformer (@0.1.0 or @0.1.1), so it is not a podstamp plugin (it exports: {exports})"
     )]
     NotAPlugin { origin: String, exports: String },
     #[error(
-        "{origin}: imports `{import}`, which podstamp does not provide: plugins get only {HOST_IMPORT} and WASI 0.2's io, clocks, random, cli, filesystem and sockets interfaces, which grant nothing"
+        "{origin}: imports `{import}`, which podstamp does not provide: plugins get only podstamp:plugin/host (@0.1.0 or @0.1.1) and WASI 0.2's io, clocks, random, cli, filesystem and sockets interfaces, which grant nothing"
     )]
     ForbiddenImport { origin: String, import: String },
     #[error("{origin}: {what}: {detail}")]

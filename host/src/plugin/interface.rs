@@ -9,12 +9,23 @@ use wasmtime::component::Component;
 use super::LoadError;
 
 /// The WIT package this host implements.
-pub const WIT_PACKAGE: &str = "podstamp:plugin@0.1.0";
-pub(super) const EXPORT_NAME: &str = "podstamp:plugin/transformer@0.1.0";
+pub const WIT_PACKAGE: &str = "podstamp:plugin@0.1.1";
+/// The versions of the package whose components it loads: 0.1.1 added an
+/// export (`settings-validator`) and changed nothing else.
+pub(super) const VERSIONS: [&str; 2] = ["0.1.0", "0.1.1"];
 pub(super) const EXPORT_PREFIX: &str = "podstamp:plugin/transformer@";
-pub(super) const HOST_IMPORT: &str = "podstamp:plugin/host@0.1.0";
+pub(super) const HOST_PREFIX: &str = "podstamp:plugin/host@";
 /// The interface of shared types; it has no functions, so importing it grants nothing.
-pub(super) const TYPES_IMPORT: &str = "podstamp:plugin/types@0.1.0";
+pub(super) const TYPES_PREFIX: &str = "podstamp:plugin/types@";
+/// The optional export of 0.1.1, and its function.
+pub(super) const SETTINGS_EXPORT: &str = "podstamp:plugin/settings-validator@0.1.1";
+pub(super) const VALIDATE_SETTINGS: &str = "validate-settings";
+
+/// `name` is `prefix` followed by a version this host loads.
+fn of_ours(name: &str, prefix: &str) -> bool {
+    name.strip_prefix(prefix)
+        .is_some_and(|version| VERSIONS.contains(&version))
+}
 
 /// What a component imports and exports, whether or not it is a plugin.
 #[derive(Debug, Clone)]
@@ -33,7 +44,7 @@ pub(super) fn check_interface(
 ) -> Result<(), LoadError> {
     let ty = component.component_type();
     let exports: Vec<&str> = ty.exports(engine).map(|(name, _)| name).collect();
-    if !exports.contains(&EXPORT_NAME) {
+    if !exports.iter().any(|e| of_ours(e, EXPORT_PREFIX)) {
         if let Some(found) = exports.iter().find_map(|e| e.strip_prefix(EXPORT_PREFIX)) {
             return Err(LoadError::WrongVersion {
                 origin: origin.to_string(),
@@ -50,10 +61,13 @@ pub(super) fn check_interface(
         });
     }
     for (import, _) in ty.imports(engine) {
-        if import == HOST_IMPORT || import == TYPES_IMPORT || super::wasi::is_granted(import) {
+        if of_ours(import, HOST_PREFIX)
+            || of_ours(import, TYPES_PREFIX)
+            || super::wasi::is_granted(import)
+        {
             continue;
         }
-        if let Some(found) = ["podstamp:plugin/host@", "podstamp:plugin/types@"]
+        if let Some(found) = [HOST_PREFIX, TYPES_PREFIX]
             .iter()
             .find_map(|prefix| import.strip_prefix(prefix))
         {

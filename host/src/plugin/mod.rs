@@ -48,10 +48,12 @@ use interface::check_interface;
 use pool::{CONCURRENT_CALLS, pool_config};
 use ticker::Ticker;
 
+/// The bindings of the least a plugin exports (`transformer`); the
+/// optional `settings-validator` export is looked up by name ([`call::Plugin`]).
 mod bindings {
     wasmtime::component::bindgen!({
         path: "../wit",
-        world: "plugin",
+        world: "minimal-plugin",
     });
 }
 
@@ -165,7 +167,7 @@ impl Runtime {
         }
         let engine = Engine::new(&config).map_err(|e| setup("engine", e.to_string()))?;
         let mut linker = Linker::new(&engine);
-        bindings::Plugin::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
+        bindings::MinimalPlugin::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
             .and_then(|()| wasi::add_to_linker(&mut linker))
             .map_err(|e| setup("linker", e.to_string()))?;
         let cache = match cache_dir {
@@ -301,15 +303,21 @@ impl Runtime {
         let pre = shared
             .linker
             .instantiate_pre(&component)
-            .and_then(bindings::PluginPre::new)
+            .and_then(bindings::MinimalPluginPre::new)
             .map_err(|e| LoadError::Setup {
                 origin: origin.to_string(),
                 what: "cannot link",
                 detail: format!("{e:#}"),
             })?;
+        let validate = component
+            .get_export_index(None, interface::SETTINGS_EXPORT)
+            .and_then(|settings| {
+                component.get_export_index(Some(&settings), interface::VALIDATE_SETTINGS)
+            });
         let mut plugin = Plugin {
             runtime: self.clone(),
             pre,
+            validate,
             origin: origin.to_string(),
             sha256,
             info: PluginInfo {

@@ -8,7 +8,9 @@
 
 use std::collections::BTreeMap;
 
-use podstamp_plugin::{ContainerKind, Error, Node, Plugin, Pod, containers, containers_mut};
+use podstamp_plugin::{
+    ContainerKind, Error, FieldPath, Node, Plugin, Pod, containers, containers_mut,
+};
 
 #[derive(serde::Deserialize, Default)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
@@ -21,6 +23,22 @@ struct ArchImage;
 impl Plugin for ArchImage {
     type Settings = Settings;
     type Pod = Pod;
+
+    /// An empty image would be refused by the kubelet on every node: refused
+    /// when the catalog is loaded instead.
+    fn validate(settings: &Settings) -> Result<(), Error> {
+        for (container, by_arch) in &settings.images {
+            for (arch, image) in by_arch {
+                if image.trim().is_empty() {
+                    return Err(Error::at(
+                        FieldPath::new().key("images").key(container).key(arch),
+                        "an empty image; give the image for this architecture, or remove the entry",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 
     fn transform(pod: &mut Pod, node: &Node, settings: &Settings) -> Result<(), Error> {
         for name in settings.images.keys() {
@@ -85,6 +103,14 @@ mod tests {
         let out =
             podstamp_plugin::run::<ArchImage>(pod().to_string(), node, &settings.to_string())?;
         Ok(podstamp_plugin::serde_json::from_str(&out).unwrap())
+    }
+
+    #[test]
+    fn an_empty_image_is_refused_with_its_path_in_the_settings() {
+        let bad = json!({"images": {"app": {"amd64": "app:1", "arm64": " "}}});
+        let err = podstamp_plugin::validate_settings::<ArchImage>(&bad.to_string()).unwrap_err();
+        assert_eq!(err.field(), Some("images.app.arm64"));
+        assert!(podstamp_plugin::validate_settings::<ArchImage>(&settings().to_string()).is_ok());
     }
 
     #[test]

@@ -15,7 +15,7 @@
 // - anything thrown that is not a PluginError is logged (with its stack) at
 //   error level and returned as an error, never a trap.
 
-import { log as hostLog } from 'podstamp:plugin/host@0.1.0';
+import { log as hostLog } from 'podstamp:plugin/host@0.1.1';
 // Made by the build from the plugin's package.json: { name, version }.
 import packageInfo from 'podstamp:package-info';
 
@@ -315,20 +315,53 @@ function compareKeys(a, b) {
  * @param {string} json @param {any} [shape]
  */
 export function parseSettings(json, shape) {
+  return parseSettingsWith(json, shape, (path, message) => {
+    const at = path.isRoot() ? '' : ` at ${path}`;
+    return new PluginError(`invalid settings${at}: ${message}`);
+  });
+}
+
+/**
+ * What the host's `validate-settings` call does (WIT 0.1.1), for tests:
+ * parses the settings as `transform` would, then runs the plugin's
+ * `validate(settings)`, if any. An error's field is its path inside the
+ * settings (`labels.ZONE`), its message the schema's own.
+ *
+ * @param {{ settings?: any, validate?: (settings: any) => void }} plugin
+ * @param {string} json
+ */
+export function validateSettings(plugin, json) {
+  const settings = parseSettingsWith(json, plugin.settings, (path, message) =>
+    path.isRoot() ? new PluginError(`invalid settings: ${message}`) : new PluginError(message, path));
+  if (plugin.validate !== undefined) plugin.validate(settings);
+}
+
+/** @param {string} json @param {any} shape @param {(path: FieldPath, message: string) => PluginError} error */
+function parseSettingsWith(json, shape, error) {
   let value;
   try {
     value = JSON.parse(json.trim() === '' ? '{}' : json);
   } catch (e) {
-    throw new PluginError(`invalid settings: ${e.message}`);
+    throw error(new FieldPath(), e.message);
   }
   if (shape === undefined) return value;
   try {
     return shape.check(value, new FieldPath());
   } catch (e) {
     if (!(e instanceof SettingsError)) throw e;
-    const at = e.path.isRoot() ? '' : ` at ${e.path}`;
-    throw new PluginError(`invalid settings${at}: ${e.message}`);
+    throw error(e.path, e.message);
   }
+}
+
+/** Where `definePlugin` keeps the plugin's `settings-validator` export. */
+const SETTINGS_VALIDATOR = Symbol('podstamp settings-validator');
+
+/**
+ * The `settings-validator` export of a `transformer` made by
+ * {@link definePlugin}; the build exports it for the plugin.
+ */
+export function settingsValidatorOf(transformer) {
+  return transformer[SETTINGS_VALIDATOR];
 }
 
 // --- the export --------------------------------------------------------------------
@@ -340,10 +373,24 @@ export function parseSettings(json, shape) {
  * place (or returns a new one), or throws a {@link PluginError}.
  * `info()` is the name and version in the plugin's package.json.
  *
- * @param {{ settings?: any, transform: (pod: any, node: Node, settings: any) => any }} plugin
+ * `validate(settings)`, if given, checks settings that parsed when the host
+ * loads them (WIT 0.1.1's `validate-settings`), throwing a
+ * {@link PluginError} whose field is a path inside the settings.
+ *
+ * @param {{ settings?: any, validate?: (settings: any) => void, transform: (pod: any, node: Node, settings: any) => any }} plugin
  */
 export function definePlugin(plugin) {
   return {
+    [SETTINGS_VALIDATOR]: {
+      /** @param {string} settingsJson */
+      validateSettings(settingsJson) {
+        try {
+          validateSettings(plugin, settingsJson);
+        } catch (e) {
+          throw asWitError(e);
+        }
+      },
+    },
     info() {
       return { name: packageInfo.name, version: packageInfo.version };
     },

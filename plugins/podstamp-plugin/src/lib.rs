@@ -90,6 +90,15 @@ pub trait Plugin {
 
     /// Changes the pod for this node, or says why it cannot.
     fn transform(pod: &mut Self::Pod, node: &Node, settings: &Self::Settings) -> Result<(), Error>;
+
+    /// Checks settings that parsed, beyond their type, when the host loads
+    /// the catalog (before any render): an error refuses the catalog, its
+    /// field a path inside the settings. By default, settings that parse are
+    /// good. Settings that do not parse are refused before this is called.
+    fn validate(settings: &Self::Settings) -> Result<(), Error> {
+        let _ = settings;
+        Ok(())
+    }
 }
 
 /// Settings for a plugin that has none: accepts only `{}`.
@@ -114,19 +123,36 @@ pub fn run<P: Plugin>(
 /// `invalid settings at images.amd64: invalid type: integer `1`, expected a string`.
 /// An empty text counts as `{}`.
 pub fn parse_settings<S: serde::de::DeserializeOwned>(json: &str) -> Result<S, Error> {
+    parse_settings_at(json).map_err(|(path, message)| match path {
+        Some(path) => Error::new(format!("invalid settings at {path}: {message}")),
+        None => Error::new(format!("invalid settings: {message}")),
+    })
+}
+
+/// Does what the host's `validate-settings` call does: parses the settings
+/// and runs `P::validate`. A settings error's field is its path inside the
+/// settings (`images.amd64`), its message serde's.
+pub fn validate_settings<P: Plugin>(settings: &str) -> Result<(), Error> {
+    let settings: P::Settings =
+        parse_settings_at(settings).map_err(|(path, message)| match path {
+            Some(path) => Error::at(path, message),
+            None => Error::new(format!("invalid settings: {message}")),
+        })?;
+    P::validate(&settings)
+}
+
+/// The settings, or where (None: the whole value) and why they do not parse.
+fn parse_settings_at<S: serde::de::DeserializeOwned>(
+    json: &str,
+) -> Result<S, (Option<FieldPath>, String)> {
     let json = if json.trim().is_empty() { "{}" } else { json };
     let mut de = serde_json::Deserializer::from_str(json);
     let settings = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = error::from_serde_path(e.path());
         let message = error::json_message(e.inner());
-        if path.is_root() {
-            Error::new(format!("invalid settings: {message}"))
-        } else {
-            Error::new(format!("invalid settings at {path}: {message}"))
-        }
+        (Some(path).filter(|p| !p.is_root()), message)
     })?;
-    de.end()
-        .map_err(|e| Error::new(format!("invalid settings: {e}")))?;
+    de.end().map_err(|e| (None, e.to_string()))?;
     Ok(settings)
 }
 
@@ -158,6 +184,14 @@ macro_rules! export {
                 }
             }
 
+            impl $crate::__private::SettingsGuest for PodstampPluginExport {
+                fn validate_settings(
+                    settings: ::std::string::String,
+                ) -> ::core::result::Result<(), $crate::__private::PluginError> {
+                    $crate::__private::validate_settings::<$plugin>(settings)
+                }
+            }
+
     $crate::__export_plugin_impl!(PodstampPluginExport with_types_in $crate::bindings);
         };
     };
@@ -180,10 +214,23 @@ pub mod bindings {
 
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::bindings::exports::podstamp::plugin::settings_validator::Guest as SettingsGuest;
     pub use crate::bindings::exports::podstamp::plugin::transformer::{
         Guest, NodeContext, PluginError, PluginInfo,
     };
-    use crate::{Node, Plugin};
+    use crate::{Error, Node, Plugin};
+
+    fn wit_error(e: Error) -> PluginError {
+        PluginError {
+            message: e.message().to_owned(),
+            field: e.field().map(str::to_owned),
+        }
+    }
+
+    pub fn validate_settings<P: Plugin>(settings: String) -> Result<(), PluginError> {
+        crate::log::install_panic_hook();
+        crate::validate_settings::<P>(&settings).map_err(wit_error)
+    }
 
     pub fn info(name: &str, version: &str) -> PluginInfo {
         crate::log::install_panic_hook();
@@ -200,10 +247,7 @@ pub mod __private {
     ) -> Result<String, PluginError> {
         crate::log::install_panic_hook();
         let node = Node::from(node);
-        crate::run::<P>(pod, &node, &settings).map_err(|e| PluginError {
-            message: e.message().to_owned(),
-            field: e.field().map(str::to_owned),
-        })
+        crate::run::<P>(pod, &node, &settings).map_err(wit_error)
     }
 }
 
@@ -217,6 +261,44 @@ mod tests {
     struct Settings {
         images: BTreeMap<String, String>,
         max_count: u32,
+    }
+
+    struct Checked;
+
+    impl Plugin for Checked {
+        type Settings = Settings;
+        type Pod = serde_json::Value;
+
+        fn transform(_: &mut Self::Pod, _: &Node, _: &Settings) -> Result<(), Error> {
+            Ok(())
+        }
+
+        fn validate(settings: &Settings) -> Result<(), Error> {
+            if settings.max_count > 10 {
+                return Err(Error::at("maxCount", "at most 10"));
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn validate_settings_names_the_field_inside_the_settings() {
+        assert!(validate_settings::<Checked>("{}").is_ok());
+        assert!(validate_settings::<Checked>("").is_ok());
+        let err = validate_settings::<Checked>(r#"{"images":{"amd64":1}}"#).unwrap_err();
+        assert_eq!(err.field(), Some("images.amd64"));
+        assert_eq!(
+            err.message(),
+            "invalid type: integer `1`, expected a string"
+        );
+        let err = validate_settings::<Checked>(r#"{"maxCount":11}"#).unwrap_err();
+        assert_eq!(
+            (err.field(), err.message()),
+            (Some("maxCount"), "at most 10")
+        );
+        let err = validate_settings::<Checked>("[").unwrap_err();
+        assert_eq!(err.field(), None);
+        assert!(err.message().starts_with("invalid settings: "), "{err}");
     }
 
     #[test]

@@ -21,8 +21,14 @@ returns a new dict). Raising `Error` refuses the pod, with a field path when
 it is about one field. Any other exception is logged at error level, then
 the call traps, as a panic does in the Rust SDK.
 
-Invariants: the decorator defines the module's `Transformer` class, which is
-what componentize-py exports for the world's `transformer` interface; the
+Settings are checked when the host loads its catalog (WIT 0.1.1's
+`validate-settings`): parsed into the dataclass, then given to the
+decorator's `validate(settings)`, if any, which raises `Error` (its field a
+path inside the settings) for settings that parse but are not good.
+
+Invariants: the decorator defines the module's `Transformer` and
+`SettingsValidator` classes, which componentize-py exports for the world's
+`transformer` and `settings-validator` interfaces; the
 bindings (`wit_world`, `componentize_py_types`) are imported only inside the
 component, so the same module runs natively in unit tests through `run`.
 """
@@ -33,7 +39,7 @@ import traceback
 from . import log
 from .error import Error, FieldPath, quote
 from .node import Node, NodeAddress
-from .settings import json_name, parse_settings
+from .settings import check_settings, json_name, parse_settings
 
 try:  # Only inside the component.
     from componentize_py_types import Err as _Err
@@ -54,6 +60,7 @@ __all__ = [
     "plugin",
     "quote",
     "run",
+    "validate_settings",
 ]
 
 
@@ -82,16 +89,33 @@ def run(transform, pod: str, node: Node, settings: str = "{}") -> str:
     return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
 
 
-def plugin(name: str, version: str, settings=None):
+def validate_settings(transform, settings: str = "{}") -> None:
+    """Does what the host's `validate-settings` call does: parses the
+    settings and runs the decorator's `validate`; raises Error, its field a
+    path inside the settings. For tests."""
+    spec = transform.__podstamp_plugin__
+    parsed = check_settings(settings, spec["settings"])
+    if spec["validate"] is not None:
+        spec["validate"](parsed)
+
+
+def plugin(name: str, version: str, settings=None, validate=None):
     """Makes the decorated `transform(pod, node, settings)` the plugin.
 
     `name` and `version` are what `info()` returns. `settings` is a
     dataclass (see `parse_settings`), `dict` for the raw JSON object, or None
-    for a plugin that takes none."""
+    for a plugin that takes none. `validate(settings)`, if given, checks
+    parsed settings when the host loads them, raising Error."""
 
     def wrap(transform):
-        transform.__podstamp_plugin__ = {"name": name, "version": version, "settings": settings}
+        transform.__podstamp_plugin__ = {
+            "name": name,
+            "version": version,
+            "settings": settings,
+            "validate": validate,
+        }
         transform.__globals__["Transformer"] = _exporter(transform)
+        transform.__globals__["SettingsValidator"] = _validator(transform)
         return transform
 
     return wrap
@@ -118,6 +142,23 @@ def _exporter(transform):
                 raise
 
     return Transformer
+
+
+def _validator(transform):
+    class SettingsValidator:
+        """The `settings-validator` export, for componentize-py."""
+
+        def validate_settings(self, settings):
+            try:
+                validate_settings(transform, settings)
+            except Error as e:
+                raise _Err(_PluginError(message=e.message, field=e.field)) from None
+            except Exception as e:
+                frame = traceback.extract_tb(e.__traceback__)[-1]
+                log.error(f"uncaught {type(e).__name__} at {frame.filename}:{frame.lineno}: {e}")
+                raise
+
+    return SettingsValidator
 
 
 def containers(pod: dict, init: bool = False):

@@ -150,20 +150,36 @@ def parse_settings(text: str, cls):
     """Parses settings (JSON text; empty counts as `{}`) into `cls`, a
     dataclass, or `dict` for the JSON object as is, or None for a plugin
     that takes no settings (only `{}`). Raises Error naming the field."""
+    try:
+        return _parse(text, cls)
+    except _Invalid as e:
+        where = "" if e.path.is_root() else f" at {e.path}"
+        raise Error(f"invalid settings{where}: {e.message}") from None
+
+
+def check_settings(text: str, cls):
+    """`parse_settings` for the host's `validate-settings` call: the same
+    checks, but an error's field is its path inside the settings (`vars.a`)
+    and its message serde's own, as the Rust SDK's `validate_settings`."""
+    try:
+        return _parse(text, cls)
+    except _Invalid as e:
+        if e.path.is_root():
+            raise Error(f"invalid settings: {e.message}") from None
+        raise Error(e.message, e.path) from None
+
+
+def _parse(text: str, cls):
     if not text.strip():
         text = "{}"
     try:
         value = json.loads(text)
     except ValueError as e:
-        raise Error(f"invalid settings: {e}") from None
-    try:
-        if cls is None:
-            if not isinstance(value, dict):
-                raise _Invalid(FieldPath(), f"invalid type: {_unexpected(value)}, expected struct NoSettings")
-            for key in value:
-                raise _Invalid(FieldPath().key(key), f"unknown field `{key}`, there are no fields")
-            return None
-        return _convert(value, cls, FieldPath())
-    except _Invalid as e:
-        where = "" if e.path.is_root() else f" at {e.path}"
-        raise Error(f"invalid settings{where}: {e.message}") from None
+        raise _Invalid(FieldPath(), str(e)) from None
+    if cls is None:
+        if not isinstance(value, dict):
+            raise _Invalid(FieldPath(), f"invalid type: {_unexpected(value)}, expected struct NoSettings")
+        for key in value:
+            raise _Invalid(FieldPath().key(key), f"unknown field `{key}`, there are no fields")
+        return None
+    return _convert(value, cls, FieldPath())

@@ -12,7 +12,17 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(here), os.path.join(os.path.dirname(here), "substitute-py")]
 
 import app  # noqa: E402
-from podstamp_plugin import Error, FieldPath, Node, NodeAddress, parse_settings, quote, run  # noqa: E402
+from podstamp_plugin import (  # noqa: E402
+    Error,
+    FieldPath,
+    Node,
+    NodeAddress,
+    parse_settings,
+    plugin,
+    quote,
+    run,
+    validate_settings,
+)
 
 
 @dataclass
@@ -38,6 +48,28 @@ def settings_error(text: str, cls=Settings) -> str:
 
 
 class Sdk(unittest.TestCase):
+    def test_validate_settings_names_the_field_inside_the_settings(self):
+        def at_most_ten(settings):
+            if settings.inner.max_count > 10:
+                raise Error.at(FieldPath("inner").key("maxCount"), "at most 10")
+
+        @plugin("checked", "0.1.0", Settings, validate=at_most_ten)
+        def transform(pod, node, settings):
+            pass
+
+        validate_settings(transform, "{}")
+        validate_settings(transform, "")
+        with self.assertRaises(Error) as e:
+            validate_settings(transform, '{"images": {"amd64": 1}}')
+        self.assertEqual((e.exception.field, e.exception.message), ("images.amd64", "invalid type: integer `1`, expected a string"))
+        with self.assertRaises(Error) as e:
+            validate_settings(transform, '{"inner": {"maxCount": 11}}')
+        self.assertEqual((e.exception.field, e.exception.message), ("inner.maxCount", "at most 10"))
+        with self.assertRaises(Error) as e:
+            validate_settings(transform, "[")
+        self.assertIsNone(e.exception.field)
+        self.assertTrue(e.exception.message.startswith("invalid settings: "), e.exception.message)
+
     def test_paths(self):
         root = FieldPath()
         self.assertEqual(str(root.key("spec").key("containers").index(0).key("command").index(3)), "spec.containers[0].command[3]")
