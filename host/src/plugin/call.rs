@@ -199,7 +199,10 @@ impl Plugin {
             });
         }
         // Taken before the store is made and so given back after it is
-        // dropped: the store holds the pool slot until then.
+        // dropped (locals drop in reverse): the store holds the pool slot
+        // until then. The ticker counts the call once it has its slot, so a
+        // waiting call does not keep the epoch ticking.
+        let _slot = shared.slots.acquire();
         let _running = shared.ticker.start_call();
         let mut store = Store::new(
             &shared.engine,

@@ -13,8 +13,9 @@
 //!
 //! One concern per file: `error` (how loading and calls fail), `interface`
 //! (what a component must import and export), `pool` (where instances come
-//! from), `call` (one sandboxed call), `ticker` (the epoch deadline and the
-//! slot gate), `cache` (compiled code on disk), `wasi` (the deny-by-default
+//! from, and the gate that admits one call per pool slot), `call` (one
+//! sandboxed call), `ticker` (the epoch that makes deadlines fire), `cache`
+//! (compiled code on disk), `wasi` (the deny-by-default
 //! WASI context).
 
 use std::fmt;
@@ -45,7 +46,7 @@ pub use pool::Allocation;
 use cache::CodeCache;
 use call::CallState;
 use interface::check_interface;
-use pool::{CONCURRENT_CALLS, pool_config};
+use pool::{CONCURRENT_CALLS, Slots, pool_config};
 use ticker::Ticker;
 
 /// The bindings of the least a plugin exports (`transformer`); the
@@ -109,6 +110,8 @@ struct Shared {
     cache: Option<CodeCache>,
     ticker: Arc<Ticker>,
     ticker_thread: Option<JoinHandle<()>>,
+    /// One per pool slot: the calls that may run at once.
+    slots: Slots,
     /// How many components were compiled or read from the code cache: what
     /// a catalog that reuses loaded plugins saves, made observable.
     components_loaded: AtomicU64,
@@ -179,7 +182,7 @@ impl Runtime {
         // Ten ticks per deadline keep the cut-off within 10% of the timeout.
         let epoch_tick =
             (limits.timeout / 10).clamp(Duration::from_millis(1), Duration::from_millis(10));
-        let ticker = Arc::new(Ticker::new(CONCURRENT_CALLS));
+        let ticker = Arc::new(Ticker::new());
         let ticker_thread = {
             let ticker = ticker.clone();
             let engine = engine.weak();
@@ -197,6 +200,7 @@ impl Runtime {
                 cache,
                 ticker,
                 ticker_thread: Some(ticker_thread),
+                slots: Slots::new(CONCURRENT_CALLS),
                 components_loaded: AtomicU64::new(0),
             }),
             registry: None,

@@ -1,6 +1,8 @@
 //! Where a call's plugin instance comes from: a pool of reused slots sized
 //! for the calls that may run at once, or a fresh mapping per call.
 
+use std::sync::{Condvar, Mutex, MutexGuard};
+
 use wasmtime::{Enabled, PoolingAllocationConfig};
 
 /// Where a call's plugin instance (its memories, tables) comes from.
@@ -67,4 +69,45 @@ pub(super) fn pool_config() -> PoolingAllocationConfig {
     // refused by the memory limiter when it is instantiated, with the
     // message every other memory failure has.
     pool
+}
+
+/// Admits at most one call per pool slot ([`CONCURRENT_CALLS`]): a call
+/// beyond waits for one to end instead of failing to instantiate.
+pub(super) struct Slots {
+    free: Mutex<usize>,
+    freed: Condvar,
+}
+
+/// A slot held by a call; given back when dropped.
+pub(super) struct Slot<'a>(&'a Slots);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        *self.0.lock() += 1;
+        self.0.freed.notify_one();
+    }
+}
+
+impl Slots {
+    pub(super) fn new(slots: u32) -> Slots {
+        Slots {
+            free: Mutex::new(slots as usize),
+            freed: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, usize> {
+        // A count stays consistent even if a holder panicked.
+        self.free.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits for a free slot and takes it.
+    pub(super) fn acquire(&self) -> Slot<'_> {
+        let mut free = self.lock();
+        while *free == 0 {
+            free = self.freed.wait(free).unwrap_or_else(|e| e.into_inner());
+        }
+        *free -= 1;
+        Slot(self)
+    }
 }

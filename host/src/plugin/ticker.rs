@@ -1,6 +1,6 @@
 //! The epoch ticker: advances the engine's epoch while calls run (so their
-//! deadlines fire), sleeps when none does, and admits at most one call per
-//! pool slot.
+//! deadlines fire), and sleeps when none does. (Admitting calls, one per
+//! pool slot, is `pool::Slots`'.)
 
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
@@ -8,13 +8,10 @@ use std::time::Duration;
 use wasmtime::EngineWeak;
 
 /// Advances the engine's epoch while at least one call is running, and sleeps
-/// otherwise, so an idle daemon spends no CPU on it. It also admits at most
-/// `max_calls` calls at once (one per pool slot).
+/// otherwise, so an idle daemon spends no CPU on it.
 pub(super) struct Ticker {
     state: Mutex<TickerState>,
     wake: Condvar,
-    slot_free: Condvar,
-    max_calls: usize,
 }
 
 #[derive(Default)]
@@ -28,17 +25,14 @@ pub(super) struct RunningCall<'a>(&'a Ticker);
 impl Drop for RunningCall<'_> {
     fn drop(&mut self) {
         self.0.lock().running_calls -= 1;
-        self.0.slot_free.notify_one();
     }
 }
 
 impl Ticker {
-    pub(super) fn new(max_calls: u32) -> Ticker {
+    pub(super) fn new() -> Ticker {
         Ticker {
             state: Mutex::default(),
             wake: Condvar::new(),
-            slot_free: Condvar::new(),
-            max_calls: max_calls as usize,
         }
     }
 
@@ -47,17 +41,9 @@ impl Ticker {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Waits for a free slot, then counts the call as running.
+    /// Counts a call as running (the epoch ticks until it is dropped).
     pub(super) fn start_call(&self) -> RunningCall<'_> {
-        let mut state = self.lock();
-        while state.running_calls >= self.max_calls {
-            state = self
-                .slot_free
-                .wait(state)
-                .unwrap_or_else(|e| e.into_inner());
-        }
-        state.running_calls += 1;
-        drop(state);
+        self.lock().running_calls += 1;
         self.wake.notify_one();
         RunningCall(self)
     }
