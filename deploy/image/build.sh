@@ -122,9 +122,9 @@ if [[ -z "$bin" ]]; then
     bin="${CARGO_TARGET_DIR:-$repo/target}/release/podstamp"
 fi
 [[ -f "$bin" && -x "$bin" ]] || die "$bin is not an executable file (--bin or PODSTAMP_BIN)"
-bin_version="$("$bin" --version 2>/dev/null)" || die "$bin --version failed: is it podstamp, for this machine?"
+bin_version="$("$bin" --version 2>/dev/null | head -n1)" || die "$bin --version failed: is it podstamp, for this machine?"
 [[ "$bin_version" == "podstamp $version" ]] ||
-    die "$bin says '$bin_version' but host/Cargo.toml's version is $version: rebuild it"
+    die "$bin --version says '$bin_version', not 'podstamp $version' (host/Cargo.toml): give podstamp's binary, rebuilt"
 
 plugin_names=(arch-image identity node-env substitute)
 if [[ -z "$plugins_dir" ]]; then
