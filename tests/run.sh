@@ -2,7 +2,8 @@
 # The whole test suite, from a fresh clone: builds the plugins and the Go
 # harness (API server, kubelet, test node; installing their toolchains when
 # missing), installs the node's Debian packages (containerd, runc,
-# busybox-static) when missing, then runs every test. The README and .ci/run
+# busybox-static), the test registry's and the image build's (buildah,
+# skopeo) when missing, then runs every test. The README and .ci/run
 # both use this command.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,6 +28,9 @@ bash tests/harness/node-deps.sh
 
 step "the test registry's host packages (tests/harness/registry-deps.sh)"
 bash tests/harness/registry-deps.sh
+
+step "the image build's host packages: buildah, skopeo (tests/harness/image-deps.sh)"
+bash tests/harness/image-deps.sh
 
 step "host tests (cargo test --workspace)"
 cargo test --workspace --locked
