@@ -348,6 +348,15 @@ const FAULTS: &[Fault] = &[
         test: "tests/oci.rs: a_tag_without_a_digest_is_refused_in_the_catalog",
     },
     Fault {
+        id: "catalog-oci-refused-on-reload",
+        area: "catalog",
+        fault: "a running daemon's catalog (its configuration file) changed to an `oci:` component the registry does not have",
+        kept: RELOAD_KEPT,
+        reported: "`podstamp_config_reloads_total{result=\"refused\"}`, the loader's error line naming the entry and the reference, and a `CatalogRefused` Event on the daemon's Node (namespace `default`: no ConfigMap is at fault)",
+        says: "the new plugin catalog is refused: ",
+        test: "tests/oci.rs: a_catalog_the_registry_refuses_on_reload_keeps_the_one_in_use_and_says_so_on_the_node",
+    },
+    Fault {
         id: "catalog-oci-registry-down",
         area: "catalog",
         fault: "the registry of an `oci:` plugin does not answer when the node starts",

@@ -177,6 +177,19 @@ fn wrong_credentials_are_a_401_naming_the_registry_and_where_they_came_from() {
     );
 }
 
+/// The rules of deploy/rbac.yaml's Role in `default` (Events on Nodes).
+fn node_event_rules() -> serde_json::Value {
+    use serde::Deserialize;
+    let text = fs::read_to_string(common::repo().join("deploy/rbac.yaml")).unwrap();
+    for document in serde_norway::Deserializer::from_str(&text) {
+        let value = serde_json::Value::deserialize(document).unwrap();
+        if value["kind"] == "Role" && value["metadata"]["namespace"] == "default" {
+            return value["rules"].clone();
+        }
+    }
+    panic!("deploy/rbac.yaml has no Role in the namespace default");
+}
+
 /// The rules of `kind` (Role or ClusterRole) in deploy/rbac.yaml.
 fn deploy_rules(kind: &str) -> serde_json::Value {
     use serde::Deserialize;
@@ -208,10 +221,11 @@ impl Kube {
             gvk.kind.as_str(),
             "Node" | "ClusterRole" | "ClusterRoleBinding"
         );
+        let ns = object.metadata.namespace.clone().unwrap_or(self.ns.clone());
         let api: kube::Api<kube::api::DynamicObject> = if cluster {
             kube::Api::all_with(self.client.clone(), &resource)
         } else {
-            kube::Api::namespaced_with(self.client.clone(), &self.ns, &resource)
+            kube::Api::namespaced_with(self.client.clone(), &ns, &resource)
         };
         self.rt
             .block_on(api.create(&Default::default(), &object))
@@ -242,6 +256,15 @@ fn namespace_with_template(docker_config: &Path) -> (Kube, String) {
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
             "metadata": {"name": cluster_role},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "podstamp"}]}),
+        // Events on the Node (a refused catalog no ConfigMap caused) go to
+        // the namespace `default`, as the kubelet's own.
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": format!("podstamp-node-events-{ns}"), "namespace": "default"},
+            "rules": node_event_rules()}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": format!("podstamp-node-events-{ns}"), "namespace": "default"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": format!("podstamp-node-events-{ns}")},
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "podstamp"}]}),
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "podstamp-registry"},
             "type": "kubernetes.io/dockerconfigjson",
@@ -401,6 +424,78 @@ fn the_daemon_renders_an_oci_plugin_and_starts_again_with_the_registry_down() {
     });
     assert!(line.contains("plugins.substitute: oci "), "{line}");
     assert!(!a.exists(), "nothing rendered without the plugin");
+}
+
+/// A running daemon whose catalog changes to an `oci:` component the
+/// registry does not have keeps the catalog in use and its manifest, and
+/// says so in its log, its reload metric and an Event on its Node (no
+/// ConfigMap is at fault: the catalog is the configuration file's).
+#[test]
+fn a_catalog_the_registry_refuses_on_reload_keeps_the_one_in_use_and_says_so_on_the_node() {
+    let (tmp, registry, auth) = scene();
+    let reference = pushed(&registry, &auth, "substitute");
+    let (kube, node) = namespace_with_template(&auth);
+    let registry_settings = format!(
+        "{{config: {}, ca: {}}}",
+        auth.display(),
+        registry.ca.display()
+    );
+    let path = tmp.path().join("podstamp.yaml");
+    let config = oci_config(&path, &reference, "hello", &registry_settings);
+    let a = tmp.path().join("manifests/a.yaml");
+    let daemon = start_daemon(
+        tmp.path(),
+        &kube.ns,
+        &node,
+        &config,
+        &["--no-cache"],
+        "podstamp.log",
+    );
+    wait_content(&daemon, &a, "--say=hello");
+    let manifest = identity(&a);
+
+    let unknown = format!(
+        "{}/plugins/substitute@sha256:{}",
+        registry.host,
+        "0".repeat(64)
+    );
+    oci_config(&path, &unknown, "bonjour", &registry_settings);
+    wait_for("the refused reload", CONVERGE, || {
+        (daemon.metric("podstamp_config_reloads_total{result=\"refused\"}") >= 1.0).then_some(())
+    });
+    assert!(
+        daemon
+            .logs()
+            .lines()
+            .any(|l| l.contains("the new plugin catalog is refused")
+                && l.contains(&format!("oci {unknown}: "))),
+        "{}",
+        daemon.logs()
+    );
+    // No ConfigMap is at fault (the catalog is the file's): the Event is on
+    // the Node, where the kubelet's own Events are.
+    let note = wait_for("the CatalogRefused Event on the Node", CONVERGE, || {
+        let api: kube::Api<k8s_openapi::api::events::v1::Event> =
+            kube::Api::namespaced(kube.client.clone(), "default");
+        kube.rt
+            .block_on(api.list(&Default::default()))
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("CatalogRefused")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node.as_str())
+                    && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("Node")
+            })
+            .and_then(|e| e.note)
+    });
+    assert!(
+        note.starts_with("the new plugin catalog is refused: ")
+            && note.contains(&format!("oci {unknown}: ")),
+        "{note}"
+    );
+    assert_eq!(identity(&a), manifest, "the manifest is kept");
+    daemon.assert_running();
 }
 
 #[test]

@@ -9,11 +9,14 @@
 //!   watches are told to [`ConfigMapWatches::keep`] those; a change to any
 //!   of them triggers a load (the watches' callback only sends a
 //!   [`Trigger`] on a channel: it never blocks their async tasks).
-//! * A refused catalog that came from the API gets an Event (reason
-//!   `CatalogRefused`) on the ConfigMap at fault: the plugin ConfigMap whose
-//!   component failed when it exists and can be read, else the catalog
-//!   ConfigMap; once per distinct refusal; none while the API server does
-//!   not answer. The log line and the metric are the loader's.
+//! * A refused catalog gets an Event (reason `CatalogRefused`) on the
+//!   ConfigMap at fault: the plugin ConfigMap whose component failed when
+//!   it exists and can be read, else the catalog ConfigMap; and on this
+//!   daemon's Node when no ConfigMap is at fault (a catalog of the
+//!   configuration file: an `oci:` component the registry refuses, settings
+//!   a plugin refuses, a file that does not parse). Once per distinct
+//!   refusal; none while the API server does not answer. The log line and
+//!   the metric are the loader's.
 //! * An applied catalog read from the catalog ConfigMap is remembered in the
 //!   code cache (record [`RECORD_KEY`], a versioned [`Record`]): the
 //!   catalog's text as read, with its pins.
@@ -189,6 +192,8 @@ pub struct ApiSource {
     /// The note of the last Event posted about a refusal.
     reported: Option<String>,
     loads: u64,
+    /// This daemon's Node: where a refusal no ConfigMap caused is reported.
+    node_name: String,
 }
 
 #[derive(Default)]
@@ -198,6 +203,9 @@ struct Last {
     catalog_config_map: Option<String>,
     /// The ConfigMap at fault when the load failed.
     fault: Option<String>,
+    /// The load failed, no ConfigMap is at fault, and the API server
+    /// answers: the refusal is reported on the Node.
+    fault_on_node: bool,
     /// The plugin ConfigMap whose component failed, when one did.
     culprit: Option<String>,
     /// The catalog ConfigMap's text, to remember once applied.
@@ -211,6 +219,7 @@ impl ApiSource {
         watches: ConfigMapWatches,
         events: Option<EventSink>,
         runtime: Runtime,
+        node_name: String,
     ) -> ApiSource {
         // The log names the catalog ConfigMap from the first load on.
         let last = Last {
@@ -231,6 +240,7 @@ impl ApiSource {
             last,
             reported: None,
             loads: 0,
+            node_name,
         }
     }
 
@@ -424,6 +434,7 @@ impl CatalogSource for ApiSource {
                 } else {
                     self.fault()
                 };
+                self.last.fault_on_node = !self.last.seen.away && self.last.fault.is_none();
                 Err(error)
             }
         }
@@ -454,10 +465,7 @@ impl CatalogSource for ApiSource {
     }
 
     fn refused(&mut self, error: &ReloadError) {
-        let (Some(events), Some(name)) = (&self.events, &self.last.fault) else {
-            return;
-        };
-        let Some(Some(object)) = self.last.seen.objects.get(name) else {
+        let Some(events) = &self.events else {
             return;
         };
         let note = format!(
@@ -467,6 +475,21 @@ impl CatalogSource for ApiSource {
         if self.reported.as_ref() == Some(&note) {
             return;
         }
+        let Some(name) = &self.last.fault else {
+            if self.last.fault_on_node {
+                events.report(Report {
+                    reference: node_reference(&self.node_name),
+                    reason: Reason::CatalogRefused,
+                    note: note.clone(),
+                    related: None,
+                });
+                self.reported = Some(note);
+            }
+            return;
+        };
+        let Some(Some(object)) = self.last.seen.objects.get(name) else {
+            return;
+        };
         let Some(reference) = configmaps::reference(object) else {
             return;
         };
@@ -485,6 +508,18 @@ impl CatalogSource for ApiSource {
             _ => events.report(report),
         }
         self.reported = Some(note);
+    }
+}
+
+/// A reference to the Node `name`, as the kubelet makes it for its own
+/// Events (the node's name as its uid), so `kubectl describe node` shows it.
+fn node_reference(name: &str) -> k8s_openapi::api::core::v1::ObjectReference {
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".to_string()),
+        kind: Some("Node".to_string()),
+        name: Some(name.to_string()),
+        uid: Some(name.to_string()),
+        ..Default::default()
     }
 }
 

@@ -317,6 +317,7 @@ async fn serve(
             namespace: settings.namespace.clone(),
             watch_timeout: settings.watch_timeout,
             events,
+            node_name: settings.node_name.clone(),
         });
         start_reloading(reloading, catalog, api, inputs.clone(), metrics.clone()).map_err(
             |source| DaemonError::Thread {
@@ -411,6 +412,8 @@ struct ApiCatalog {
     namespace: String,
     watch_timeout: Option<u32>,
     events: Option<events::EventSink>,
+    /// The Node a refusal that no ConfigMap caused is reported on.
+    node_name: String,
 }
 
 /// Starts the catalog loader and the configuration file's watch, each on a
@@ -443,6 +446,7 @@ fn start_reloading(
                 watches,
                 api.events,
                 reloading.runtime.clone(),
+                api.node_name,
             ))
         }
         None => Box::new(reloading.source),
