@@ -1248,6 +1248,15 @@ const FAULTS: &[Fault] = &[
         test: "tests/daemon.rs: the_deploy_daemonset_starts_with_its_volumes_as_the_kubelet_makes_them",
     },
     Fault {
+        id: "deploy-static-pod-own-source",
+        area: "deploy",
+        fault: "podstamp's own static pod manifest (from `podstamp render`) whose `podstamp.io/source` names a PodTemplate of the namespace `podstamp run` serves, with no such template in it",
+        kept: "nothing: after the first complete list podstamp removes it as its template's manifest, and the kubelet stops podstamp. Rendered from a PodTemplate of another namespace (tests/fixtures/podstamp-static-pod.yaml: `podstamp-static`, as deploy/static-pod.yaml), it is not podstamp's and stays (same inode and mtime)",
+        reported: "`podstamp_manifests_removed_total` and an info line in the log",
+        says: "removed manifest: its template is gone",
+        test: "podstamp_removes_its_own_static_pod_manifest_when_its_source_is_in_its_namespace",
+    },
+    Fault {
         id: "fuzz-templates",
         area: "fuzzing",
         fault: "random PodTemplates (names with `/`, `..`, dots, upper case, any Unicode; tricky YAML strings in labels, annotations, images, args, env)",
@@ -3692,5 +3701,71 @@ fn a_damaged_rollout_state_is_named_and_read_as_empty() {
     });
     let value: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert!(value["pending"].is_string(), "{value}");
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn podstamp_removes_its_own_static_pod_manifest_when_its_source_is_in_its_namespace() {
+    let fault = row("deploy-static-pod-own-source");
+    let env = env();
+    // podstamp's static pod, rendered as deploy/static-pod.yaml is: its
+    // source is podstamp-static/podstamp, not a template of kube-system.
+    let render = |template: &Path, out: &Path| {
+        let out = common::podstamp(&[
+            "render",
+            template.to_str().unwrap(),
+            "--node-name",
+            "n1",
+            "--node-arch",
+            "amd64",
+            "--no-cache",
+            "--config",
+            "deploy/static-pod-render.yaml",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", common::stderr(&out));
+    };
+    let fixture = common::repo().join("tests/fixtures/podstamp-static-pod.yaml");
+    let kept = env.manifests.join("podstamp.yaml");
+    render(&fixture, &kept);
+    // The same, from a template of the namespace podstamp serves.
+    let text = fs::read_to_string(&fixture).unwrap();
+    assert!(text.contains("\n  namespace: podstamp-static\n"));
+    let in_ns = env.tmp.path().join("podstamp-in-kube-system.yaml");
+    fs::write(
+        &in_ns,
+        text.replace(
+            "\n  namespace: podstamp-static\n",
+            "\n  namespace: kube-system\n",
+        ),
+    )
+    .unwrap();
+    let removed = env.manifests.join("podstamp-in-kube-system.yaml");
+    render(&in_ns, &removed);
+    assert!(
+        fs::read_to_string(&removed)
+            .unwrap()
+            .contains("podstamp.io/source: kube-system/podstamp\n")
+    );
+    let before = identity(&kept);
+
+    // podstamp serving kube-system, with no templates.
+    let daemon = env.start(&["--namespace", "kube-system"], "podstamp.log");
+    daemon.wait_ready(CONVERGE);
+    wait_logged(&daemon, "the manifest of its own source removed", || {
+        (!removed.exists()).then_some(())
+    });
+    assert_eq!(daemon.metric("podstamp_manifests_removed_total"), 1.0);
+    let log = daemon.logs();
+    assert!(
+        log.lines().any(|l| l.contains(fault.says)
+            && l.contains("file=podstamp-in-kube-system.yaml")
+            && l.contains("template=kube-system/podstamp")),
+        "{log}"
+    );
+    // The other one is not podstamp's: left alone.
+    assert_eq!(identity(&kept), before);
+    assert_eq!(daemon.metric("podstamp_managed_manifests"), 0.0);
     assert!(daemon.stop().success());
 }

@@ -65,6 +65,12 @@ pub struct Container {
     pub pod_name: String,
     pub pod_namespace: String,
     pub state: String,
+    /// How many times the kubelet started this container of its pod before.
+    #[serde(default)]
+    pub attempt: u32,
+    /// The image as the CRI names it (the image's id, `sha256:…`).
+    #[serde(default)]
+    pub image: String,
     #[serde(default)]
     pub args: Option<Vec<String>>,
     #[serde(default)]
@@ -93,6 +99,11 @@ impl Node {
     /// Starts a node in `dir` (kept short: containerd's socket is in it)
     /// and waits until its Node object exists in the API server.
     pub fn start(dir: &Path, kubeconfig: &Path, name: &str) -> Node {
+        Node::start_with(dir, kubeconfig, name, &[])
+    }
+
+    /// [`Node::start`] with extra podstamp-node flags (`--registry-hosts DIR`).
+    pub fn start_with(dir: &Path, kubeconfig: &Path, name: &str, flags: &[&str]) -> Node {
         fs::create_dir_all(dir).unwrap();
         let log = fs::File::create(dir.join("podstamp-node.log")).unwrap();
         let mut command = Command::new(harness_bin("podstamp-node"));
@@ -102,6 +113,7 @@ impl Node {
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .args(["--node-name", name])
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -155,6 +167,22 @@ impl Node {
             String::from_utf8_lossy(&out.stderr)
         );
         serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// Stops the container `id` through the CRI with no grace period
+    /// (SIGKILL), as a crash would; the kubelet restarts it.
+    pub fn kill_container(&self, id: &str) {
+        let out = Command::new(harness_bin("podstamp-node"))
+            .args(["stop", "--dir"])
+            .arg(&self.dir)
+            .args(["--id", id])
+            .output()
+            .expect("run podstamp-node stop");
+        assert!(
+            out.status.success(),
+            "podstamp-node stop --id {id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// The running containers of the static pod `pod` (its mirror pod's name).

@@ -34,7 +34,14 @@ func toml(s string) string {
 	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
 }
 
-func containerdConfig(l layout, runc string) string {
+func containerdConfig(l layout, runc, registryHosts string) string {
+	registry := ""
+	if registryHosts != "" {
+		// containerd reads DIR/HOST:PORT/hosts.toml when it pulls from
+		// HOST:PORT (the registry's CA, and headers such as a Basic
+		// Authorization: a static pod has no imagePullSecrets).
+		registry = fmt.Sprintf("  [plugins.\"io.containerd.grpc.v1.cri\".registry]\n    config_path = %s\n", toml(registryHosts))
+	}
 	return fmt.Sprintf(`version = 2
 root = %s
 state = %s
@@ -71,7 +78,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     # Empty: pods use the host network only.
     bin_dir = %s
     conf_dir = %s
-`,
+%s`,
 		toml(l.path("containerd", "root")),
 		toml(l.path("containerd", "state")),
 		toml(l.socket()),
@@ -82,6 +89,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 		toml(l.path("containerd", "runc")),
 		toml(l.path("cni", "bin")),
 		toml(l.path("cni", "conf")),
+		registry,
 	)
 }
 

@@ -107,3 +107,18 @@ func removeAllPods(socket string) error {
 	}
 	return firstErr
 }
+
+// stopContainer stops one container through the CRI with no grace period
+// (SIGKILL), as a crash would end it; the kubelet then restarts it per the
+// pod's restartPolicy. The container is named by its id, never by name.
+func stopContainer(ctx context.Context, socket, id string) error {
+	client, closeConn, err := dialCRI(socket)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	if _, err := client.StopContainer(ctx, &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 0}); err != nil {
+		return fmt.Errorf("CRI StopContainer %s: %w", id, err)
+	}
+	return nil
+}

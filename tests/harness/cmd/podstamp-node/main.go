@@ -9,8 +9,9 @@
 // PID), mounts under DIR, the cgroups under its cgroupRoot. See
 // ../../README.md.
 //
-//	podstamp-node --dir DIR --kubeconfig FILE --node-name NAME
+//	podstamp-node --dir DIR --kubeconfig FILE --node-name NAME [--registry-hosts DIR]
 //	podstamp-node containers --dir DIR    (JSON: the node's containers)
+//	podstamp-node stop --dir DIR --id ID  (kill one container through the CRI)
 package main
 
 import (
@@ -61,6 +62,12 @@ type options struct {
 	kubelet      string
 	verbosity    int
 	readyTimeout time.Duration
+	// registryHosts is containerd's CRI registry config_path: a directory
+	// of HOST[:PORT]/hosts.toml files (CA, headers) for the registries
+	// pods pull from; empty means none (only the imported images).
+	registryHosts string
+	// id is the container of the stop subcommand.
+	id string
 }
 
 func parseFlags(args []string) options {
@@ -72,6 +79,8 @@ func parseFlags(args []string) options {
 	fs.StringVar(&o.kubelet, "kubelet", "", "kubelet binary (default: next to this binary)")
 	fs.IntVar(&o.verbosity, "v", 0, "kubelet klog verbosity")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", 120*time.Second, "give up when not ready by then")
+	fs.StringVar(&o.registryHosts, "registry-hosts", "", "containerd's CRI registry config_path: a directory of HOST:PORT/hosts.toml")
+	fs.StringVar(&o.id, "id", "", "stop: the container's id")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
@@ -86,6 +95,13 @@ func parseFlags(args []string) options {
 		fatalf(exitUsage, "--dir: %v", err)
 	}
 	o.dir = dir
+	if o.registryHosts != "" {
+		hosts, err := filepath.Abs(o.registryHosts)
+		if err != nil {
+			fatalf(exitUsage, "--registry-hosts: %v", err)
+		}
+		o.registryHosts = hosts
+	}
 	return o
 }
 
@@ -284,7 +300,7 @@ func (n *node) bringUp(ctx context.Context, o options) error {
 			return err
 		}
 	}
-	if err := os.WriteFile(l.containerdConfig(), []byte(containerdConfig(l, runc)), 0o644); err != nil {
+	if err := os.WriteFile(l.containerdConfig(), []byte(containerdConfig(l, runc, o.registryHosts)), 0o644); err != nil {
 		return err
 	}
 	if err := makeCgroupRoot(l.cgroupRoot); err != nil {
@@ -499,8 +515,20 @@ func main() {
 		fmt.Println(string(out))
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "stop" {
+		o := parseFlags(os.Args[2:])
+		if o.id == "" {
+			fatalf(exitUsage, "stop: --id is required")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := stopContainer(ctx, layout{dir: o.dir}.socket(), o.id); err != nil {
+			fatalf(exitFailed, "%v", err)
+		}
+		return
+	}
 	if len(os.Args) > 1 && !strings.HasPrefix(os.Args[1], "-") {
-		fatalf(exitUsage, "unknown subcommand %q (want: containers, or flags)", os.Args[1])
+		fatalf(exitUsage, "unknown subcommand %q (want: containers, stop, or flags)", os.Args[1])
 	}
 	o := parseFlags(os.Args[1:])
 	if o.kubeconfig == "" {
