@@ -76,7 +76,7 @@ pub use k8s_openapi;
 pub use node::{Node, NodeAddress};
 pub use pod::{ContainerKind, PodDocument, RawPod, containers, containers_mut};
 pub use serde_json;
-pub use types::{Container, EnvVar, ObjectMeta, Pod, PodSpec};
+pub use types::{Container, EnvVar, ObjectMeta, Other, Pod, PodSpec};
 
 /// A podstamp plugin. See the [crate documentation](crate) for an example.
 pub trait Plugin {

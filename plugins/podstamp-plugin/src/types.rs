@@ -12,43 +12,164 @@
 //! The feature `k8s-openapi` adds k8s-openapi's `Pod` as a `PodDocument` for
 //! plugins that want every field typed.
 //!
-//! Invariant: every struct has `other` (flattened), so that
-//! `parse → serialize` keeps every field of the input.
+//! Invariant: every struct but `EnvVar` has `other`, so that `parse →
+//! serialize` keeps every field of the input. `other` holds each field's
+//! JSON text as it came ([`Other`]), not a parsed `Value`: most of a pod is
+//! fields no transform touches, and keeping their text is what makes a
+//! typed call cheap (a `Value` map per object, built and written back, was
+//! most of its time). Hence `Deserialize` is written out for these structs
+//! (`typed_object!`): serde's `flatten` buffers the whole input first and
+//! cannot hold raw text.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
+use serde::de::{DeserializeOwned, Deserializer, MapAccess, Visitor};
+use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+/// The fields of an object that its struct does not type: each one's JSON
+/// text, as it came, by name.
+#[derive(Clone, Debug, Default)]
+pub struct Other(BTreeMap<String, Box<RawValue>>);
+
+impl Other {
+    /// The field `key`, parsed as `T`; None when there is no such field.
+    pub fn get<T: DeserializeOwned>(&self, key: &str) -> Option<Result<T, serde_json::Error>> {
+        self.0.get(key).map(|raw| serde_json::from_str(raw.get()))
+    }
+
+    /// The field `key`'s JSON text.
+    pub fn get_raw(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(|raw| raw.get())
+    }
+
+    /// Sets the field `key` to `value`, written as JSON.
+    pub fn insert<T: Serialize>(
+        &mut self,
+        key: impl Into<String>,
+        value: &T,
+    ) -> Result<(), serde_json::Error> {
+        let raw = serde_json::value::to_raw_value(value)?;
+        self.0.insert(key.into(), raw);
+        Ok(())
+    }
+
+    /// Removes the field `key`; true if there was one.
+    pub fn remove(&mut self, key: &str) -> bool {
+        self.0.remove(key).is_some()
+    }
+
+    /// The names of the fields, sorted.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(String::as_str)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Equal when every field's JSON text is.
+impl PartialEq for Other {
+    fn eq(&self, other: &Other) -> bool {
+        self.0.len() == other.0.len()
+            && self
+                .0
+                .iter()
+                .zip(&other.0)
+                .all(|((k, v), (k2, v2))| k == k2 && v.get() == v2.get())
+    }
+}
+
+/// Written as a map, so that `#[serde(flatten)]` puts its fields next to
+/// the typed ones.
+impl Serialize for Other {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (key, value) in &self.0 {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
+    }
+}
+
+/// `Deserialize` for a struct whose typed fields are listed (JSON name =>
+/// field) and whose other fields go into its `other`, starting from its
+/// `Default`.
+macro_rules! typed_object {
+    ($ty:ident, $what:literal, { $($key:literal => $field:ident),* $(,)? }) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                struct Fields;
+                impl<'de> Visitor<'de> for Fields {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str($what)
+                    }
+                    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<$ty, A::Error> {
+                        let mut out = $ty::default();
+                        while let Some(key) = map.next_key::<String>()? {
+                            match key.as_str() {
+                                $($key => out.$field = map.next_value()?,)*
+                                _ => {
+                                    let raw: Box<RawValue> = map.next_value()?;
+                                    out.other.0.insert(key, raw);
+                                }
+                            }
+                        }
+                        Ok(out)
+                    }
+                }
+                deserializer.deserialize_map(Fields)
+            }
+        }
+    };
+}
 
 /// A v1 Pod: `metadata` and `spec` typed, the rest (`status`, …) in `other`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[derive(Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Pod {
     /// `v1` when the input has none.
-    #[serde(default = "v1")]
     pub api_version: String,
     /// `Pod` when the input has none.
-    #[serde(default = "pod_kind")]
     pub kind: String,
-    #[serde(default)]
     pub metadata: ObjectMeta,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub spec: Option<PodSpec>,
     /// Every other field, as it came.
     #[serde(flatten)]
-    pub other: Map<String, Value>,
+    pub other: Other,
 }
 
-fn v1() -> String {
-    "v1".into()
+impl Default for Pod {
+    fn default() -> Pod {
+        Pod {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            metadata: ObjectMeta::default(),
+            spec: None,
+            other: Other::default(),
+        }
+    }
 }
 
-fn pod_kind() -> String {
-    "Pod".into()
-}
+typed_object!(Pod, "a pod (a JSON object)", {
+    "apiVersion" => api_version,
+    "kind" => kind,
+    "metadata" => metadata,
+    "spec" => spec,
+});
 
 /// `metadata`: name, namespace, labels and annotations typed.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[derive(Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ObjectMeta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -60,11 +181,18 @@ pub struct ObjectMeta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     #[serde(flatten)]
-    pub other: Map<String, Value>,
+    pub other: Other,
 }
 
+typed_object!(ObjectMeta, "metadata (a JSON object)", {
+    "annotations" => annotations,
+    "labels" => labels,
+    "name" => name,
+    "namespace" => namespace,
+});
+
 /// `spec`: the containers, the node and the host network typed.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[derive(Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PodSpec {
     #[serde(default)]
@@ -78,11 +206,19 @@ pub struct PodSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
     #[serde(flatten)]
-    pub other: Map<String, Value>,
+    pub other: Other,
 }
 
+typed_object!(PodSpec, "a pod spec (a JSON object)", {
+    "containers" => containers,
+    "hostNetwork" => host_network,
+    "initContainers" => init_containers,
+    "nodeName" => node_name,
+    "nodeSelector" => node_selector,
+});
+
 /// A container: name, image, command, arguments and environment typed.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[derive(Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Container {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -97,8 +233,17 @@ pub struct Container {
     pub image_pull_policy: Option<String>,
     pub name: String,
     #[serde(flatten)]
-    pub other: Map<String, Value>,
+    pub other: Other,
 }
+
+typed_object!(Container, "a container (a JSON object)", {
+    "args" => args,
+    "command" => command,
+    "env" => env,
+    "image" => image,
+    "imagePullPolicy" => image_pull_policy,
+    "name" => name,
+});
 
 /// An environment variable: `value`, or `valueFrom` (kept as JSON).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -125,7 +270,39 @@ mod tests {
         let back: Value = serde_json::to_value(&pod).unwrap();
         let want: Value = serde_json::from_str(text).unwrap();
         assert_eq!(back, want);
-        assert_eq!(pod.spec.unwrap().containers[0].image.as_deref(), Some("i"));
+        let spec = pod.spec.unwrap();
+        assert_eq!(spec.containers[0].image.as_deref(), Some("i"));
+        assert_eq!(spec.other.get::<i64>("priority").unwrap().unwrap(), 5);
+        assert_eq!(
+            spec.other.get_raw("volumes"),
+            Some(r#"[{"name":"v","emptyDir":{}}]"#)
+        );
+    }
+
+    #[test]
+    fn other_fields_can_be_read_set_and_removed() {
+        let mut pod: Pod = serde_json::from_str(
+            r#"{"metadata":{"name":"p"},"spec":{"containers":[],"priority":5}}"#,
+        )
+        .unwrap();
+        let spec = pod.spec.as_mut().unwrap();
+        spec.other.insert("priority", &7).unwrap();
+        spec.other.insert("restartPolicy", &"Always").unwrap();
+        assert!(spec.other.remove("priority"));
+        assert_eq!(spec.other.keys().collect::<Vec<_>>(), ["restartPolicy"]);
+        assert_eq!(
+            serde_json::to_string(&pod).unwrap(),
+            r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"},"spec":{"containers":[],"restartPolicy":"Always"}}"#
+        );
+    }
+
+    #[test]
+    fn a_field_of_the_wrong_type_is_an_error_at_its_path() {
+        let err =
+            crate::pod::PodDocument::from_json(r#"{"metadata":{"labels":{"a":1}}}"#.to_string())
+                .map(|_: Pod| ())
+                .unwrap_err();
+        assert_eq!(err.field(), Some("metadata.labels.a"));
     }
 
     #[test]
