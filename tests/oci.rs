@@ -498,6 +498,68 @@ fn a_catalog_the_registry_refuses_on_reload_keeps_the_one_in_use_and_says_so_on_
     daemon.assert_running();
 }
 
+/// `podstamp render --config` pulls an `oci:` entry as the daemon would:
+/// credentials and CA from the configuration's `daemon.registry`.
+#[test]
+fn podstamp_render_pulls_an_oci_plugin_with_the_configurations_registry_settings() {
+    let (tmp, registry, auth) = scene();
+    let reference = pushed(&registry, &auth, "substitute");
+    let template = tmp.path().join("a.yaml");
+    fs::write(
+        &template,
+        "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: a}\ntemplate: {spec: {containers: [{name: main, image: a:1, command: [serve, \"--say=${var.greeting}\"]}]}}\n",
+    )
+    .unwrap();
+    let settings = format!(
+        "{{config: {}, ca: {}}}",
+        auth.display(),
+        registry.ca.display()
+    );
+    let config = oci_config(
+        &tmp.path().join("podstamp.yaml"),
+        &reference,
+        "hello",
+        &settings,
+    );
+    let out = podstamp(&[
+        "render",
+        template.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--node-name",
+        "n",
+        "--cache-dir",
+        tmp.path().join("cache").to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("--say=hello"), "{}", stdout(&out));
+
+    // Without the CA, the registry's certificate is not trusted: one line.
+    let config = oci_config(
+        &tmp.path().join("no-ca.yaml"),
+        &reference,
+        "hello",
+        &format!("{{config: {}}}", auth.display()),
+    );
+    let out = podstamp(&[
+        "render",
+        template.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--node-name",
+        "n",
+        "--no-cache",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(
+        err.starts_with("podstamp: error: plugins.substitute: oci ")
+            && err.contains("UnknownIssuer"),
+        "{err}"
+    );
+}
+
 #[test]
 fn wrong_registry_credentials_refuse_the_catalog_with_a_401_line() {
     let (tmp, registry, auth) = scene();

@@ -191,6 +191,13 @@ fn init_logging(format: LogFormat, filter: &str) {
     {
         parsed = parsed.add_directive(directive);
     }
+    // rustls' platform verifier logs every certificate it refuses at error
+    // level; the refusal reaches the user once, in podstamp's own line.
+    if !filter.contains("rustls_platform_verifier")
+        && let Ok(directive) = "rustls_platform_verifier=off".parse()
+    {
+        parsed = parsed.add_directive(directive);
+    }
     let filter = parsed;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

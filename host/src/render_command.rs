@@ -164,6 +164,7 @@ pub(crate) fn render_job(job: Job<'_>) -> Result<Output, Failure> {
         namespace,
         limits,
         cache_dir,
+        registry,
     } = podstamp::settings::render(&job.flags, &job.env).map_err(|e| usage(e.to_string()))?;
     let (template_text, origin) = job.template;
     let template = parse_document(template_text, origin)
@@ -189,6 +190,7 @@ pub(crate) fn render_job(job: Job<'_>) -> Result<Output, Failure> {
         &*config_maps,
         limits,
         cache_dir.as_deref(),
+        registry,
     )?;
     let chain = catalog
         .chain_for(&template.annotations)
@@ -240,11 +242,14 @@ fn load_catalog(
     config_maps: &dyn ConfigMaps,
     limits: Limits,
     cache_dir: Option<&Path>,
+    registry: podstamp::oci::RegistryOptions,
 ) -> Result<Catalog, Failure> {
     if plugin_specs.is_empty() && !has_config {
         return Ok(Catalog::from_steps(Vec::new()));
     }
-    let runtime = Runtime::new(limits, cache_dir).map_err(|e| Failure::Render(e.to_string()))?;
+    let runtime = Runtime::new(limits, cache_dir)
+        .map_err(|e| Failure::Render(e.to_string()))?
+        .with_registry(podstamp::oci::Registry::new(registry));
     if has_config {
         return Catalog::load_config(config, &runtime, config_maps, None).map_err(|e| match e {
             CatalogError::Config(e) => Failure::Usage(e.to_string()),

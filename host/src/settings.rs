@@ -43,6 +43,11 @@
 //! | `daemon.registry.ca` | `--registry-ca` | `PODSTAMP_REGISTRY_CA` | the system's CAs only |
 //! | `daemon.registry.timeout` | `--registry-timeout` | | `30s` |
 //!
+//! `podstamp render` and `podstamp test` read the `daemon.registry` fields
+//! of their configuration (and the variables, for `render`) too, so that
+//! an `oci:` catalog entry renders offline as the daemon would (a Secret is
+//! read through the default kubeconfig); they have no registry flags.
+//!
 //! Not settings in this sense: the catalog (`plugins`, `chain`, or
 //! `daemon.catalog`, with `limits.renderTimeout`, which the catalog's render
 //! budget reads with the resolved `timeout`) comes from the file or its
@@ -366,6 +371,10 @@ pub struct RenderSettings {
     /// `limits.maxManifestSize` is `max_output_bytes`.
     pub limits: Limits,
     pub cache_dir: Option<PathBuf>,
+    /// How to reach the registries of `oci:` catalog entries: the
+    /// configuration's `daemon.registry` (and its variables), as the daemon
+    /// would; a Secret is read through the default kubeconfig.
+    pub registry: crate::oci::RegistryOptions,
 }
 
 /// Resolves `podstamp render`'s settings. Its configuration file is the
@@ -383,8 +392,10 @@ pub fn render(flags: &Layer, env: &Layer) -> Result<RenderSettings, SettingsErro
         file: &file,
         file_name: flags.config.as_deref(),
     };
+    let namespace = layers.namespace()?;
     Ok(RenderSettings {
-        namespace: layers.namespace()?,
+        registry: layers.registry(&namespace, &Source::Api { kubeconfig: None })?,
+        namespace,
         limits: layers.limits()?,
         cache_dir: layers.cache_dir(),
         config,
