@@ -29,20 +29,7 @@ use serde_json::Value;
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const PLUGINS: [&str; 4] = ["arch-image", "identity", "node-env", "substitute"];
 
-/// Runs `command`, failing with its stderr unless it succeeds; its stdout.
-fn run(command: &mut Command, what: &str) -> String {
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
-    assert!(
-        out.status.success(),
-        "{what}: {}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
+use common::run_ok as run;
 
 /// Makes sure buildah, skopeo and objcopy are there (installing them as root).
 fn image_deps() {
@@ -354,24 +341,8 @@ fn push_puts_the_image_into_a_registry_with_tls_and_auth_under_the_same_digest()
     let tmp = tempfile::tempdir().unwrap();
     let built = build(&tmp.path().join("build"));
 
-    // A CA of this test's own, as the harness's API server has one
-    // (TestRegistry signs its serving certificate with ca.crt/ca.key).
-    let ca_dir = tmp.path().join("ca");
-    fs::create_dir(&ca_dir).unwrap();
-    run(
-        Command::new("openssl")
-            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
-            .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"])
-            .args(["-subj", "/CN=podstamp-image-test-ca"])
-            .args(["-addext", "basicConstraints=critical,CA:TRUE"])
-            .args(["-addext", "keyUsage=critical,keyCertSign,cRLSign"])
-            .arg("-keyout")
-            .arg(ca_dir.join("ca.key"))
-            .arg("-out")
-            .arg(ca_dir.join("ca.crt")),
-        "openssl req -x509 (the CA)",
-    );
-    let registry = TestRegistry::start(&tmp.path().join("registry"), &ca_dir);
+    // A CA of this test's own: no harness API server needed.
+    let registry = TestRegistry::start_with_own_ca(&tmp.path().join("registry"));
     // skopeo's --dest-cert-dir: a directory whose *.crt are CAs.
     let certs = tmp.path().join("certs");
     fs::create_dir(&certs).unwrap();

@@ -541,18 +541,7 @@ fn podstamp_render_pulls_an_oci_plugin_with_the_configurations_registry_settings
         "hello",
         &format!("{{config: {}}}", auth.display()),
     );
-    let out = podstamp(&[
-        "render",
-        template.to_str().unwrap(),
-        "--config",
-        config.to_str().unwrap(),
-        "--node-name",
-        "n",
-        "--no-cache",
-    ]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    let err = stderr(&out);
-    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    let err = render_fails(&template, &config, 1);
     assert!(
         err.starts_with("podstamp: error: plugins.substitute: oci ")
             && err.contains("UnknownIssuer"),
@@ -617,6 +606,16 @@ fn a_tag_without_a_digest_is_refused_in_the_catalog() {
         "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: t}\ntemplate: {spec: {containers: [{name: c, image: i}]}}\n",
     )
     .unwrap();
+    let line = render_fails(&template, &config, 2);
+    assert!(
+        line.contains("plugins.greet.oci: \"127.0.0.1:5000/plugins/greet:v1\" names a tag, which can be moved to another component: pin it by digest"),
+        "{line}"
+    );
+}
+
+/// `podstamp render TEMPLATE --config CONFIG` for a node `n`, without a
+/// code cache, expecting exit `code` and one line on stderr: that line.
+fn render_fails(template: &Path, config: &Path, code: i32) -> String {
     let out = podstamp(&[
         "render",
         template.to_str().unwrap(),
@@ -626,13 +625,10 @@ fn a_tag_without_a_digest_is_refused_in_the_catalog() {
         "n",
         "--no-cache",
     ]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(code), "{}", stderr(&out));
     let line = stderr(&out);
-    assert_eq!(line.lines().count(), 1, "{line}");
-    assert!(
-        line.contains("plugins.greet.oci: \"127.0.0.1:5000/plugins/greet:v1\" names a tag, which can be moved to another component: pin it by digest"),
-        "{line}"
-    );
+    assert_eq!(line.lines().count(), 1, "one line: {line}");
+    line
 }
 
 /// `podstamp plugin pull REF` that must fail: exit 1, one line on stderr

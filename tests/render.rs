@@ -1647,6 +1647,21 @@ fn the_api_server_stores_the_printed_configmap_and_what_it_returns_renders() {
     assert_eq!(stdout(&from_api), stdout(&from_path));
 }
 
+/// `podstamp render` of the checkpointer for the example node through the
+/// plugin `spec`, expecting exit `code`; the error line.
+fn example_with_plugin_fails(spec: &str, code: i32) -> String {
+    let args = [
+        "render",
+        CHECKPOINTER,
+        "--node",
+        NODE,
+        "--plugin",
+        spec,
+        "--no-cache",
+    ];
+    fails(&args, None, code)
+}
+
 /// Settings a plugin refuses (WIT 0.1.1's `validate-settings`) are refused
 /// when the plugins are loaded, before anything renders, naming the entry
 /// and the field inside the settings: the SDK's type check and the
@@ -1674,19 +1689,7 @@ fn settings_a_plugin_refuses_are_refused_at_load_naming_the_field() {
     for (i, (settings, says)) in cases.iter().enumerate() {
         let settings = file(&format!("s{i}.json"), settings);
         let spec = format!("{arch_image},settings={settings}");
-        let err = fails(
-            &[
-                "render",
-                CHECKPOINTER,
-                "--node",
-                NODE,
-                "--plugin",
-                &spec,
-                "--no-cache",
-            ],
-            None,
-            2,
-        );
+        let err = example_with_plugin_fails(&spec, 2);
         assert_eq!(
             err,
             format!(
@@ -1747,19 +1750,7 @@ fn settings_a_plugin_refuses_are_refused_at_load_naming_the_field() {
     let broken = dir.path().join("broken.wasm");
     std::fs::write(&broken, wat_plugins::validating("(unreachable)", "")).unwrap();
     let spec = broken.display().to_string();
-    let err = fails(
-        &[
-            "render",
-            CHECKPOINTER,
-            "--node",
-            NODE,
-            "--plugin",
-            &spec,
-            "--no-cache",
-        ],
-        None,
-        1,
-    );
+    let err = example_with_plugin_fails(&spec, 1);
     assert!(
         err.starts_with(&format!(
             "--plugin {spec}: settings: the plugin wat 0.0.1's validate-settings failed: trapped"

@@ -59,20 +59,7 @@ const START: Duration = Duration::from_secs(120);
 /// podstamp ready, a manifest written, a container running.
 const CONVERGE: Duration = Duration::from_secs(60);
 
-/// Runs `command`, failing with its output unless it succeeds; its stdout.
-fn run(command: &mut Command, what: &str) -> String {
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
-    assert!(
-        out.status.success(),
-        "{what}: {}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
+use common::run_ok as run;
 
 /// A host dependency script (tests/harness/*-deps.sh): installs what is
 /// missing as root, else the test fails saying how.

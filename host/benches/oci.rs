@@ -30,15 +30,26 @@ use std::time::{Duration, Instant};
 
 use registry::{PASSWORD, TestRegistry};
 
-fn run_ok(command: &mut Command, what: &str) -> String {
-    let out = command.output().unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(
-        out.status.success(),
-        "{what}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+use common::run_ok;
+
+/// One `podstamp render` of the example with `config`, its code cache in
+/// `cache`: how long the process took.
+fn timed_render(config: &Path, cache: &Path) -> Duration {
+    let repo = common::repo();
+    let started = Instant::now();
+    run_ok(
+        Command::new(env!("CARGO_BIN_EXE_podstamp"))
+            .arg("render")
+            .arg(repo.join("examples/pod-checkpointer.yaml"))
+            .arg("--node")
+            .arg(repo.join("examples/node.yaml"))
+            .arg("--config")
+            .arg(config)
+            .arg("--cache-dir")
+            .arg(cache),
+        "podstamp render",
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    started.elapsed()
 }
 
 fn median(mut samples: Vec<Duration>) -> Duration {
@@ -59,23 +70,7 @@ fn main() {
     let podstamp = env!("CARGO_BIN_EXE_podstamp");
     let tmp = tempfile::tempdir().unwrap();
 
-    // A CA of this run's own (TestRegistry signs its certificate with it).
-    let ca_dir = tmp.path().join("ca");
-    fs::create_dir(&ca_dir).unwrap();
-    run_ok(
-        Command::new("openssl")
-            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
-            .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"])
-            .args(["-subj", "/CN=podstamp-oci-bench-ca"])
-            .args(["-addext", "basicConstraints=critical,CA:TRUE"])
-            .args(["-addext", "keyUsage=critical,keyCertSign,cRLSign"])
-            .arg("-keyout")
-            .arg(ca_dir.join("ca.key"))
-            .arg("-out")
-            .arg(ca_dir.join("ca.crt")),
-        "openssl req -x509 (the CA)",
-    );
-    let mut registry = TestRegistry::start(&tmp.path().join("registry"), &ca_dir);
+    let mut registry = TestRegistry::start_with_own_ca(&tmp.path().join("registry"));
     let auth = registry.docker_config(&tmp.path().join("auth.json"), PASSWORD);
 
     let plugins = [
@@ -134,22 +129,7 @@ fn main() {
             ),
         )
         .unwrap();
-        let render = |cache: &Path| {
-            let started = Instant::now();
-            run_ok(
-                Command::new(podstamp)
-                    .arg("render")
-                    .arg(repo.join("examples/pod-checkpointer.yaml"))
-                    .arg("--node")
-                    .arg(repo.join("examples/node.yaml"))
-                    .arg("--config")
-                    .arg(&config)
-                    .arg("--cache-dir")
-                    .arg(cache),
-                "podstamp render",
-            );
-            started.elapsed()
-        };
+        let render = |cache: &Path| timed_render(&config, cache);
         let first: Vec<Duration> = (0..runs)
             .map(|i| render(&tmp.path().join(format!("cache-{name}-{i}"))))
             .collect();
@@ -169,22 +149,9 @@ fn main() {
     // The cached start does not ask the registry: the same with it down.
     registry.stop();
     for (name, config, warm) in &cached_runs {
-        let started = Instant::now();
-        run_ok(
-            Command::new(podstamp)
-                .arg("render")
-                .arg(repo.join("examples/pod-checkpointer.yaml"))
-                .arg("--node")
-                .arg(repo.join("examples/node.yaml"))
-                .arg("--config")
-                .arg(config)
-                .arg("--cache-dir")
-                .arg(warm),
-            "podstamp render with the registry down",
-        );
         println!(
             "{name:<14} cached start with the registry down: {}",
-            ms(started.elapsed())
+            ms(timed_render(config, warm))
         );
     }
 }

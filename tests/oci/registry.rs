@@ -44,6 +44,28 @@ fn run(command: &mut Command, what: &str) -> Vec<u8> {
 }
 
 impl TestRegistry {
+    /// Starts a registry in `dir` (created) with a CA of its own, made in
+    /// `dir/ca` with openssl: for a test or benchmark without the harness's
+    /// API server (whose CA [`TestRegistry::start`] takes).
+    pub fn start_with_own_ca(dir: &Path) -> TestRegistry {
+        let ca_dir = dir.join("ca");
+        fs::create_dir_all(&ca_dir).unwrap();
+        run(
+            Command::new("openssl")
+                .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+                .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"])
+                .args(["-subj", "/CN=podstamp-test-registry-ca"])
+                .args(["-addext", "basicConstraints=critical,CA:TRUE"])
+                .args(["-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+                .arg("-keyout")
+                .arg(ca_dir.join("ca.key"))
+                .arg("-out")
+                .arg(ca_dir.join("ca.crt")),
+            "openssl req -x509 (the CA)",
+        );
+        TestRegistry::start(dir, &ca_dir)
+    }
+
     /// Starts a registry in `dir` (created), trusting `ca_dir`'s `ca.crt` and
     /// `ca.key` (the harness API server's state directory).
     pub fn start(dir: &Path, ca_dir: &Path) -> TestRegistry {
