@@ -17,10 +17,16 @@
 //! path, e.g. `spec.containers[0].command[3]` or
 //! `metadata.annotations["example.com/x"]`.
 
+//!
+//! The pod is not parsed: its strings are rewritten in its JSON text
+//! (`json_text`), which keeps a call about as cheap as the typed plugins'
+//! on a pod whose strings are mostly plain.
+
+mod json_text;
+
 use std::collections::BTreeMap;
 
-use podstamp_plugin::serde_json::Value;
-use podstamp_plugin::{Error, FieldPath, Node, Plugin};
+use podstamp_plugin::{Error, Node, Plugin, RawPod};
 
 #[derive(serde::Deserialize, Default)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
@@ -32,39 +38,22 @@ struct Substitute;
 
 impl Plugin for Substitute {
     type Settings = Settings;
-    type Pod = Value;
+    type Pod = RawPod;
 
-    fn transform(pod: &mut Value, node: &Node, settings: &Settings) -> Result<(), Error> {
-        walk(pod, &mut FieldPath::new(), node, &settings.vars)
+    fn transform(pod: &mut RawPod, node: &Node, settings: &Settings) -> Result<(), Error> {
+        let rewritten = json_text::rewrite_strings(pod.as_str(), &mut |text| {
+            if text.contains("${") {
+                expand(text, node, &settings.vars).map(Some)
+            } else {
+                Ok(None)
+            }
+        })?;
+        pod.0 = rewritten;
+        Ok(())
     }
 }
 
 podstamp_plugin::export!(Substitute);
-
-fn walk(
-    value: &mut Value,
-    path: &mut FieldPath,
-    node: &Node,
-    vars: &BTreeMap<String, String>,
-) -> Result<(), Error> {
-    match value {
-        Value::String(text) if text.contains("${") => {
-            *text = expand(text, node, vars).map_err(|msg| Error::at(path.clone(), msg))?;
-        }
-        Value::Array(items) => {
-            for (i, item) in items.iter_mut().enumerate() {
-                path.with_index(i, |path| walk(item, path, node, vars))?;
-            }
-        }
-        Value::Object(map) => {
-            for (key, item) in map.iter_mut() {
-                path.with_key(key, |path| walk(item, path, node, vars))?;
-            }
-        }
-        _ => {}
-    }
-    Ok(())
-}
 
 /// `text` with its placeholders replaced, or why it cannot be.
 fn expand(text: &str, node: &Node, vars: &BTreeMap<String, String>) -> Result<String, String> {
@@ -133,7 +122,7 @@ fn lookup<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use podstamp_plugin::serde_json::json;
+    use podstamp_plugin::serde_json::{Value, json};
 
     fn node() -> Node {
         Node::new("n1")
