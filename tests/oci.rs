@@ -549,6 +549,52 @@ fn podstamp_render_pulls_an_oci_plugin_with_the_configurations_registry_settings
     );
 }
 
+/// The JavaScript example (12 MB: a registry is the only way it reaches a
+/// node; a ConfigMap holds 1 MiB), built from source, pushed and pulled by
+/// digest: it renders node-env's golden manifest.
+#[test]
+fn a_javascript_plugin_from_the_registry_renders_its_golden_manifest() {
+    common::run_ok(
+        std::process::Command::new("bash").arg(common::repo().join("plugins/js/build.sh")),
+        "plugins/js/build.sh",
+    );
+    let (tmp, registry, auth) = scene();
+    let reference = pushed(&registry, &auth, "node-env-js");
+    let config = tmp.path().join("podstamp.yaml");
+    fs::write(
+        &config,
+        format!(
+            "plugins:\n  node-env:\n    oci: {reference}\n    settingsFile: {}\nchain: [node-env]\nlimits: {{timeout: 10s}}\ndaemon: {{registry: {{config: {}, ca: {}}}}}\n",
+            common::repo().join("tests/fixtures/node-env.yaml").display(),
+            auth.display(),
+            registry.ca.display()
+        ),
+    )
+    .unwrap();
+    // A fresh cache, so the component is pulled and compiled here (a debug
+    // build takes 15-20 s for it).
+    let cache = tmp.path().join("cache");
+    let out = podstamp(&[
+        "render",
+        "examples/pod-checkpointer.yaml",
+        "--node",
+        "examples/node.yaml",
+        "--config",
+        config.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), common::expected("rust/node-env"));
+    assert!(
+        registry
+            .log()
+            .contains("/v2/plugins/node-env-js/blobs/sha256:"),
+        "pulled from the registry:\n{}",
+        registry.log()
+    );
+}
+
 #[test]
 fn wrong_registry_credentials_refuse_the_catalog_with_a_401_line() {
     let (tmp, registry, auth) = scene();
