@@ -521,16 +521,12 @@ fn podstamp_render_pulls_an_oci_plugin_with_the_configurations_registry_settings
         "hello",
         &settings,
     );
-    let out = podstamp(&[
-        "render",
-        template.to_str().unwrap(),
-        "--config",
-        config.to_str().unwrap(),
-        "--node-name",
-        "n",
-        "--cache-dir",
-        tmp.path().join("cache").to_str().unwrap(),
-    ]);
+    let cache = tmp.path().join("cache");
+    let out = render(
+        &template,
+        &config,
+        &["--cache-dir", cache.to_str().unwrap()],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).contains("--say=hello"), "{}", stdout(&out));
 
@@ -659,18 +655,24 @@ fn a_tag_without_a_digest_is_refused_in_the_catalog() {
     );
 }
 
-/// `podstamp render TEMPLATE --config CONFIG` for a node `n`, without a
-/// code cache, expecting exit `code` and one line on stderr: that line.
-fn render_fails(template: &Path, config: &Path, code: i32) -> String {
-    let out = podstamp(&[
+/// `podstamp render TEMPLATE --config CONFIG` for a node `n`, with `extra`.
+fn render(template: &Path, config: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
         "render",
         template.to_str().unwrap(),
         "--config",
         config.to_str().unwrap(),
         "--node-name",
         "n",
-        "--no-cache",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    podstamp(&args)
+}
+
+/// [`render`] without a code cache, expecting exit `code` and one line on
+/// stderr: that line.
+fn render_fails(template: &Path, config: &Path, code: i32) -> String {
+    let out = render(template, config, &["--no-cache"]);
     assert_eq!(out.status.code(), Some(code), "{}", stderr(&out));
     let line = stderr(&out);
     assert_eq!(line.lines().count(), 1, "one line: {line}");
