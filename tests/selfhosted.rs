@@ -36,8 +36,6 @@ mod registry;
 mod support;
 
 use std::fs;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -86,21 +84,9 @@ fn yaml(text: &str) -> Value {
     serde_norway::from_str(text).unwrap()
 }
 
-/// GET `path` on 127.0.0.1:`port`: (status code, body).
-fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let code = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response.split_once("\r\n\r\n")?.1.to_string();
-    Some((code, body))
-}
-
 /// One sample of podstamp's /metrics, None when it does not answer.
 fn metric(port: u16, sample: &str) -> Option<f64> {
-    let (_, body) = get(port, "/metrics")?;
+    let (_, body) = support::http_get(port, "/metrics")?;
     Some(
         body.lines()
             .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
@@ -497,7 +483,7 @@ fn podstamp_runs_as_a_static_pod_from_its_own_image_on_a_real_kubelet() {
         "the registry's access log has no 200 for containerd's pull of the image's manifest",
     );
     report.wait("podstamp's /readyz", CONVERGE, || {
-        (get(port, "/readyz")?.0 == 200).then_some(())
+        (support::http_get(port, "/readyz")?.0 == 200).then_some(())
     });
 
     // 4. It rendered the checkpointer, and the kubelet runs it.
@@ -544,7 +530,7 @@ fn podstamp_runs_as_a_static_pod_from_its_own_image_on_a_real_kubelet() {
         running(&node, &own_pod, "podstamp").filter(|c| c.id != first.id)
     });
     report.wait("the restarted podstamp's /readyz", CONVERGE, || {
-        (get(port, "/readyz")?.0 == 200).then_some(())
+        (support::http_get(port, "/readyz")?.0 == 200).then_some(())
     });
     report.wait(
         "the restarted podstamp to render the checkpointer (unchanged)",

@@ -10,11 +10,12 @@ use clap::Args;
 
 use podstamp::catalog::{
     ComponentError, ConfigMapError, ConfigMapSet, ConfigMaps, NoConfigMaps, PluginError,
+    check_settings,
 };
 use podstamp::chain::Step;
 use podstamp::config::{self, Catalog, CatalogError, ConfigFile};
 use podstamp::node::{NodeAddress, NodeContext};
-use podstamp::plugin::{CallFailure, Limits, Runtime};
+use podstamp::plugin::{Limits, Runtime};
 use podstamp::render::{check_size, render};
 use podstamp::settings::Layer;
 use podstamp::template::{Template, parse_document};
@@ -290,16 +291,9 @@ fn load_catalog(
         let name = plugin.info().name.clone();
         let step = Step::new(name, plugin, &settings);
         // As a catalog's entries: bad settings are refused before rendering.
-        if let Err(failure) = step.plugin.validate_settings(&step.settings_json) {
-            let usage = matches!(failure, CallFailure::Rejected { .. });
-            let message = format!(
-                "--plugin {spec}: {}",
-                ComponentError::Settings {
-                    plugin: step.plugin.info().to_string(),
-                    failure: Box::new(failure),
-                }
-            );
-            return Err(if usage {
+        if let Err(e) = check_settings(&step) {
+            let message = format!("--plugin {spec}: {e}");
+            return Err(if e.is_settings_refusal() {
                 Failure::Usage(message)
             } else {
                 Failure::Render(message)

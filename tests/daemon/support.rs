@@ -150,6 +150,19 @@ pub fn shared_server() -> &'static ApiServer {
 }
 
 /// A port that was free a moment ago.
+/// GET `path` on 127.0.0.1:`port` (a podstamp listener): (status code,
+/// body); None when it does not answer.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let code = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n")?.1.to_string();
+    Some((code, body))
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -290,14 +303,7 @@ impl Daemon {
 
     /// GET `path` on the daemon's listener: (status code, body); None when it does not answer.
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).ok()?;
-        let code = response.split_whitespace().nth(1)?.parse().ok()?;
-        let body = response.split_once("\r\n\r\n")?.1.to_string();
-        Some((code, body))
+        http_get(self.port, path)
     }
 
     /// The value of one sample in /metrics, 0 when absent.

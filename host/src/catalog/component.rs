@@ -88,6 +88,17 @@ pub enum ComponentError {
     },
 }
 
+/// Asks `step`'s plugin whether its settings are good (WIT 0.1.1's
+/// `validate-settings`; a 0.1.0 plugin cannot say and accepts them here).
+pub fn check_settings(step: &crate::chain::Step) -> Result<(), ComponentError> {
+    step.plugin
+        .validate_settings(&step.settings_json)
+        .map_err(|failure| ComponentError::Settings {
+            plugin: step.plugin.info().to_string(),
+            failure: Box::new(failure),
+        })
+}
+
 impl ComponentError {
     /// The plugin refused its settings (not: it failed to say).
     pub fn is_settings_refusal(&self) -> bool {

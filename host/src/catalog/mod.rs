@@ -41,7 +41,7 @@ mod settings;
 mod spec;
 
 pub use annotation::{AnnotationError, ChainError, PLUGINS_ANNOTATION};
-pub use component::{ComponentError, PluginError};
+pub use component::{ComponentError, PluginError, check_settings};
 pub use config_maps::{ConfigMapError, ConfigMapSet, ConfigMaps, NoConfigMaps};
 pub use settings::{SETTINGS_ANNOTATION, SettingsError, merge_patch};
 pub use spec::{
@@ -233,15 +233,10 @@ impl Catalog {
             let step = Step::new(name.clone(), plugin, &settings);
             // Bad settings are refused here, before any render, when the
             // plugin can say so (WIT 0.1.1's `validate-settings`).
-            step.plugin
-                .validate_settings(&step.settings_json)
-                .map_err(|failure| PluginError {
-                    entry: field.clone(),
-                    source: ComponentError::Settings {
-                        plugin: step.plugin.info().to_string(),
-                        failure: Box::new(failure),
-                    },
-                })?;
+            component::check_settings(&step).map_err(|source| PluginError {
+                entry: field.clone(),
+                source,
+            })?;
             steps.insert(name.clone(), Arc::new(step));
             settings_by_name.insert(name.clone(), settings);
         }

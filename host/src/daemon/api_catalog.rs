@@ -203,9 +203,6 @@ struct Last {
     catalog_config_map: Option<String>,
     /// The ConfigMap at fault when the load failed.
     fault: Option<String>,
-    /// The load failed, no ConfigMap is at fault, and the API server
-    /// answers: the refusal is reported on the Node.
-    fault_on_node: bool,
     /// The plugin ConfigMap whose component failed, when one did.
     culprit: Option<String>,
     /// The catalog ConfigMap's text, to remember once applied.
@@ -434,7 +431,6 @@ impl CatalogSource for ApiSource {
                 } else {
                     self.fault()
                 };
-                self.last.fault_on_node = !self.last.seen.away && self.last.fault.is_none();
                 Err(error)
             }
         }
@@ -476,7 +472,8 @@ impl CatalogSource for ApiSource {
             return;
         }
         let Some(name) = &self.last.fault else {
-            if self.last.fault_on_node {
+            // No ConfigMap at fault, and the API server answers.
+            if !self.last.seen.away {
                 events.report(Report {
                     reference: node_reference(&self.node_name),
                     reason: Reason::CatalogRefused,
