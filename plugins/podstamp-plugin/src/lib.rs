@@ -114,9 +114,11 @@ pub fn run<P: Plugin>(
     settings: &str,
 ) -> Result<String, Error> {
     let settings: P::Settings = parse_settings(settings)?;
-    let mut pod = P::Pod::from_json(pod.into())?;
+    let pod = pod.into();
+    let length = pod.len();
+    let mut pod = P::Pod::from_json(pod)?;
     P::transform(&mut pod, node, &settings)?;
-    pod.into_json()
+    pod.into_json_with_capacity(length)
 }
 
 /// Parses settings from JSON, naming the offending field on error:
@@ -146,6 +148,10 @@ fn parse_settings_at<S: serde::de::DeserializeOwned>(
     json: &str,
 ) -> Result<S, (Option<FieldPath>, String)> {
     let json = if json.trim().is_empty() { "{}" } else { json };
+    // The path is tracked only when a plain parse failed (as for the pod).
+    if let Ok(settings) = serde_json::from_str(json) {
+        return Ok(settings);
+    }
     let mut de = serde_json::Deserializer::from_str(json);
     let settings = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = error::from_serde_path(e.path());

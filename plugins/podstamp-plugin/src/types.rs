@@ -21,6 +21,7 @@
 //! (`typed_object!`): serde's `flatten` buffers the whole input first and
 //! cannot hold raw text.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -103,6 +104,33 @@ impl Serialize for Other {
 /// `Deserialize` for a struct whose typed fields are listed (JSON name =>
 /// field) and whose other fields go into its `other`, starting from its
 /// `Default`.
+/// A key of a JSON object, borrowed from the text when it has no escape:
+/// a typed field's key is only compared, so only the keys kept in `other`
+/// are copied.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Text;
+        impl<'de> Visitor<'de> for Text {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_borrowed_str<E>(self, key: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(key)))
+            }
+            fn visit_str<E>(self, key: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(key.to_owned())))
+            }
+            fn visit_string<E>(self, key: String) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(key)))
+            }
+        }
+        deserializer.deserialize_str(Text)
+    }
+}
+
 macro_rules! typed_object {
     ($ty:ident, $what:literal, { $($key:literal => $field:ident),* $(,)? }) => {
         impl<'de> Deserialize<'de> for $ty {
@@ -115,12 +143,12 @@ macro_rules! typed_object {
                     }
                     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<$ty, A::Error> {
                         let mut out = $ty::default();
-                        while let Some(key) = map.next_key::<String>()? {
-                            match key.as_str() {
+                        while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
+                            match key.as_ref() {
                                 $($key => out.$field = map.next_value()?,)*
                                 _ => {
                                     let raw: Box<RawValue> = map.next_value()?;
-                                    out.other.0.insert(key, raw);
+                                    out.other.0.insert(key.into_owned(), raw);
                                 }
                             }
                         }
