@@ -99,22 +99,46 @@ impl Scanner<'_> {
         ))
     }
 
-    /// At a `"`: the range of the string's raw text, inside the quotes.
-    fn string(&mut self) -> Result<(usize, usize), Error> {
+    /// At a `"`: the range of the string's raw text, inside the quotes, and
+    /// whether that text is plain (no `$`, no escape), so that it cannot
+    /// hold a placeholder: found in the one pass that finds its end.
+    fn string(&mut self) -> Result<(usize, usize, bool), Error> {
         self.expect(b'"')?;
         let start = self.at;
+        let mut plain = true;
+        let mut i = start;
         loop {
-            match self.bytes.get(self.at) {
-                Some(b'"') => {
-                    self.at += 1;
-                    return Ok((start, self.at - 1));
+            // Eight bytes at a time up to the first that matters: most of a
+            // pod's text is strings, most of them plain.
+            while let Some(word) = self.bytes.get(i..i + 8) {
+                let word = u64::from_le_bytes(word.try_into().expect("eight bytes"));
+                if has_byte(word, b'"') | has_byte(word, b'\\') | has_byte(word, b'$') {
+                    break;
+                }
+                i += 8;
+            }
+            let Some(&byte) = self.bytes.get(i) else {
+                break;
+            };
+            match byte {
+                b'"' => {
+                    self.at = i + 1;
+                    return Ok((start, i, plain));
                 }
                 // An escape: its next byte is never the closing quote.
-                Some(b'\\') => self.at += 2,
-                Some(_) => self.at += 1,
-                None => return Err(self.malformed("an unterminated string")),
+                b'\\' => {
+                    plain = false;
+                    i += 2;
+                }
+                b'$' => {
+                    plain = false;
+                    i += 1;
+                }
+                _ => i += 1,
             }
         }
+        self.at = i;
+        Err(self.malformed("an unterminated string"))
     }
 
     fn value(
@@ -134,7 +158,7 @@ impl Scanner<'_> {
                 }
                 loop {
                     self.ws();
-                    let (start, end) = self.string()?;
+                    let (start, end, _) = self.string()?;
                     self.expect(b':')?;
                     self.path.push(Step::Key(start, end));
                     self.value(depth + 1, rewrite)?;
@@ -161,9 +185,8 @@ impl Scanner<'_> {
                 }
             }
             Some(b'"') => {
-                let (start, end) = self.string()?;
-                let raw = &self.text[start..end];
-                if !raw.contains(['$', '\\']) {
+                let (start, end, plain) = self.string()?;
+                if plain {
                     return Ok(());
                 }
                 let decoded = decode(self.text, start, end)
@@ -213,6 +236,15 @@ impl Scanner<'_> {
 }
 
 /// The string whose raw text (inside its quotes) is `text[start..end]`.
+/// Whether any of the eight bytes of `word` is `byte` (the zero-byte test
+/// of Hacker's Delight on `word ^ byte…`: exact as to whether there is one).
+fn has_byte(word: u64, byte: u8) -> bool {
+    const ONES: u64 = u64::from_le_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_le_bytes([0x80; 8]);
+    let x = word ^ (ONES * u64::from(byte));
+    x.wrapping_sub(ONES) & !x & HIGHS != 0
+}
+
 fn decode(text: &str, start: usize, end: usize) -> Option<Cow<'_, str>> {
     let raw = &text[start..end];
     if !raw.contains('\\') {
@@ -242,6 +274,37 @@ mod tests {
         );
         let untouched = r#"{"a": ["b", {"c": 1}], "d": "e"}"#;
         assert_eq!(upper_dollars(untouched).unwrap(), untouched);
+    }
+
+    #[test]
+    fn long_strings_are_scanned_a_word_at_a_time_and_nothing_is_missed() {
+        // A `$`, an escape or the end at every offset from a word's start.
+        for at in 0..20 {
+            let pad = "p".repeat(at);
+            let text = format!(r#"{{"a": "{pad}$x{pad}", "b": "{pad}\"{pad}", "c": "{pad}"}}"#);
+            let out = upper_dollars(&text).unwrap();
+            let value: Value = serde_json::from_str(&out).unwrap();
+            let upper = pad.to_uppercase();
+            assert_eq!(
+                value,
+                json!({"a": format!("{upper}$X{upper}"), "b": format!("{pad}\"{pad}"), "c": pad}),
+                "{text}"
+            );
+        }
+        for word in [0u64, u64::MAX, 0x2424_2424_2424_2424, 0x8080_8080_8080_8080] {
+            for byte in [b'"', b'\\', b'$', 0, 0x80, 0xff] {
+                assert_eq!(
+                    has_byte(word, byte),
+                    word.to_le_bytes().contains(&byte),
+                    "{word:x} {byte}"
+                );
+            }
+        }
+        for shift in 0..8 {
+            let word =
+                u64::from(b'$') << (8 * shift) | 0x0101_0101_0101_0101 & !(0xff << (8 * shift));
+            assert!(has_byte(word, b'$') && !has_byte(word, b'"'), "{word:x}");
+        }
     }
 
     #[test]
