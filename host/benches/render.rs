@@ -9,6 +9,14 @@
 //! back or written). The read back that precedes every write, and that
 //! `podstamp render` always does, has a row of its own.
 //!
+//! The example chain's target is against a render through three identity
+//! plugins, timed in alternating batches with it: what the example plugins'
+//! own work adds to a chain of three. The sum of the native render and three
+//! lone identity calls is printed beside it; no chain runs in that time
+//! (it leaves out the host's work on every plugin's output and the full
+//! validation of a chain's result), and each call's mean time inside the
+//! chain shows what running among other work costs a call.
+//!
 //! The example `substitute` in Rust and in Python (`substitute-py`, built
 //! by `bash plugins/python/build.sh`; its rows are left out when it is not
 //! built) are timed side by side, one call alone.
@@ -86,6 +94,31 @@ fn measure(mut f: impl FnMut()) -> Duration {
     samples[samples.len() / 2]
 }
 
+/// [`measure`] for two paths at once, their batches alternating, so that
+/// a change in the machine's load meets both alike: for a ratio.
+fn measure_pair(mut a: impl FnMut(), mut b: impl FnMut()) -> (Duration, Duration) {
+    let warm_until = Instant::now() + Duration::from_millis(200);
+    let mut per_batch = 0u32;
+    while Instant::now() < warm_until {
+        a();
+        b();
+        per_batch += 1;
+    }
+    let per_batch = (per_batch / 10).max(1);
+    let batch = |f: &mut dyn FnMut()| {
+        let start = Instant::now();
+        for _ in 0..per_batch {
+            f();
+        }
+        start.elapsed() / per_batch
+    };
+    let (mut first, mut second): (Vec<Duration>, Vec<Duration>) =
+        (0..25).map(|_| (batch(&mut a), batch(&mut b))).unzip();
+    first.sort();
+    second.sort();
+    (first[first.len() / 2], second[second.len() / 2])
+}
+
 fn main() {
     let plugins = repo().join("target/plugins");
     if !plugins.join("identity.wasm").is_file() {
@@ -119,6 +152,10 @@ fn main() {
     let identity = catalog
         .chain_for(&[("podstamp.io/plugins".to_string(), "identity".to_string())].into())
         .unwrap();
+    // A chain of three plugins that do nothing: what having three plugins
+    // costs (the host's work on each output included), the floor the
+    // example chain is held to.
+    let identities = Chain::new(vec![identity.steps()[0].clone(); 3]);
     // The example chain, with settings for the benchmark pod's containers.
     let step = |name: &str, settings: serde_json::Value| {
         let plugin = runtime.load(&plugins.join(format!("{name}.wasm"))).unwrap();
@@ -278,10 +315,33 @@ fn main() {
             )
             .collect();
         let one = measure(|| in_step(&identity));
-        let three = measure(|| in_step(&example));
+        let (three, three_identities) = measure_pair(|| in_step(&example), || in_step(&identities));
+        // Each call's own time inside the example chain's renders: a call
+        // costs more there than alone, its code and data no longer in the
+        // caches after the rest of a render.
+        let in_chain = |chain: &Chain| -> Vec<(String, Duration)> {
+            let mut took = vec![Duration::ZERO; chain.steps().len()];
+            let renders = 2000u32;
+            for _ in 0..renders {
+                let mut at = 0;
+                render_unverified(&template, &node, chain, "kube-system", &mut |_, _, d| {
+                    took[at] += d;
+                    at += 1;
+                })
+                .unwrap();
+            }
+            chain
+                .steps()
+                .iter()
+                .zip(took)
+                .map(|(step, d)| (step.name.clone(), d / renders))
+                .collect()
+        };
         let three_verified = measure(|| {
             black_box(render(&template, &node, &example, "kube-system").unwrap());
         });
+        let example_calls = in_chain(&example);
+        let identity_calls = in_chain(&identities);
         let mut pod = template.pod().clone();
         pod["metadata"]["namespace"] = Value::from("kube-system");
         let validating = measure(|| {
@@ -367,13 +427,18 @@ fn main() {
             true,
             &format!("target <= 3x: {}", verdict(ratio(three) <= 3.0)),
         );
-        // What a chain of three plugins that do nothing costs: the floor
-        // the example chain is held to.
-        let floor = native + call * 3;
-        let over = three.as_secs_f64() / floor.as_secs_f64();
         row(
-            "  native + 3 identity calls",
-            floor,
+            "  the same, read back (render cmd)",
+            three_verified,
+            true,
+            "",
+        );
+        // The example chain against the same render through three plugins
+        // that do nothing: what the plugins' own work costs.
+        let over = three.as_secs_f64() / three_identities.as_secs_f64();
+        row(
+            "render with 3 identity plugins",
+            three_identities,
             true,
             &if small {
                 format!(
@@ -384,11 +449,36 @@ fn main() {
                 format!("example chain {over:.2}x this")
             },
         );
+        let alone = |name: &str| {
+            step_calls
+                .iter()
+                .find(|(n, _, _)| n == name)
+                .map_or(call, |(_, d, _)| *d)
+        };
+        for (name, took) in example_calls.iter().chain(&identity_calls[..1]) {
+            let alone = alone(name);
+            row(
+                &format!("  {name} call in the chain (mean)"),
+                *took,
+                false,
+                &format!(
+                    "{:.2}x its call alone",
+                    took.as_secs_f64() / alone.as_secs_f64()
+                ),
+            );
+        }
+        // The native render plus three lone identity calls: a sum, not a
+        // render any chain can do (it leaves out the host's work on each
+        // plugin's output and the full validation a chain's result needs).
+        let sum = native + call * 3;
         row(
-            "  the same, read back (render cmd)",
-            three_verified,
+            "  native + 3 lone identity calls",
+            sum,
             true,
-            "",
+            &format!(
+                "example chain {:.2}x this sum",
+                three.as_secs_f64() / sum.as_secs_f64()
+            ),
         );
         println!(
             "{label:<11} input {} bytes of JSON, manifest {} bytes",
