@@ -101,9 +101,6 @@ impl Serialize for Other {
     }
 }
 
-/// `Deserialize` for a struct whose typed fields are listed (JSON name =>
-/// field) and whose other fields go into its `other`, starting from its
-/// `Default`.
 /// A key of a JSON object, borrowed from the text when it has no escape:
 /// a typed field's key is only compared, so only the keys kept in `other`
 /// are copied.
@@ -131,6 +128,9 @@ impl<'de> Deserialize<'de> for Key<'de> {
     }
 }
 
+/// `Deserialize` for a struct whose typed fields are listed (JSON name =>
+/// field) and whose other fields go into its `other`, starting from its
+/// `Default`.
 macro_rules! typed_object {
     ($ty:ident, $what:literal, { $($key:literal => $field:ident),* $(,)? }) => {
         impl<'de> Deserialize<'de> for $ty {

@@ -235,7 +235,6 @@ impl Scanner<'_> {
     }
 }
 
-/// The string whose raw text (inside its quotes) is `text[start..end]`.
 /// Whether any of the eight bytes of `word` is `byte` (the zero-byte test
 /// of Hacker's Delight on `word ^ byte…`: exact as to whether there is one).
 fn has_byte(word: u64, byte: u8) -> bool {
@@ -245,6 +244,7 @@ fn has_byte(word: u64, byte: u8) -> bool {
     x.wrapping_sub(ONES) & !x & HIGHS != 0
 }
 
+/// The string whose raw text (inside its quotes) is `text[start..end]`.
 fn decode(text: &str, start: usize, end: usize) -> Option<Cow<'_, str>> {
     let raw = &text[start..end];
     if !raw.contains('\\') {
