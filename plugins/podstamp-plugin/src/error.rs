@@ -168,8 +168,27 @@ impl fmt::Display for FieldPath {
     }
 }
 
+/// Parses `json` as a `T`, or says where it failed (the field's path; `None`
+/// for text after the value) and why.
+///
+/// Tracking the path of every field costs as much as the parse itself, so
+/// it is done only after a plain parse failed: the same text fails the same
+/// way, now with its path.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
+    json: &str,
+) -> Result<T, (Option<FieldPath>, String)> {
+    if let Ok(value) = serde_json::from_str(json) {
+        return Ok(value);
+    }
+    let mut de = serde_json::Deserializer::from_str(json);
+    let value = serde_path_to_error::deserialize(&mut de)
+        .map_err(|e| (Some(from_serde_path(e.path())), json_message(e.inner())))?;
+    de.end().map_err(|e| (None, e.to_string()))?;
+    Ok(value)
+}
+
 /// Converts a path tracked by `serde_path_to_error` into a [`FieldPath`].
-pub(crate) fn from_serde_path(path: &serde_path_to_error::Path) -> FieldPath {
+fn from_serde_path(path: &serde_path_to_error::Path) -> FieldPath {
     use serde_path_to_error::Segment;
     let mut out = FieldPath::new();
     for segment in path.iter() {

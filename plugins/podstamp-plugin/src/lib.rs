@@ -148,18 +148,7 @@ fn parse_settings_at<S: serde::de::DeserializeOwned>(
     json: &str,
 ) -> Result<S, (Option<FieldPath>, String)> {
     let json = if json.trim().is_empty() { "{}" } else { json };
-    // The path is tracked only when a plain parse failed (as for the pod).
-    if let Ok(settings) = serde_json::from_str(json) {
-        return Ok(settings);
-    }
-    let mut de = serde_json::Deserializer::from_str(json);
-    let settings = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = error::from_serde_path(e.path());
-        let message = error::json_message(e.inner());
-        (Some(path).filter(|p| !p.is_root()), message)
-    })?;
-    de.end().map_err(|e| (None, e.to_string()))?;
-    Ok(settings)
+    error::parse_json(json).map_err(|(path, message)| (path.filter(|p| !p.is_root()), message))
 }
 
 /// Exports a [`Plugin`] as the component's `transformer` interface.

@@ -3,7 +3,7 @@ use serde::de::DeserializeOwned;
 
 use crate::types::{Container, Pod};
 
-use crate::error::{from_serde_path, json_message};
+use crate::error::parse_json;
 use crate::{Error, FieldPath};
 
 /// How a plugin sees the pod: parsed from the JSON text the host passes in,
@@ -64,39 +64,29 @@ impl PodDocument for serde_json::Value {
     }
 
     fn into_json(self) -> Result<String, Error> {
-        self.into_json_with_capacity(0)
+        write_out(self, 0)
     }
 
     fn into_json_with_capacity(self, capacity: usize) -> Result<String, Error> {
-        let json = typed_into_json(&self, room(capacity));
-        discard(self);
-        json
+        write_out(self, capacity)
     }
 }
 
 /// A typed pod parsed with the field of an error named.
-///
-/// Tracking the path of every field costs as much as the parse itself, so
-/// it is done only after a plain parse failed: the same text fails the same
-/// way, now with its path.
 fn typed_from_json<T: DeserializeOwned>(json: &str) -> Result<T, Error> {
-    if let Ok(pod) = serde_json::from_str(json) {
-        return Ok(pod);
-    }
-    let mut de = serde_json::Deserializer::from_str(json);
-    let pod: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = from_serde_path(e.path());
-        Error::at(path, format!("invalid pod: {}", json_message(e.inner())))
-    })?;
-    de.end()
-        .map_err(|e| Error::new(format!("invalid pod: {e}")))?;
-    Ok(pod)
+    parse_json(json).map_err(|(path, message)| match path {
+        Some(path) => Error::at(path, format!("invalid pod: {message}")),
+        None => Error::new(format!("invalid pod: {message}")),
+    })
 }
 
-fn typed_into_json<T: Serialize>(pod: &T, capacity: usize) -> Result<String, Error> {
-    let mut json = Vec::with_capacity(capacity);
-    serde_json::to_writer(&mut json, pod)
-        .map_err(|e| Error::new(format!("cannot write the pod as JSON: {e}")))?;
+/// Writes `pod` out as JSON into a buffer with [`room`] for `capacity`
+/// bytes, then [`discard`]s it.
+fn write_out<T: Serialize>(pod: T, capacity: usize) -> Result<String, Error> {
+    let mut json = Vec::with_capacity(room(capacity));
+    let written = serde_json::to_writer(&mut json, &pod);
+    discard(pod);
+    written.map_err(|e| Error::new(format!("cannot write the pod as JSON: {e}")))?;
     String::from_utf8(json).map_err(|e| Error::new(format!("cannot write the pod as JSON: {e}")))
 }
 
@@ -122,13 +112,11 @@ impl PodDocument for Pod {
     }
 
     fn into_json(self) -> Result<String, Error> {
-        self.into_json_with_capacity(0)
+        write_out(self, 0)
     }
 
     fn into_json_with_capacity(self, capacity: usize) -> Result<String, Error> {
-        let json = typed_into_json(&self, room(capacity));
-        discard(self);
-        json
+        write_out(self, capacity)
     }
 }
 
@@ -139,13 +127,11 @@ impl PodDocument for k8s_openapi::api::core::v1::Pod {
     }
 
     fn into_json(self) -> Result<String, Error> {
-        self.into_json_with_capacity(0)
+        write_out(self, 0)
     }
 
     fn into_json_with_capacity(self, capacity: usize) -> Result<String, Error> {
-        let json = typed_into_json(&self, room(capacity));
-        discard(self);
-        json
+        write_out(self, capacity)
     }
 }
 
