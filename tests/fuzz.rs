@@ -474,8 +474,12 @@ fn the_kubelet_accepts_every_manifest_written_for_random_templates() {
             written += 1;
         }
     }
+    // About one random template in ten renders to a file of its own (the
+    // rest are refused, or share a name): 1 in 20 is far below that mean
+    // (a run once wrote 988 of 10,000 against a bound of 1 in 10) and far
+    // above a generator that stopped making renderable templates.
     assert!(
-        written >= cases as usize / 10,
+        written >= cases as usize / 20,
         "only {written} of {cases} rendered"
     );
     common::kubelet_accepts(&[dir.path()], "n1");
