@@ -5,7 +5,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use wasmtime::component::ComponentExportIndex;
@@ -14,7 +13,8 @@ use wasmtime::{ResourceLimiter, Store, Trap};
 use super::bindings;
 use super::bindings::podstamp::plugin::host::LogLevel;
 use super::bindings::podstamp::plugin::types as wit;
-use super::wasi::Wasi;
+use super::log::{LogSink, MAX_LOG_LINE};
+use super::wasi::{Wasi, WasiState};
 use super::{CallFailure, Limits, PluginInfo, Runtime};
 use crate::node::NodeContext;
 
@@ -208,11 +208,7 @@ impl Plugin {
             &shared.engine,
             CallState {
                 limiter: CallLimiter::new(shared.limits.memory_bytes),
-                log: Arc::new(LogSink {
-                    plugin: self.info.name.clone(),
-                    subject: subject.to_string(),
-                    lines: AtomicU32::new(0),
-                }),
+                log: Arc::new(LogSink::new(self.info.name.clone(), subject.to_string())),
                 last_error: None,
                 wasi: None,
             },
@@ -271,55 +267,19 @@ pub(super) struct CallState {
     wasi: Option<Box<Wasi>>,
 }
 
-impl CallState {
+impl WasiState for CallState {
     /// The call's WASI context, made now if it is the first use.
-    pub(super) fn wasi(&mut self) -> &mut Wasi {
+    fn wasi(&mut self) -> &mut Wasi {
         let log = &self.log;
         self.wasi.get_or_insert_with(|| Wasi::new(log))
     }
 }
 
-/// Where a call's log lines go: the host log, tagged with the plugin and
-/// what it renders, at most [`MAX_LOG_LINES_PER_CALL`] of them whichever way
-/// the plugin writes them (shared with its WASI stdout and stderr).
-pub(super) struct LogSink {
-    plugin: String,
-    subject: String,
-    lines: AtomicU32,
-}
-
-impl LogSink {
-    /// Logs `message`, cut to [`MAX_LOG_LINE`]; false when the call is over
-    /// its lines and it was dropped.
-    pub(super) fn log(&self, level: LogLevel, message: &str) -> bool {
-        let lines = self.lines.fetch_add(1, Ordering::Relaxed) + 1;
-        if lines > MAX_LOG_LINES_PER_CALL {
-            if lines == MAX_LOG_LINES_PER_CALL + 1 {
-                tracing::warn!(plugin = %self.plugin, subject = %self.subject, "plugin logged over {MAX_LOG_LINES_PER_CALL} lines in one call; dropping the rest");
-            }
-            return false;
-        }
-        let message = if message.len() > MAX_LOG_LINE {
-            let mut cut = message[..message.floor_char_boundary(MAX_LOG_LINE)].to_string();
-            cut.push('…');
-            std::borrow::Cow::Owned(cut)
-        } else {
-            std::borrow::Cow::Borrowed(message)
-        };
-        let (plugin, subject) = (&self.plugin, &self.subject);
-        match level {
-            LogLevel::Error => tracing::error!(plugin, subject, "{message}"),
-            LogLevel::Warn => tracing::warn!(plugin, subject, "{message}"),
-            LogLevel::Info => tracing::info!(plugin, subject, "{message}"),
-            LogLevel::Debug => tracing::debug!(plugin, subject, "{message}"),
-            LogLevel::Trace => tracing::trace!(plugin, subject, "{message}"),
-        }
-        true
+impl wasmtime_wasi::WasiView for CallState {
+    fn ctx(&mut self) -> wasmtime_wasi::WasiCtxView<'_> {
+        self.wasi().view()
     }
 }
-
-pub(super) const MAX_LOG_LINE: usize = 4096;
-const MAX_LOG_LINES_PER_CALL: u32 = 64;
 
 /// The most of a plugin's error message, and of the field it names, that is
 /// kept: what a person reads in a log line or an Event. A plugin may return

@@ -14,7 +14,7 @@
 //! One concern per file: `error` (how loading and calls fail), `interface`
 //! (what a component must import and export), `pool` (where instances come
 //! from, and the gate that admits one call per pool slot), `call` (one
-//! sandboxed call), `ticker` (the epoch that makes deadlines fire), `cache`
+//! sandboxed call), `log` (where a call's log lines go, bounded), `ticker` (the epoch that makes deadlines fire), `cache`
 //! (compiled code on disk), `wasi` (the deny-by-default
 //! WASI context).
 
@@ -33,6 +33,7 @@ mod cache;
 mod call;
 mod error;
 mod interface;
+mod log;
 mod pool;
 mod ticker;
 mod wasi;

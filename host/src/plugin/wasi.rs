@@ -40,7 +40,7 @@ use wasmtime_wasi::p2::{DynPollable, OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::bindings::podstamp::plugin::host::LogLevel;
-use super::call::{CallState, LogSink};
+use super::log::{LogSink, MAX_LOG_LINE};
 
 /// The WASI 0.2 interfaces a plugin may import (any 0.2.x version: the
 /// linker matches them semver-compatibly), as `package/interface`: the
@@ -94,13 +94,12 @@ const MAX_RANDOM_BYTES: u64 = 1 << 20;
 const RANDOM_SEED: u64 = 0x706f_6473_7461_6d70; // "podstamp"
 
 /// Links [`WASI_INTERFACES`], each deny-by-default, into the plugins' linker.
-pub(super) fn add_to_linker(l: &mut Linker<CallState>) -> wasmtime::Result<()> {
+pub(super) fn add_to_linker<T: WasiState>(l: &mut Linker<T>) -> wasmtime::Result<()> {
     use wasmtime_wasi::cli::{WasiCli, WasiCliView};
     use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView};
     use wasmtime_wasi::filesystem::{WasiFilesystem, WasiFilesystemView};
     use wasmtime_wasi::random::WasiRandom;
     use wasmtime_wasi::sockets::{WasiSockets, WasiSocketsView};
-    type T = CallState;
 
     sync::io::error::add_to_linker::<T, Table>(l, table)?;
     sync::io::poll::add_to_linker::<T, Table>(l, table)?;
@@ -170,17 +169,24 @@ impl Wasi {
     }
 }
 
-impl WasiView for CallState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        let wasi = self.wasi();
+/// What a store's data gives this module: its call's WASI context, made on
+/// first use. The store's data type is the caller's (`call`), so that this
+/// module depends on none of it.
+pub(super) trait WasiState: WasiView + Sized + 'static {
+    fn wasi(&mut self) -> &mut Wasi;
+}
+
+impl Wasi {
+    /// The view wasmtime-wasi's bindings take.
+    pub(super) fn view(&mut self) -> WasiCtxView<'_> {
         WasiCtxView {
-            ctx: &mut wasi.ctx,
-            table: &mut wasi.table,
+            ctx: &mut self.ctx,
+            table: &mut self.table,
         }
     }
 }
 
-fn table(state: &mut CallState) -> &mut ResourceTable {
+fn table<T: WasiState>(state: &mut T) -> &mut ResourceTable {
     &mut state.wasi().table
 }
 
@@ -338,7 +344,7 @@ impl PendingLine {
     }
 
     fn push(&mut self, bytes: &[u8]) {
-        let room = super::call::MAX_LOG_LINE.saturating_sub(self.bytes.len());
+        let room = MAX_LOG_LINE.saturating_sub(self.bytes.len());
         self.bytes
             .extend_from_slice(&bytes[..bytes.len().min(room)]);
         self.cut |= bytes.len() > room;
