@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use podstamp::chain::{Chain, Step};
-use podstamp::config::{Catalog, ConfigFile};
+use podstamp::config::ConfigFile;
 use podstamp::node::NodeContext;
 use podstamp::plugin::{Allocation, Limits, Runtime, WitNode};
 use podstamp::render::{render, render_unverified};
@@ -127,7 +127,7 @@ fn main() {
     }
     let config = ConfigFile::read(&repo().join("examples/podstamp.yaml")).unwrap();
     let runtime = Runtime::new(Limits::default(), None).unwrap();
-    let catalog = Catalog::load(&config, &runtime).unwrap();
+    let catalog = config.load_catalog(&runtime).unwrap();
     let node = NodeContext::from_node(
         &serde_json::from_value(read_value(&repo().join("examples/node.yaml"))).unwrap(),
     )

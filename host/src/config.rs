@@ -20,19 +20,20 @@
 //! module reads the file, resolves its relative paths and its limits.
 
 use std::collections::BTreeMap;
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
-use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use crate::template::parse_document;
 
-// The catalog lived here; its callers keep their paths.
-pub use crate::catalog::{
-    AnnotationError, Catalog, CatalogError, CatalogRef, CatalogSpec, ChainError,
-    PLUGINS_ANNOTATION, PluginEntry, RENDER_BUDGET_CALLS, default_render_budget,
+use crate::catalog::{
+    Catalog, CatalogError, CatalogRef, CatalogSpec, ConfigMaps, NoConfigMaps, PluginEntry,
+    default_render_budget,
 };
+use crate::plugin::Runtime;
 
 pub const DEFAULT_NAMESPACE: &str = "kube-system";
 
@@ -136,20 +137,6 @@ pub enum ConfigError {
     /// Not YAML or JSON (the error names the file and the place).
     #[error(transparent)]
     Parse(#[from] crate::template::ParseError),
-    /// A ConfigMap the field names cannot be read.
-    #[error("{field}: {source}")]
-    ConfigMap {
-        field: &'static str,
-        #[source]
-        source: crate::catalog::ConfigMapError,
-    },
-    /// The settings file a catalog entry names cannot be read or parsed.
-    #[error("{field}.settingsFile: {source}")]
-    SettingsFile {
-        field: String,
-        #[source]
-        source: Box<ConfigError>,
-    },
     /// A field of the wrong shape, or unknown.
     #[error("{origin}: {field}: {source}")]
     Field {
@@ -245,6 +232,37 @@ impl ConfigFile {
         }
     }
 
+    /// Loads the file's catalog (its `plugins` and `chain`), with no
+    /// ConfigMaps: an entry or catalog from a ConfigMap fails, saying it
+    /// needs the API or `--configmap`.
+    pub fn load_catalog(&self, runtime: &Runtime) -> Result<Catalog, CatalogError> {
+        let namespace = self
+            .namespace
+            .clone()
+            .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
+        self.load_catalog_with(runtime, &NoConfigMaps { namespace }, None)
+    }
+
+    /// Loads the catalog the file names: its own `plugins` and `chain`, or
+    /// the ConfigMap of `daemon.catalog`; components from ConfigMaps come
+    /// from `config_maps`, and those `reuse` (a catalog of the same runtime)
+    /// has are not compiled again.
+    pub fn load_catalog_with(
+        &self,
+        runtime: &Runtime,
+        config_maps: &dyn ConfigMaps,
+        reuse: Option<&Catalog>,
+    ) -> Result<Catalog, CatalogError> {
+        let budget = self
+            .render_budget(runtime.limits().timeout)
+            .map_err(|e| CatalogError::Invalid(e.to_string()))?;
+        let (spec, origin) = match &self.daemon.catalog {
+            Some(source) => CatalogSpec::from_config_map(config_maps, &source.config_map)?,
+            None => (self.catalog_spec(), String::new()),
+        };
+        Catalog::load_spec(&spec, &origin, runtime, config_maps, reuse, budget)
+    }
+
     /// The time budget of one render (`limits.renderTimeout`), given the
     /// per-call `timeout` in force.
     pub fn render_budget(&self, timeout: Duration) -> Result<Duration, ConfigError> {
@@ -254,13 +272,6 @@ impl ConfigFile {
             None => Ok(default_render_budget(timeout)),
         }
     }
-}
-
-/// Reads a settings file (YAML or JSON) into a JSON value.
-pub fn read_settings(path: &Path) -> Result<Value, ConfigError> {
-    let origin = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| ConfigError::read(path, e))?;
-    Ok(parse_document(&bytes, &origin)?)
 }
 
 /// `250ms`, `2s`, `1m`.
@@ -345,4 +356,20 @@ mod tests {
             "{e}"
         );
     }
+}
+
+/// Largest configuration file read (no real one is near it).
+const MAX_CONFIG_FILE: u64 = 16 << 20;
+
+/// The file's content as compared by the daemon's watch of it
+/// ([`crate::daemon::watch_file`]): its sha256, or the error reading it.
+pub type Content = Result<[u8; 32], String>;
+
+/// The sha256 of the file's bytes (through symlinks), or why it cannot be read.
+pub fn content(path: &Path) -> Content {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_CONFIG_FILE).read_to_end(&mut bytes))
+        .map_err(|e| e.to_string())?;
+    Ok(Sha256::digest(&bytes).into())
 }

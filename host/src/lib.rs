@@ -5,13 +5,15 @@
 //! [`validate`] (a v1 Pod) → [`manifest`] (ownership, hash, YAML) →
 //! [`write`] (atomic file replacement). [`render`] ties them together and
 //! [`config`] describes a chain the way the daemon and the CLI share;
-//! [`settings`] resolves flags, environment, file and defaults for both.
+//! [`settings`] resolves flags, environment, file and defaults for both;
+//! [`kube_client`] finds the API server the same way for every command.
 
 pub mod catalog;
 pub mod chain;
 pub mod config;
 pub mod daemon;
 pub mod fleet;
+pub mod kube_client;
 pub mod manifest;
 pub mod node;
 pub mod oci;

@@ -12,7 +12,7 @@
 //! resolves them with the environment, the configuration file and the
 //! defaults.
 
-mod run_args;
+mod cli;
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -20,11 +20,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-mod oci_command;
-mod plugin_new_command;
-mod render_command;
-mod status_command;
-mod test_command;
+use cli::{oci, plugin_new, render, run, status, test};
 
 use podstamp::catalog::gzip;
 use podstamp::config;
@@ -57,22 +53,22 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Render one PodTemplate for one node, offline, and print the manifest.
-    Render(render_command::RenderArgs),
+    Render(render::RenderArgs),
     /// Run the node daemon: keep this node's static pod manifests in step with its PodTemplates.
-    Run(run_args::RunArgs),
+    Run(run::RunArgs),
     /// Work with plugin components.
     #[command(subcommand)]
     Plugin(PluginCommand),
     /// Run golden test cases: render each case's template for its node through its chain and compare with its expected manifest or error.
-    Test(test_command::TestArgs),
+    Test(test::TestArgs),
     /// Show how each template's update rolls across the nodes, as their daemons report it.
-    Status(status_command::StatusArgs),
+    Status(status::StatusArgs),
 }
 
 #[derive(Subcommand)]
 enum PluginCommand {
     /// Create a plugin project, in Rust, Python or JavaScript, with a unit test, golden cases and its build script.
-    New(plugin_new_command::NewArgs),
+    New(plugin_new::NewArgs),
     /// Print a plugin's name, version, imports and exports, and whether it matches this podstamp's WIT.
     Inspect {
         /// The plugin component (.wasm).
@@ -81,9 +77,9 @@ enum PluginCommand {
     /// Print a ConfigMap holding the plugin (gzip, pinned by sha256), for `kubectl apply --server-side -f -`, and the catalog entry that uses it.
     Configmap(ConfigMapArgs),
     /// Push a plugin to an OCI registry as a Wasm artifact; prints REF@sha256:DIGEST.
-    Push(oci_command::PushArgs),
+    Push(oci::PushArgs),
     /// Pull a plugin from an OCI registry by digest, checked against it.
-    Pull(oci_command::PullArgs),
+    Pull(oci::PullArgs),
 }
 
 #[derive(Args)]
@@ -124,20 +120,16 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format, &cli.log_level);
     let result = match cli.command {
-        Command::Render(args) => render_command::run_render(args),
-        Command::Plugin(PluginCommand::New(args)) => plugin_new_command::run(args),
+        Command::Render(args) => render::run_render(args),
+        Command::Plugin(PluginCommand::New(args)) => plugin_new::run(args),
         Command::Plugin(PluginCommand::Inspect { path }) => run_inspect(&path),
         Command::Plugin(PluginCommand::Configmap(args)) => run_configmap(&args),
-        Command::Plugin(PluginCommand::Push(args)) => {
-            oci_command::push(args).map_err(Failure::from)
-        }
-        Command::Plugin(PluginCommand::Pull(args)) => {
-            oci_command::pull(args).map_err(Failure::from)
-        }
-        Command::Test(args) => test_command::run(args),
+        Command::Plugin(PluginCommand::Push(args)) => oci::push(args).map_err(Failure::from),
+        Command::Plugin(PluginCommand::Pull(args)) => oci::pull(args).map_err(Failure::from),
+        Command::Test(args) => test::run(args),
         Command::Run(args) => return run_daemon(&args),
         Command::Status(args) => {
-            return match status_command::run(args) {
+            return match status::run(args) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err((code, message)) => {
                     eprintln!("podstamp: error: {}", message.replace('\n', " "));
@@ -161,7 +153,7 @@ fn main() -> ExitCode {
 }
 
 /// `podstamp run`: the settings resolved, then the daemon until it stops.
-fn run_daemon(args: &run_args::RunArgs) -> ExitCode {
+fn run_daemon(args: &run::RunArgs) -> ExitCode {
     let fail = |code: u8, message: &dyn std::fmt::Display| {
         eprintln!(
             "podstamp: error: {}",

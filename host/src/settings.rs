@@ -63,13 +63,18 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::config::{ConfigError, ConfigFile, DEFAULT_NAMESPACE, parse_duration, parse_size};
-use crate::daemon::watch_file;
 use crate::plugin::{Limits, choose_cache_dir};
 
 pub const DEFAULT_SELECTOR: &str = "podstamp.io/enabled=true";
 pub const DEFAULT_MANIFEST_DIR: &str = "/etc/kubernetes/manifests";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(300);
+/// Where the daemon keeps its revision history ([`crate::daemon::revisions`]).
+pub const DEFAULT_REVISIONS_DIR: &str = "/var/lib/podstamp/revisions";
+/// How many revisions of each template are kept.
+pub const DEFAULT_REVISION_HISTORY: usize = 3;
+/// The default `leaseDurationSeconds` of a rollout slot.
+pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(30);
 
 /// The settings one layer gives, as written there (text, parsed when
 /// resolved). None: this layer does not set it.
@@ -297,7 +302,7 @@ impl<'a> Layers<'a> {
     fn registry(
         &self,
         namespace: &str,
-        source: &Source,
+        source: &TemplateSource,
     ) -> Result<crate::oci::RegistryOptions, SettingsError> {
         use crate::oci::{Credentials, RegistryOptions};
         let file = self.path(&REGISTRY_CONFIG, |l| l.registry_config.as_ref());
@@ -316,8 +321,8 @@ impl<'a> Layers<'a> {
                     namespace: namespace.to_string(),
                     name: name.to_string(),
                     kubeconfig: match source {
-                        Source::Api { kubeconfig } => kubeconfig.clone(),
-                        Source::Dir(_) => None,
+                        TemplateSource::Api { kubeconfig } => kubeconfig.clone(),
+                        TemplateSource::Dir(_) => None,
                     },
                 }
             }
@@ -394,7 +399,7 @@ pub fn render(flags: &Layer, env: &Layer) -> Result<RenderSettings, SettingsErro
     };
     let namespace = layers.namespace()?;
     Ok(RenderSettings {
-        registry: layers.registry(&namespace, &Source::Api { kubeconfig: None })?,
+        registry: layers.registry(&namespace, &TemplateSource::Api { kubeconfig: None })?,
         namespace,
         limits: layers.limits()?,
         cache_dir: layers.cache_dir(),
@@ -404,7 +409,7 @@ pub fn render(flags: &Layer, env: &Layer) -> Result<RenderSettings, SettingsErro
 
 /// Where the templates come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
+pub enum TemplateSource {
     /// The API server, with these credentials (None: kube-rs infers them).
     Api { kubeconfig: Option<PathBuf> },
     /// A directory of PodTemplate files.
@@ -417,7 +422,7 @@ pub struct StartedConfig {
     pub path: PathBuf,
     /// Its content, read before it was parsed: a change in between is seen
     /// as one by the watch.
-    pub content: watch_file::Content,
+    pub content: crate::config::Content,
 }
 
 /// What `podstamp run` resolves.
@@ -427,7 +432,7 @@ pub struct DaemonSettings {
     pub config: ConfigFile,
     /// Where it is, when there is one.
     pub config_file: Option<StartedConfig>,
-    pub source: Source,
+    pub source: TemplateSource,
     pub namespace: String,
     pub selector: String,
     pub node_name: String,
@@ -457,7 +462,7 @@ pub fn daemon(flags: &Layer, env: &Layer) -> Result<DaemonSettings, SettingsErro
     let path = flags.config.clone().or_else(|| env.config.clone());
     let (config, config_file) = match path {
         Some(path) => {
-            let content = watch_file::content(&path);
+            let content = crate::config::content(&path);
             let config = ConfigFile::read(&path)?;
             (config, Some(StartedConfig { path, content }))
         }
@@ -471,9 +476,11 @@ pub fn daemon(flags: &Layer, env: &Layer) -> Result<DaemonSettings, SettingsErro
         file_name: config_file.as_ref().map(|c| c.path.as_path()),
     };
     let source = match layers.pick(&SOURCE, |l| l.source.as_deref()) {
-        None => Source::Api { kubeconfig: None },
-        Some(("api", _)) => Source::Api { kubeconfig: None },
-        Some((s, _)) if s.len() > 4 && s.starts_with("dir:") => Source::Dir(PathBuf::from(&s[4..])),
+        None => TemplateSource::Api { kubeconfig: None },
+        Some(("api", _)) => TemplateSource::Api { kubeconfig: None },
+        Some((s, _)) if s.len() > 4 && s.starts_with("dir:") => {
+            TemplateSource::Dir(PathBuf::from(&s[4..]))
+        }
         Some((other, at)) => {
             return Err(Layers::invalid(
                 format!("{at} {other:?}"),
@@ -482,7 +489,7 @@ pub fn daemon(flags: &Layer, env: &Layer) -> Result<DaemonSettings, SettingsErro
         }
     };
     let source = match source {
-        Source::Api { .. } => Source::Api {
+        TemplateSource::Api { .. } => TemplateSource::Api {
             kubeconfig: layers.path(&KUBECONFIG, |l| l.kubeconfig.as_ref()),
         },
         dir => dir,
@@ -542,7 +549,7 @@ pub fn daemon(flags: &Layer, env: &Layer) -> Result<DaemonSettings, SettingsErro
                 }
                 d
             }
-            None => crate::daemon::coordinator::DEFAULT_LEASE_DURATION,
+            None => DEFAULT_LEASE_DURATION,
         };
     let registry = layers.registry(&namespace, &source)?;
     Ok(DaemonSettings {
@@ -565,10 +572,10 @@ pub fn daemon(flags: &Layer, env: &Layer) -> Result<DaemonSettings, SettingsErro
         watch_timeout,
         revisions_dir: layers
             .path(&REVISIONS_DIR, |l| l.revisions_dir.as_ref())
-            .unwrap_or_else(|| PathBuf::from(crate::daemon::revisions::DEFAULT_DIR)),
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_REVISIONS_DIR)),
         revision_history: layers
             .pick(&REVISION_HISTORY, |l| l.revision_history.as_ref())
-            .map_or(crate::daemon::revisions::DEFAULT_HISTORY, |(n, _)| *n),
+            .map_or(DEFAULT_REVISION_HISTORY, |(n, _)| *n),
         limits: layers.limits()?,
         cache_dir: layers.cache_dir(),
         config_file,
@@ -595,15 +602,15 @@ impl DaemonSettings {
             (
                 "daemon.source",
                 match &self.source {
-                    Source::Api { .. } => "api".to_string(),
-                    Source::Dir(dir) => format!("dir:{}", dir.display()),
+                    TemplateSource::Api { .. } => "api".to_string(),
+                    TemplateSource::Dir(dir) => format!("dir:{}", dir.display()),
                 },
             ),
             (
                 "daemon.kubeconfig",
                 match &self.source {
-                    Source::Api { kubeconfig } => shown(kubeconfig.as_ref()),
-                    Source::Dir(_) => "(none)".to_string(),
+                    TemplateSource::Api { kubeconfig } => shown(kubeconfig.as_ref()),
+                    TemplateSource::Dir(_) => "(none)".to_string(),
                 },
             ),
             ("daemon.selector", self.selector.clone()),

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 
 use super::config_maps::{ConfigMapError, ConfigMaps};
 use super::gzip::{GzipError, MAX_COMPONENT_BYTES, inflate, is_gzip};
-use super::spec::{ConfigMapSource, Source};
+use super::spec::{ComponentSource, ConfigMapComponent};
 use crate::oci::{self, Pinned, Registry, RegistryOptions};
 use crate::plugin::{CallFailure, LoadError, Runtime};
 
@@ -118,15 +118,15 @@ pub struct PluginError {
 
 /// The uncompressed component of `source`, checked against `pin`.
 pub fn component_bytes(
-    source: &Source<'_>,
+    source: &ComponentSource<'_>,
     pin: Option<&str>,
     config_maps: &dyn ConfigMaps,
     runtime: &Runtime,
 ) -> Result<ComponentBytes, ComponentError> {
     let (bytes, origin) = match source {
-        Source::Path(path) => (read_file(path)?, path.display().to_string()),
-        Source::ConfigMap(source) => from_config_map(source, config_maps)?,
-        Source::Oci(pinned) => (from_registry(pinned, runtime)?, format!("oci {pinned}")),
+        ComponentSource::Path(path) => (read_file(path)?, path.display().to_string()),
+        ComponentSource::ConfigMap(source) => from_config_map(source, config_maps)?,
+        ComponentSource::Oci(pinned) => (from_registry(pinned, runtime)?, format!("oci {pinned}")),
     };
     let sha256 = hex::encode(Sha256::digest(&bytes));
     if let Some(expected) = pin
@@ -182,7 +182,7 @@ fn read_file(path: &Path) -> Result<Vec<u8>, LoadError> {
 
 /// The bytes under `binaryData[key]` of the ConfigMap, inflated if gzip.
 fn from_config_map(
-    source: &ConfigMapSource,
+    source: &ConfigMapComponent,
     config_maps: &dyn ConfigMaps,
 ) -> Result<(Vec<u8>, String), ComponentError> {
     let namespace = config_maps.namespace().to_string();

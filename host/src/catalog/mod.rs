@@ -29,7 +29,6 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::chain::{Chain, Step};
-use crate::config::{ConfigError, ConfigFile, DEFAULT_NAMESPACE, read_settings};
 use crate::plugin::{Plugin, Runtime};
 use crate::validate::join_key;
 
@@ -43,10 +42,12 @@ mod spec;
 pub use annotation::{AnnotationError, ChainError, PLUGINS_ANNOTATION};
 pub use component::{ComponentError, PluginError, check_settings};
 pub use config_maps::{ConfigMapError, ConfigMapSet, ConfigMaps, NoConfigMaps};
-pub use settings::{SETTINGS_ANNOTATION, SettingsError, merge_patch};
+pub use settings::{
+    SETTINGS_ANNOTATION, SettingsError, SettingsFileError, merge_patch, read_settings,
+};
 pub use spec::{
-    CATALOG_KEY, CatalogRef, CatalogSpec, ConfigMapSource, DEFAULT_COMPONENT_KEY, PluginEntry,
-    Source, check_config_map_key,
+    CATALOG_KEY, CatalogRef, CatalogSpec, ComponentSource, ConfigMapComponent,
+    DEFAULT_COMPONENT_KEY, PluginEntry, check_config_map_key,
 };
 
 /// The default render budget, in per-call timeouts: room for a chain of ten
@@ -62,11 +63,30 @@ pub fn default_render_budget(timeout: Duration) -> Duration {
     timeout.saturating_mul(RENDER_BUDGET_CALLS)
 }
 
-/// Why a catalog could not be loaded: its configuration, or a plugin in it.
+/// Why a catalog could not be loaded: how it is written (the message names
+/// where and the field), or a plugin in it.
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
+    /// A value that is not valid (the message says which and why).
+    #[error("{0}")]
+    Invalid(String),
+    /// The catalog's text does not parse (the error names it and the place).
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Parse(#[from] crate::template::ParseError),
+    /// A ConfigMap the field names cannot be read.
+    #[error("{field}: {source}")]
+    ConfigMap {
+        field: &'static str,
+        #[source]
+        source: ConfigMapError,
+    },
+    /// The settings file an entry names cannot be read or parsed.
+    #[error("{field}.settingsFile: {source}")]
+    SettingsFile {
+        field: String,
+        #[source]
+        source: SettingsFileError,
+    },
     /// A plugin's component could not be had or loaded; names its entry.
     #[error(transparent)]
     Plugin(#[from] PluginError),
@@ -74,7 +94,8 @@ pub enum CatalogError {
 
 /// Gives the plugin of a component source and its pin, for
 /// `Catalog::load_with`.
-type PluginFor<'a> = dyn FnMut(&Source<'_>, Option<&str>) -> Result<Plugin, ComponentError> + 'a;
+type PluginFor<'a> =
+    dyn FnMut(&ComponentSource<'_>, Option<&str>) -> Result<Plugin, ComponentError> + 'a;
 
 /// Loaded plugins by catalog name, and the chain used by default.
 pub struct Catalog {
@@ -92,34 +113,6 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// Loads the catalog of a configuration file (its `plugins` and `chain`),
-    /// with no ConfigMaps: an entry or catalog from a ConfigMap fails,
-    /// saying it needs the API or `--configmap`.
-    pub fn load(config: &ConfigFile, runtime: &Runtime) -> Result<Catalog, CatalogError> {
-        let namespace = config
-            .namespace
-            .clone()
-            .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
-        Catalog::load_config(config, runtime, &NoConfigMaps { namespace }, None)
-    }
-
-    /// Loads the catalog a configuration file names: its own `plugins` and
-    /// `chain`, or the ConfigMap of `daemon.catalog`; components from
-    /// ConfigMaps come from `config_maps`.
-    pub fn load_config(
-        config: &ConfigFile,
-        runtime: &Runtime,
-        config_maps: &dyn ConfigMaps,
-        reuse: Option<&Catalog>,
-    ) -> Result<Catalog, CatalogError> {
-        let budget = config.render_budget(runtime.limits().timeout)?;
-        let (spec, origin) = match &config.daemon.catalog {
-            Some(source) => CatalogSpec::from_config_map(config_maps, &source.config_map)?,
-            None => (config.catalog_spec(), String::new()),
-        };
-        Catalog::load_spec(&spec, &origin, runtime, config_maps, reuse, budget)
-    }
-
     /// Loads a catalog; `origin` (empty for the configuration file) prefixes
     /// its configuration errors. Components whose sha256 an entry's bytes
     /// have in `reuse` (a catalog of the same runtime) are taken from there,
@@ -158,10 +151,13 @@ impl Catalog {
         runtime: &Runtime,
         budget: Duration,
     ) -> Result<Catalog, CatalogError> {
-        let namespace = DEFAULT_NAMESPACE.to_string();
-        let no_config_maps = NoConfigMaps { namespace };
+        // Only file and OCI components are read through it (a ConfigMap's
+        // comes from the cache, above): no namespace is ever named.
+        let no_config_maps = NoConfigMaps {
+            namespace: String::new(),
+        };
         Catalog::load_with(spec, origin, budget, &mut |source, pin| match source {
-            Source::ConfigMap(config_map) => {
+            ComponentSource::ConfigMap(config_map) => {
                 // A ConfigMap source is always pinned (checked before).
                 let sha256 = pin.unwrap_or_default();
                 let origin = format!(
@@ -178,7 +174,7 @@ impl Catalog {
             }
             // A file is read as usual; an OCI component comes from its disk
             // cache (or the registry, if it answers).
-            Source::Path(_) | Source::Oci(_) => {
+            ComponentSource::Path(_) | ComponentSource::Oci(_) => {
                 let component = component::component_bytes(source, pin, &no_config_maps, runtime)?;
                 Ok(runtime.load_bytes(&component.bytes, &component.origin)?)
             }
@@ -193,11 +189,11 @@ impl Catalog {
         plugin: &mut PluginFor<'_>,
     ) -> Result<Catalog, CatalogError> {
         let config_error = |message: String| {
-            CatalogError::Config(ConfigError::Invalid(if origin.is_empty() {
+            CatalogError::Invalid(if origin.is_empty() {
                 message
             } else {
                 format!("{origin}: {message}")
-            }))
+            })
         };
         // Every entry is checked before any is loaded: a typo costs no compile.
         let mut checked = Vec::new();
@@ -210,12 +206,12 @@ impl Catalog {
                     )));
                 }
                 (Some(inline), None) => inline.clone(),
-                (None, Some(file)) => read_settings(file).map_err(|source| {
-                    CatalogError::Config(ConfigError::SettingsFile {
+                (None, Some(file)) => {
+                    read_settings(file).map_err(|source| CatalogError::SettingsFile {
                         field: field.clone(),
-                        source: Box::new(source),
-                    })
-                })?,
+                        source,
+                    })?
+                }
                 (None, None) => Value::Object(Default::default()),
             };
             let (source, pin) = entry

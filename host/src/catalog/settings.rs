@@ -18,6 +18,8 @@
 //! platform's), and never the chain itself; a bad annotation fails its own
 //! template only, naming the annotation, the plugin and the field.
 
+use std::path::{Path, PathBuf};
+
 use serde_json::{Map, Value};
 
 use crate::template::{ParseError, parse_document};
@@ -194,4 +196,28 @@ mod tests {
             "{e}"
         );
     }
+}
+
+/// Why a catalog entry's `settingsFile` cannot be had.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsFileError {
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not YAML or JSON (the error names the file and the place).
+    #[error(transparent)]
+    Parse(#[from] ParseError),
+}
+
+/// Reads a settings file (YAML or JSON) into a JSON value.
+pub fn read_settings(path: &Path) -> Result<Value, SettingsFileError> {
+    let origin = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|source| SettingsFileError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(parse_document(&bytes, &origin)?)
 }

@@ -27,8 +27,8 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::CatalogError;
 use super::config_maps::ConfigMaps;
-use crate::config::ConfigError;
 use crate::template::parse_document;
 use crate::validate::join_key;
 
@@ -54,7 +54,7 @@ pub struct PluginEntry {
     /// A component file on the node.
     pub path: Option<PathBuf>,
     /// A component in a ConfigMap of the daemon's namespace.
-    pub config_map: Option<ConfigMapSource>,
+    pub config_map: Option<ConfigMapComponent>,
     /// A Wasm OCI artifact, `REGISTRY/REPO@sha256:DIGEST`.
     pub oci: Option<String>,
     /// The sha256 of the uncompressed component, hex.
@@ -69,12 +69,12 @@ pub struct PluginEntry {
 /// `configMap: {name, key}`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ConfigMapSource {
+pub struct ConfigMapComponent {
     pub name: String,
     pub key: Option<String>,
 }
 
-impl ConfigMapSource {
+impl ConfigMapComponent {
     /// The `binaryData` key holding the component.
     pub fn key(&self) -> &str {
         self.key.as_deref().unwrap_or(DEFAULT_COMPONENT_KEY)
@@ -83,9 +83,9 @@ impl ConfigMapSource {
 
 /// Where an entry's component comes from, once checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source<'a> {
+pub enum ComponentSource<'a> {
     Path(&'a std::path::Path),
-    ConfigMap(&'a ConfigMapSource),
+    ConfigMap(&'a ConfigMapComponent),
     Oci(crate::oci::Pinned),
 }
 
@@ -102,10 +102,13 @@ impl PluginEntry {
     /// The component source and the pin, checked: exactly one source, a
     /// ConfigMap source pinned, the pin 64 hex digits. `field` is the
     /// entry's (`plugins.NAME`).
-    pub fn source(&self, field: &str) -> Result<(Source<'_>, Option<String>), ConfigError> {
+    pub fn source(
+        &self,
+        field: &str,
+    ) -> Result<(ComponentSource<'_>, Option<String>), CatalogError> {
         let pin = match &self.sha256 {
             Some(pin) => Some(check_sha256(pin).map_err(|e| {
-                ConfigError::Invalid(format!("{}: {e}", join_key(field, "sha256")))
+                CatalogError::Invalid(format!("{}: {e}", join_key(field, "sha256")))
             })?),
             None => None,
         };
@@ -115,36 +118,37 @@ impl PluginEntry {
             self.oci.is_some(),
         ];
         if given.iter().filter(|g| **g).count() > 1 {
-            return Err(ConfigError::Invalid(format!(
+            return Err(CatalogError::Invalid(format!(
                 "{field}: give one of path, configMap and oci, not several (one entry, one component)"
             )));
         }
         let source = match (&self.path, &self.config_map, &self.oci) {
             (None, None, None) => {
-                return Err(ConfigError::Invalid(format!(
+                return Err(CatalogError::Invalid(format!(
                     "{field}: no component: give path (a file on the node), configMap: {{name, key}} or oci: REGISTRY/REPO@sha256:DIGEST"
                 )));
             }
-            (Some(path), _, _) => Source::Path(path),
+            (Some(path), _, _) => ComponentSource::Path(path),
             (_, _, Some(text)) => {
                 let pinned = crate::oci::Pinned::parse(text).map_err(|e| {
-                    ConfigError::Invalid(format!("{}: {e}", join_key(field, "oci")))
+                    CatalogError::Invalid(format!("{}: {e}", join_key(field, "oci")))
                 })?;
-                Source::Oci(pinned)
+                ComponentSource::Oci(pinned)
             }
             (None, Some(config_map), None) => {
                 let at = join_key(field, "configMap");
-                crate::validate::check_dns_subdomain(&config_map.name)
-                    .map_err(|e| ConfigError::Invalid(format!("{}: {e}", join_key(&at, "name"))))?;
+                crate::validate::check_dns_subdomain(&config_map.name).map_err(|e| {
+                    CatalogError::Invalid(format!("{}: {e}", join_key(&at, "name")))
+                })?;
                 check_config_map_key(config_map.key())
-                    .map_err(|e| ConfigError::Invalid(format!("{}: {e}", join_key(&at, "key"))))?;
+                    .map_err(|e| CatalogError::Invalid(format!("{}: {e}", join_key(&at, "key"))))?;
                 if pin.is_none() {
-                    return Err(ConfigError::Invalid(format!(
+                    return Err(CatalogError::Invalid(format!(
                         "{field}: configMap {:?} has no sha256: a component from a ConfigMap must be pinned; add sha256: (printed by `podstamp plugin configmap`, or `sha256sum` of the .wasm)",
                         config_map.name
                     )));
                 }
-                Source::ConfigMap(config_map)
+                ComponentSource::ConfigMap(config_map)
             }
         };
         Ok((source, pin))
@@ -184,17 +188,17 @@ impl CatalogSpec {
     pub fn from_config_map(
         config_maps: &dyn ConfigMaps,
         name: &str,
-    ) -> Result<(CatalogSpec, String), ConfigError> {
+    ) -> Result<(CatalogSpec, String), CatalogError> {
         let namespace = config_maps.namespace();
         let origin = format!("ConfigMap {namespace}/{name} key {CATALOG_KEY}");
         let object = config_maps
             .get(name)
-            .map_err(|source| ConfigError::ConfigMap {
+            .map_err(|source| CatalogError::ConfigMap {
                 field: "daemon.catalog.configMap",
                 source,
             })?
             .ok_or_else(|| {
-                ConfigError::Invalid(format!(
+                CatalogError::Invalid(format!(
                     "daemon.catalog.configMap: ConfigMap {namespace}/{name} does not exist: create it (its key {CATALOG_KEY} holds plugins and chain)"
                 ))
             })?;
@@ -204,23 +208,23 @@ impl CatalogSpec {
                 .pointer(&format!("/binaryData/{CATALOG_KEY}"))
                 .is_some() =>
             {
-                return Err(ConfigError::Invalid(format!(
+                return Err(CatalogError::Invalid(format!(
                     "{origin}: is under binaryData; the catalog is text: put it under data"
                 )));
             }
             _ => {
-                return Err(ConfigError::Invalid(format!(
+                return Err(CatalogError::Invalid(format!(
                     "{origin}: missing: the catalog ConfigMap holds plugins and chain under data.{CATALOG_KEY}"
                 )));
             }
         };
         let value = parse_document(text.as_bytes(), &origin)?;
         let spec: CatalogSpec = serde_path_to_error::deserialize(value)
-            .map_err(|e| ConfigError::Invalid(format!("{origin}: {}: {}", e.path(), e.inner())))?;
+            .map_err(|e| CatalogError::Invalid(format!("{origin}: {}: {}", e.path(), e.inner())))?;
         for (plugin, entry) in &spec.plugins {
             let field = join_key("plugins", plugin);
             if entry.settings_file.is_some() {
-                return Err(ConfigError::Invalid(format!(
+                return Err(CatalogError::Invalid(format!(
                     "{origin}: {}: a catalog in a ConfigMap has no file to read settings from: give settings inline",
                     join_key(&field, "settingsFile")
                 )));
@@ -228,7 +232,7 @@ impl CatalogSpec {
             if let Some(path) = &entry.path
                 && !path.is_absolute()
             {
-                return Err(ConfigError::Invalid(format!(
+                return Err(CatalogError::Invalid(format!(
                     "{origin}: {}: {:?} is relative, but a catalog in a ConfigMap has no directory: give an absolute path on the node",
                     join_key(&field, "path"),
                     path.display()

@@ -34,73 +34,25 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::catalog::{CATALOG_KEY, CatalogSpec, ConfigMapSet, ConfigMaps};
-use crate::config::{Catalog, CatalogError, ConfigFile};
+use crate::catalog::{Catalog, CatalogError};
+use crate::config::ConfigFile;
 use crate::plugin::Runtime;
 use crate::reason::Reason;
 use crate::validate::join_key;
 
-use super::config_file::FileSource;
+use super::catalog_record::{DiskError, RECORD_FORMAT, RECORD_KEY, RECORD_VERSION, Record};
+use super::config_file::FileCatalog;
 use super::configmaps::{self, ConfigMapWatches, FIRST_ANSWER};
 use super::events::{EventSink, Report};
-use super::reload::{CatalogSource, ReloadError, Trigger};
+use super::inbox::Trigger;
+use super::reload::{CatalogSource, ReloadError};
 
 /// How long the first load waits for the API server before the daemon
 /// starts from disk.
 pub const START_WAIT: Duration = Duration::from_secs(5);
-
-/// The code cache record of the last catalog applied from a ConfigMap.
-pub const RECORD_KEY: &str = "last-catalog";
-/// [`Record::format`].
-const RECORD_FORMAT: &str = "podstamp.io/last-catalog";
-/// [`Record::version`] written and understood.
-const RECORD_VERSION: u32 = 1;
-
-/// The last catalog applied from the catalog ConfigMap, as kept on disk.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Record {
-    /// Always [`RECORD_FORMAT`]: says what the bytes are.
-    pub format: String,
-    /// [`RECORD_VERSION`]; another version is not read (the daemon then
-    /// waits for the API), so that a rollback never misreads a newer record.
-    pub version: u32,
-    /// The catalog ConfigMap it was read from.
-    pub namespace: String,
-    pub config_map: String,
-    /// `data.catalog.yaml` as read: plugins (with their pins) and chain.
-    pub catalog: String,
-    /// The digest of the catalog it loaded to, for the log.
-    pub digest: String,
-}
-
-/// Why the catalog could not be had from disk at start.
-#[derive(Debug, thiserror::Error)]
-pub enum DiskError {
-    #[error(
-        "the API server does not answer ({api}), and no catalog from ConfigMap {namespace}/{name} is remembered in the code cache (none was applied on this node yet, or there is no cache): nothing is rendered (manifests on disk are kept) until the API server answers"
-    )]
-    NoRecord {
-        api: String,
-        namespace: String,
-        name: String,
-    },
-    #[error(
-        "the API server does not answer ({api}), and the remembered catalog is unusable: {detail}; nothing is rendered (manifests on disk are kept) until the API server answers"
-    )]
-    BadRecord { api: String, detail: String },
-    #[error(
-        "the API server does not answer ({api}), and the catalog cannot be loaded from disk: {source}; nothing is rendered (manifests on disk are kept) until the API server answers"
-    )]
-    Load {
-        api: String,
-        #[source]
-        source: CatalogError,
-    },
-}
 
 /// What one load asked the watches for.
 #[derive(Default)]
@@ -179,8 +131,8 @@ pub fn trigger(name: &str) -> Trigger {
 }
 
 /// The catalog of the configuration file and the ConfigMaps it names.
-pub struct ApiSource {
-    file: FileSource,
+pub struct ApiCatalog {
+    file: FileCatalog,
     watches: ConfigMapWatches,
     events: Option<EventSink>,
     /// The loader's runtime: its code cache keeps the [`Record`].
@@ -210,14 +162,14 @@ struct Last {
     from_disk: bool,
 }
 
-impl ApiSource {
+impl ApiCatalog {
     pub fn new(
-        file: FileSource,
+        file: FileCatalog,
         watches: ConfigMapWatches,
         events: Option<EventSink>,
         runtime: Runtime,
         node_name: String,
-    ) -> ApiSource {
+    ) -> ApiCatalog {
         // The log names the catalog ConfigMap from the first load on.
         let last = Last {
             catalog_config_map: file
@@ -228,7 +180,7 @@ impl ApiSource {
                 .map(|c| c.config_map.clone()),
             ..Last::default()
         };
-        ApiSource {
+        ApiCatalog {
             file,
             watches,
             events,
@@ -257,7 +209,7 @@ impl ApiSource {
             .render_budget(runtime.limits().timeout)
             .map_err(|e| DiskError::Load {
                 api: api.clone(),
-                source: e.into(),
+                source: CatalogError::Invalid(e.to_string()),
             })?;
         let namespace = self.namespace().to_string();
         let (spec, origin, described) = match &config.daemon.catalog {
@@ -340,7 +292,7 @@ impl ApiSource {
     }
 }
 
-impl CatalogSource for ApiSource {
+impl CatalogSource for ApiCatalog {
     fn origin(&self) -> String {
         match &self.last.catalog_config_map {
             Some(name) => format!("ConfigMap {}/{name}", self.namespace()),
@@ -371,7 +323,7 @@ impl CatalogSource for ApiSource {
         let result = (|| -> Result<Catalog, ReloadError> {
             let budget = config
                 .render_budget(runtime.limits().timeout)
-                .map_err(CatalogError::from)?;
+                .map_err(|e| CatalogError::Invalid(e.to_string()))?;
             let (loaded, origin) = match &config.daemon.catalog {
                 Some(catalog) => CatalogSpec::from_config_map(&config_maps, &catalog.config_map)
                     .map_err(CatalogError::from)?,
@@ -424,7 +376,7 @@ impl CatalogSource for ApiSource {
                 Ok(catalog)
             }
             Err(error) => {
-                self.last.culprit = ApiSource::culprit(spec.as_ref(), &error);
+                self.last.culprit = ApiCatalog::culprit(spec.as_ref(), &error);
                 self.last.fault = if self.last.seen.away {
                     // The API server is away: nothing to post an Event to.
                     None

@@ -7,15 +7,12 @@
 //! that only looks at the method and path); the label set is bounded — the
 //! resource is taken from the path only when it looks like a resource name
 //! (lowercase letters, at most 63), a subresource is appended, anything else
-//! counts as `other`, and past [`MAX_SERIES`] distinct pairs new ones count
-//! as `other` too.
+//! counts as `other`, and past [`super::metrics::MAX_API_SERIES`] distinct
+//! pairs new ones count as `other` too (the metrics keep that bound).
 
 use std::sync::Arc;
 
 use super::metrics::Metrics;
-
-/// Distinct (resource, verb) pairs kept apart; the daemon uses a handful.
-pub const MAX_SERIES: usize = 64;
 
 /// The tower layer that counts each request into `metrics`.
 pub fn layer(

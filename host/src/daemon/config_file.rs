@@ -12,14 +12,15 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use crate::catalog::Catalog;
 use crate::catalog::NoConfigMaps;
-use crate::config::{Catalog, ConfigFile};
+use crate::config::ConfigFile;
 use crate::plugin::Runtime;
 
 use super::reload::{CatalogSource, ReloadError};
 
 /// The configuration file the daemon started with, reread at each load.
-pub struct FileSource {
+pub struct FileCatalog {
     path: PathBuf,
     /// The file as the daemon started with it.
     started: ConfigFile,
@@ -33,7 +34,7 @@ pub struct FileSource {
     reported: BTreeMap<&'static str, String>,
 }
 
-impl FileSource {
+impl FileCatalog {
     /// `started` is the file as read at start; `namespace` and `in_use`
     /// what the namespace and each node-local setting resolved to (flags,
     /// environment, file, default: [`crate::settings`]).
@@ -42,8 +43,8 @@ impl FileSource {
         started: ConfigFile,
         namespace: String,
         in_use: BTreeMap<&'static str, String>,
-    ) -> FileSource {
-        FileSource {
+    ) -> FileCatalog {
+        FileCatalog {
             path,
             started,
             namespace,
@@ -86,7 +87,7 @@ impl FileSource {
     }
 }
 
-impl FileSource {
+impl FileCatalog {
     /// The file as it is now, its node-local changes reported, with the
     /// limits in force (the runtime's are fixed at start; the render
     /// budget follows them, whatever the file now says).
@@ -98,7 +99,7 @@ impl FileSource {
     }
 }
 
-impl CatalogSource for FileSource {
+impl CatalogSource for FileCatalog {
     fn origin(&self) -> String {
         self.path.display().to_string()
     }
@@ -113,12 +114,7 @@ impl CatalogSource for FileSource {
         let config_maps = NoConfigMaps {
             namespace: self.namespace.clone(),
         };
-        Ok(Catalog::load_config(
-            &config,
-            runtime,
-            &config_maps,
-            current,
-        )?)
+        Ok(config.load_catalog_with(runtime, &config_maps, current)?)
     }
 }
 

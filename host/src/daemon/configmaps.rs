@@ -72,7 +72,7 @@ struct Watched {
     task: tokio::task::JoinHandle<()>,
 }
 
-struct State {
+struct Watches {
     watched: BTreeMap<String, Watched>,
 }
 
@@ -81,7 +81,7 @@ struct Shared {
     namespace: String,
     watch_timeout: Option<u32>,
     runtime: tokio::runtime::Handle,
-    state: Mutex<State>,
+    state: Mutex<Watches>,
     answered: Condvar,
     on_change: Box<dyn Fn(&str) + Send + Sync>,
     metrics: Arc<Metrics>,
@@ -111,7 +111,7 @@ impl ConfigMapWatches {
                 namespace,
                 watch_timeout,
                 runtime,
-                state: Mutex::new(State {
+                state: Mutex::new(Watches {
                     watched: BTreeMap::new(),
                 }),
                 answered: Condvar::new(),
@@ -142,7 +142,7 @@ impl ConfigMapWatches {
         }
     }
 
-    fn start(&self, state: &mut MutexGuard<'_, State>, name: &str) {
+    fn start(&self, state: &mut MutexGuard<'_, Watches>, name: &str) {
         if state.watched.contains_key(name) {
             return;
         }
@@ -201,7 +201,7 @@ impl ConfigMapWatches {
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, Watches> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 

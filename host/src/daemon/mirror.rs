@@ -22,9 +22,9 @@ use kube::{Api, Client};
 use serde_json::Value;
 
 use super::backoff::Backoff;
+use super::inbox::{Input, Observation, PodState};
 use super::metrics::Metrics;
 use super::raw::Raw;
-use super::reconcile::Input;
 use super::watch::{self, Event, Spec};
 use crate::manifest::{REVISION_LABEL, SOURCE_ANNOTATION};
 
@@ -43,31 +43,6 @@ const FAILING: [&str; 8] = [
     "CreateContainerError",
     "RunContainerError",
 ];
-
-/// What a mirror pod says about one revision of a template's pod.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Observation {
-    /// `namespace/name` of the PodTemplate (`podstamp.io/source`).
-    pub source: String,
-    /// `podstamp.io/revision`.
-    pub revision: String,
-    pub state: PodState,
-    /// The mirror pod (name, namespace, uid): the Events' related object.
-    pub pod: ObjectReference,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PodState {
-    /// Not running yet.
-    Pending,
-    /// Running, not Ready.
-    Running,
-    /// Its Ready condition is True.
-    Ready,
-    /// The kubelet's reason (a container's waiting reason, or the pod's
-    /// when it ended), and its message.
-    Failed { reason: String, message: String },
-}
 
 /// Reads a pod; None unless it is a mirror pod of one of podstamp's
 /// manifests.

@@ -18,11 +18,12 @@
 pub mod api_catalog;
 mod api_requests;
 pub mod backoff;
+pub mod catalog_record;
 pub mod config_file;
 pub mod configmaps;
 pub mod coordinator;
 pub mod events;
-pub mod gate;
+pub mod inbox;
 pub mod metrics;
 pub mod mirror;
 mod poll;
@@ -32,7 +33,7 @@ pub mod reload;
 pub mod revisions;
 mod rlimit;
 pub mod rollout;
-pub mod rollout_state;
+pub mod rollout_file;
 pub mod source;
 pub mod watch;
 pub mod watch_file;
@@ -42,13 +43,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::catalog::NoConfigMaps;
-use crate::config::{Catalog, CatalogError, ConfigFile};
+use crate::catalog::{Catalog, CatalogError};
+use crate::config::ConfigFile;
+use crate::kube_client::ClientError;
 use crate::node::NodeContext;
 use crate::plugin::{LoadError, Runtime};
-use crate::settings::{DaemonSettings, Source};
+use crate::settings::{DaemonSettings, TemplateSource};
 
+use inbox::Input;
 use metrics::Metrics;
-use reconcile::{Input, Reconciler};
+use reconcile::Reconciler;
 
 /// Why the daemon could not start, or stopped on its own. Each message is
 /// the one line the binary prints.
@@ -97,21 +101,6 @@ pub enum DaemonError {
     ReconcilerPanicked,
 }
 
-/// Why there is no Kubernetes client.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error("--kubeconfig {}: {source}", path.display())]
-    Kubeconfig {
-        path: PathBuf,
-        #[source]
-        source: kube::config::KubeconfigError,
-    },
-    #[error("no Kubernetes credentials (give --kubeconfig, or run in a pod): {0}")]
-    NoCredentials(#[source] kube::config::InferConfigError),
-    #[error("Kubernetes client: {0}")]
-    Client(#[source] kube::Error),
-}
-
 /// The first field of the configuration that reads a ConfigMap.
 fn config_map_field(config: &ConfigFile) -> Option<String> {
     if config.daemon.catalog.is_some() {
@@ -155,10 +144,10 @@ pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
     // A catalog that reads ConfigMaps is loaded by the loader, from the
     // API (or, when it does not answer, from disk), before anything renders.
     let needs_api = match (config_map_field(config), &settings.source) {
-        (Some(field), Source::Dir(_)) => {
+        (Some(field), TemplateSource::Dir(_)) => {
             return Err(DaemonError::ConfigMapWithDirSource { field });
         }
-        (Some(_), Source::Api { .. }) => true,
+        (Some(_), TemplateSource::Api { .. }) => true,
         (None, _) => false,
     };
     let registry = crate::oci::Registry::new(settings.registry.clone());
@@ -171,15 +160,14 @@ pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
         let config_maps = NoConfigMaps {
             namespace: settings.namespace.clone(),
         };
-        Some(Arc::new(Catalog::load_config(
-            config,
+        Some(Arc::new(config.load_catalog_with(
             &plugins,
             &config_maps,
             None,
         )?))
     };
     let reloading = settings.config_file.as_ref().map(|started| Reloading {
-        source: config_file::FileSource::new(
+        source: config_file::FileCatalog::new(
             started.path.clone(),
             config.clone(),
             settings.namespace.clone(),
@@ -194,7 +182,7 @@ pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
         source,
     })?;
     let dir_node = match (&settings.source, &settings.node_file) {
-        (Source::Dir(dir), file) => {
+        (TemplateSource::Dir(dir), file) => {
             if !dir.is_dir() {
                 return Err(DaemonError::NotADirectory(dir.clone()));
             }
@@ -203,8 +191,8 @@ pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
                 None => Some(NodeContext::named(settings.node_name.clone())),
             }
         }
-        (Source::Api { .. }, Some(_)) => return Err(DaemonError::NodeFileWithApi),
-        (Source::Api { .. }, None) => None,
+        (TemplateSource::Api { .. }, Some(_)) => return Err(DaemonError::NodeFileWithApi),
+        (TemplateSource::Api { .. }, None) => None,
     };
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -224,10 +212,10 @@ pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
 
 /// What reloading the catalog from the configuration file needs.
 struct Reloading {
-    source: config_file::FileSource,
+    source: config_file::FileCatalog,
     path: PathBuf,
     /// The file's content the catalog in use was loaded from.
-    content: watch_file::Content,
+    content: crate::config::Content,
     /// The plugin runtime of the catalog in use, for the loader's thread.
     runtime: Runtime,
 }
@@ -249,10 +237,10 @@ async fn serve(
             source,
         })?;
     let client = match &settings.source {
-        Source::Api { kubeconfig } => {
-            Some(client(kubeconfig.as_deref(), Some(metrics.clone())).await?)
+        TemplateSource::Api { kubeconfig } => {
+            Some(client(kubeconfig.as_deref(), metrics.clone()).await?)
         }
-        Source::Dir(_) => None,
+        TemplateSource::Dir(_) => None,
     };
     let (events, publisher): (Option<events::EventSink>, _) = match &client {
         Some(c) => {
@@ -280,7 +268,7 @@ async fn serve(
     // With the API, updates roll across the nodes through its Leases.
     let coordinating = client.as_ref().map(|client| {
         let (asks, asked) = tokio::sync::mpsc::unbounded_channel();
-        reconciler.set_gate(gate::Gate::new(asks));
+        reconciler.coordinate(asks);
         (client.clone(), asked)
     });
     tracing::info!(listen = %settings.listen, node = %settings.node_name, namespace = %settings.namespace,
@@ -312,7 +300,7 @@ async fn serve(
         metrics::READ_TIMEOUT
     );
     if let Some(reloading) = reloading {
-        let api = client.clone().map(|client| ApiCatalog {
+        let api = client.clone().map(|client| ApiReloading {
             client,
             namespace: settings.namespace.clone(),
             watch_timeout: settings.watch_timeout,
@@ -331,7 +319,7 @@ async fn serve(
         tokio::spawn(task);
     }
     match (&settings.source, client) {
-        (Source::Api { .. }, Some(client)) => {
+        (TemplateSource::Api { .. }, Some(client)) => {
             tokio::spawn(source::watch_node(
                 client.clone(),
                 settings.node_name.clone(),
@@ -371,7 +359,7 @@ async fn serve(
                 metrics.clone(),
             ));
         }
-        (Source::Dir(dir), _) => {
+        (TemplateSource::Dir(dir), _) => {
             if let Some(node) = dir_node {
                 let _ = inputs.send(Input::Node(node));
             }
@@ -385,7 +373,7 @@ async fn serve(
                     source,
                 })?;
         }
-        (Source::Api { .. }, None) => unreachable!("an API source has a client"),
+        (TemplateSource::Api { .. }, None) => unreachable!("an API source has a client"),
     }
     drop(inputs);
     let died = async {
@@ -407,7 +395,7 @@ async fn serve(
 
 /// What the API source adds to reloading: the ConfigMaps a catalog names,
 /// and Events on them.
-struct ApiCatalog {
+struct ApiReloading {
     client: kube::Client,
     namespace: String,
     watch_timeout: Option<u32>,
@@ -422,7 +410,7 @@ struct ApiCatalog {
 fn start_reloading(
     reloading: Reloading,
     catalog: Option<Arc<Catalog>>,
-    api: Option<ApiCatalog>,
+    api: Option<ApiReloading>,
     inputs: std::sync::mpsc::Sender<Input>,
     metrics: Arc<Metrics>,
 ) -> std::io::Result<()> {
@@ -441,7 +429,7 @@ fn start_reloading(
                     let _ = on_change.send(api_catalog::trigger(name));
                 },
             );
-            Box::new(api_catalog::ApiSource::new(
+            Box::new(api_catalog::ApiCatalog::new(
                 reloading.source,
                 watches,
                 api.events,
@@ -465,34 +453,15 @@ fn start_reloading(
         .map(drop)
 }
 
-/// A client from `kubeconfig`, else kube-rs's inference (KUBECONFIG,
-/// ~/.kube/config, in-cluster): the daemon's and `podstamp status`'s. With
-/// `metrics`, every request it sends is counted there
-/// (`podstamp_api_requests_total`).
+/// The daemon's client ([`crate::kube_client::config`]), every request it
+/// sends counted in `metrics` (`podstamp_api_requests_total`).
 pub async fn client(
     kubeconfig: Option<&Path>,
-    metrics: Option<Arc<Metrics>>,
+    metrics: Arc<Metrics>,
 ) -> Result<kube::Client, ClientError> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let at = |source| ClientError::Kubeconfig {
-                path: path.to_path_buf(),
-                source,
-            };
-            let kc = kube::config::Kubeconfig::read_from(path).map_err(at)?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(at)?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(ClientError::NoCredentials)?,
-    };
+    let config = crate::kube_client::config(kubeconfig).await?;
     let builder = kube::client::ClientBuilder::try_from(config).map_err(ClientError::Client)?;
-    Ok(match metrics {
-        Some(metrics) => builder.with_layer(&api_requests::layer(metrics)).build(),
-        None => builder.build(),
-    })
+    Ok(builder.with_layer(&api_requests::layer(metrics)).build())
 }
 
 async fn shutdown_signal() {

@@ -26,36 +26,23 @@
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, Sender};
 
-use crate::config::{Catalog, CatalogError};
+use crate::catalog::{Catalog, CatalogError};
 use crate::plugin::Runtime;
 
+use super::inbox::{Input, Trigger};
 use super::metrics::{Metrics, ReloadResult};
-use super::reconcile::Input;
-
-/// Why the loader should load the catalog again.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Trigger {
-    /// The source changed: what changed, for the log.
-    Changed(String),
-    /// A periodic re-read, in case a change was missed (or happened in a
-    /// file no watch covers, such as a `settingsFile`).
-    Periodic,
-}
 
 /// Why a new catalog could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
+    /// The configuration file cannot be read, or is not valid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Catalog(#[from] CatalogError),
     /// At start, neither the API server nor the disk gave a catalog.
     #[error(transparent)]
-    Disk(#[from] super::api_catalog::DiskError),
-}
-
-impl From<crate::config::ConfigError> for ReloadError {
-    fn from(e: crate::config::ConfigError) -> ReloadError {
-        ReloadError::Catalog(e.into())
-    }
+    Disk(#[from] super::catalog_record::DiskError),
 }
 
 /// Where catalogs come from: the configuration file, and with the API

@@ -21,7 +21,7 @@
 //! * A revision recorded in this run is not looked up on disk again: a
 //!   template whose revision did not change costs no file system access.
 //! * Each template's directory also holds its rollout state
-//!   ([`rollout_state`], `rollout.json`): not a revision, never pruned with
+//!   ([`rollout_file`], `rollout.json`): not a revision, never pruned with
 //!   them.
 
 use std::collections::BTreeMap;
@@ -30,11 +30,9 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::rollout_state::{self, State};
+use super::rollout::RolloutState as State;
+use super::rollout_file;
 use crate::write;
-
-pub const DEFAULT_DIR: &str = "/var/lib/podstamp/revisions";
-pub const DEFAULT_HISTORY: usize = 3;
 
 /// Why the revisions directory cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -166,22 +164,22 @@ impl Store {
         Ok(dir)
     }
 
-    /// What template `id`'s rollouts left ([`rollout_state`]).
-    pub fn state(&self, id: &str) -> Result<State, rollout_state::LoadError> {
-        rollout_state::load(&self.template_dir(id))
+    /// What template `id`'s rollouts left ([`rollout_file`]).
+    pub fn state(&self, id: &str) -> Result<State, rollout_file::LoadError> {
+        rollout_file::load(&self.template_dir(id))
     }
 
     /// Replaces what template `id`'s rollouts leave for the next start.
     pub fn save_state(&self, id: &str, state: &State) -> io::Result<()> {
         let dir = self.make_template_dir(id)?;
-        rollout_state::save(&dir, state)
+        rollout_file::save(&dir, state)
     }
 
     /// Removes template `id`'s rollout state (the template is gone); its
     /// kept revisions stay, for people to compare.
     pub fn forget_state(&self, id: &str) -> io::Result<()> {
         let dir = self.template_dir(id);
-        match fs::remove_file(dir.join(rollout_state::FILE)) {
+        match fs::remove_file(dir.join(rollout_file::FILE)) {
             Ok(()) => write::sync_dir(&dir),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e),

@@ -24,10 +24,10 @@ use kube::{Api, Client, Resource};
 use serde_json::Value;
 
 use super::backoff::{self, Backoff};
+use super::inbox::{Incoming, Input, SourceError};
 use super::metrics::Metrics;
 use super::poll::wait_readable;
 use super::raw::Raw;
-use super::reconcile::{Incoming, Input, SourceError};
 use super::watch::{self, Event, Spec};
 use crate::node::NodeContext;
 use crate::template::{Template, parse_document};

@@ -22,36 +22,20 @@
 //!   events said, in case one was missed (a file outside the directory, such
 //!   as a `settingsFile` or a symlink's target, or a lost watch).
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use inotify::{EventMask, Inotify, WatchMask};
-use sha2::{Digest, Sha256};
 
+use super::inbox::Trigger;
 use super::poll::wait_readable;
-use super::reload::Trigger;
+use crate::config::{Content, content};
 
 /// How long the directory must be quiet before the file is read.
 pub const DEBOUNCE: Duration = Duration::from_millis(50);
 /// How often the catalog is loaded again without an event.
 pub const PERIODIC: Duration = Duration::from_secs(60);
-/// Largest configuration file read (no real one is near it).
-const MAX_CONFIG_FILE: u64 = 16 << 20;
-
-/// The file's content as compared: its sha256, or the error reading it.
-pub type Content = Result<[u8; 32], String>;
-
-/// The sha256 of the file's bytes (through symlinks), or why it cannot be read.
-pub fn content(path: &Path) -> Content {
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_CONFIG_FILE).read_to_end(&mut bytes))
-        .map_err(|e| e.to_string())?;
-    Ok(Sha256::digest(&bytes).into())
-}
-
 /// Watches `path` until `triggers` closes, on the calling thread. `seen` is
 /// the content the catalog in use was loaded from: a difference found when
 /// the watch starts is a change too.

@@ -559,7 +559,7 @@ async fn read_secret(
     name: &str,
     kubeconfig: Option<&std::path::Path>,
 ) -> Result<Vec<u8>, String> {
-    let client = crate::daemon::client(kubeconfig, None)
+    let client = crate::kube_client::client(kubeconfig)
         .await
         .map_err(|e| e.to_string())?;
     let api: kube::Api<k8s_openapi::api::core::v1::Secret> =

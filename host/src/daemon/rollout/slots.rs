@@ -1,10 +1,9 @@
-//! The reconciler's side of rollouts across nodes: whether an update may be
-//! written now, and what this node tells the others.
-//!
-//! The reconciler runs on a thread of its own and never waits for the API
-//! server: it asks the [`super::coordinator`] (an async task) for a slot
-//! with an [`Ask`] and goes on; the answer comes back as an
-//! [`super::reconcile::Input::Fleet`], which renders the template again.
+//! Slots: whether an update of a manifest in place may be written now, and
+//! what this node tells the others, as the machine sees it. Pure: what is
+//! to be asked of the coordinator (an async task that holds the Leases,
+//! [`crate::daemon::coordinator`]) is queued as [`Ask`]s that the machine
+//! turns into effects, in order; the answers come back as
+//! [`crate::daemon::inbox::Input::Fleet`], which renders the template again.
 //!
 //! Invariants:
 //! * Only an update of a manifest in place is gated; a first install, a
@@ -15,49 +14,16 @@
 //!   is never released while rollouts cannot be followed (the pods watch has
 //!   not listed): a node that cannot confirm must not let the next one go.
 //! * This node's record is reported before its slot is released, in that
-//!   order on one channel: a node that takes the slot next has already seen
-//!   the failure (both objects come through one watch, in order).
+//!   order: the asks keep the order they were made in, and a node that
+//!   takes the slot next has already seen the failure (both objects come
+//!   through one watch, in order).
 
 use std::collections::BTreeMap;
 
-use tokio::sync::mpsc::UnboundedSender;
-
+use super::tracker;
+use crate::daemon::inbox::{Answer, Ask};
 use crate::fleet::policy::Policy;
 use crate::fleet::{Phase, TemplateStatus, now_rfc3339};
-
-/// What the reconciler asks of the coordinator.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Ask {
-    /// A slot of template `id` (one of `slots`), to write `target`.
-    Acquire {
-        id: String,
-        target: String,
-        slots: u32,
-    },
-    /// No slot is needed any more for `id` (asked, not granted).
-    Cancel { id: String },
-    /// The slot held for `id` is free for the next node.
-    Release { id: String },
-    /// This node's state for `id`; None: the template is gone.
-    Report {
-        id: String,
-        status: Option<Box<TemplateStatus>>,
-    },
-}
-
-/// What the coordinator tells the reconciler.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Answer {
-    /// This node holds a slot of `id` (asked for, or found held by it at
-    /// start).
-    Granted { id: String, target: String },
-    /// The slot of `id` was taken over by another node (this one did not
-    /// renew it in time).
-    Lost { id: String },
-    /// Every target that failed on some node: template → target → who and
-    /// why. Sent whole, when it changes.
-    Failed(BTreeMap<String, BTreeMap<String, String>>),
-}
 
 /// What to do with a rendered update.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,9 +36,11 @@ pub enum Decision {
     Halted(String),
 }
 
-/// The gate, owned by the reconciler.
-pub struct Gate {
-    asks: UnboundedSender<Ask>,
+/// This node's slots, owned by the rollout machine.
+#[derive(Default)]
+pub struct Slots {
+    /// Asks not yet handed to the machine, in the order made.
+    outbox: Vec<Ask>,
     /// Templates whose slot this node holds → the target it was taken for.
     held: BTreeMap<String, String>,
     /// Asked, not granted: template → target.
@@ -88,22 +56,14 @@ pub struct Gate {
 /// How many (revision, target) pairs are remembered per template.
 const TARGETS_KEPT: usize = 8;
 
-impl Gate {
-    pub fn new(asks: UnboundedSender<Ask>) -> Gate {
-        Gate {
-            asks,
-            held: BTreeMap::new(),
-            asked: BTreeMap::new(),
-            failed: BTreeMap::new(),
-            reported: BTreeMap::new(),
-            targets: BTreeMap::new(),
-        }
+impl Slots {
+    fn send(&mut self, ask: Ask) {
+        self.outbox.push(ask);
     }
 
-    fn send(&self, ask: Ask) {
-        // The coordinator lives as long as the daemon; gone, nothing
-        // coordinates any more and the daemon is stopping.
-        let _ = self.asks.send(ask);
+    /// The asks made since the last call, in order.
+    pub fn take_asks(&mut self) -> Vec<Ask> {
+        std::mem::take(&mut self.outbox)
     }
 
     /// Whether template `id` may replace its manifest in place with one of
@@ -243,37 +203,35 @@ impl Gate {
 }
 
 /// The phase of a template on this node as the rollout tracker says it.
-pub fn phase_of(phase: super::rollout::Phase) -> Phase {
+pub fn phase_of(phase: tracker::Phase) -> Phase {
     match phase {
-        super::rollout::Phase::Written => Phase::Written,
-        super::rollout::Phase::Running => Phase::Running,
-        super::rollout::Phase::Ready => Phase::Ready,
-        super::rollout::Phase::Failed => Phase::Failed,
+        tracker::Phase::Written => Phase::Written,
+        tracker::Phase::Running => Phase::Running,
+        tracker::Phase::Ready => Phase::Ready,
+        tracker::Phase::Failed => Phase::Failed,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::sync::mpsc::unbounded_channel;
 
     const ONE: Policy = Policy::NodeByNode { max_unavailable: 1 };
 
     #[test]
     fn an_update_waits_for_a_slot_and_is_asked_once() {
-        let (tx, mut rx) = unbounded_channel();
-        let mut gate = Gate::new(tx);
+        let mut gate = Slots::default();
         assert_eq!(gate.decide("ns/web", "t1", ONE), Decision::Wait);
         assert_eq!(gate.decide("ns/web", "t1", ONE), Decision::Wait);
         assert_eq!(
-            rx.try_recv().unwrap(),
-            Ask::Acquire {
+            gate.take_asks(),
+            vec![Ask::Acquire {
                 id: "ns/web".into(),
                 target: "t1".into(),
                 slots: 1
-            }
+            }],
+            "asked once"
         );
-        assert!(rx.try_recv().is_err(), "asked once");
         assert_eq!(
             gate.answer(Answer::Granted {
                 id: "ns/web".into(),
@@ -286,7 +244,7 @@ mod tests {
         assert_eq!(gate.decide("ns/web", "t2", ONE), Decision::Write);
         gate.release("ns/web");
         assert_eq!(
-            rx.try_recv().unwrap(),
+            gate.take_asks().remove(0),
             Ask::Release {
                 id: "ns/web".into()
             }
@@ -299,10 +257,9 @@ mod tests {
 
     #[test]
     fn a_target_failed_anywhere_halts_and_withdraws_the_ask() {
-        let (tx, mut rx) = unbounded_channel();
-        let mut gate = Gate::new(tx);
+        let mut gate = Slots::default();
         assert_eq!(gate.decide("ns/web", "t1", ONE), Decision::Wait);
-        let _ = rx.try_recv();
+        gate.take_asks();
         let failed = BTreeMap::from([(
             "ns/web".to_string(),
             BTreeMap::from([("t1".to_string(), "node n2: CrashLoopBackOff".to_string())]),
@@ -317,7 +274,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            rx.try_recv().unwrap(),
+            gate.take_asks().remove(0),
             Ask::Cancel {
                 id: "ns/web".into()
             }
@@ -328,8 +285,7 @@ mod tests {
 
     #[test]
     fn only_changes_are_reported() {
-        let (tx, mut rx) = unbounded_channel();
-        let mut gate = Gate::new(tx);
+        let mut gate = Slots::default();
         let status = |phase: Phase| TemplateStatus {
             revision: Some("r1".into()),
             target: Some("t1".into()),
@@ -339,11 +295,11 @@ mod tests {
         gate.report("ns/web", status(Phase::Written));
         gate.report("ns/web", status(Phase::Written));
         gate.report("ns/web", status(Phase::Ready));
-        let sent: Vec<Ask> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        let sent = gate.take_asks();
         assert_eq!(sent.len(), 2, "{sent:?}");
         gate.forget("ns/web");
         assert_eq!(
-            rx.try_recv().unwrap(),
+            gate.take_asks().remove(0),
             Ask::Report {
                 id: "ns/web".into(),
                 status: None

@@ -46,7 +46,7 @@ use clap::Args;
 use podstamp::settings::Layer;
 
 use crate::Failure;
-use crate::render_command::{Job, render_job};
+use crate::cli::render::{Job, render_job};
 
 #[derive(Args)]
 pub(crate) struct TestArgs {

@@ -8,12 +8,13 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
+use podstamp::catalog::{self, Catalog, CatalogError};
 use podstamp::catalog::{
     ComponentError, ConfigMapError, ConfigMapSet, ConfigMaps, NoConfigMaps, PluginError,
     check_settings,
 };
 use podstamp::chain::Step;
-use podstamp::config::{self, Catalog, CatalogError, ConfigFile};
+use podstamp::config::ConfigFile;
 use podstamp::node::{NodeAddress, NodeContext};
 use podstamp::plugin::{Limits, Runtime};
 use podstamp::render::{check_size, render};
@@ -252,21 +253,26 @@ fn load_catalog(
         .map_err(|e| Failure::Render(e.to_string()))?
         .with_registry(podstamp::oci::Registry::new(registry));
     if has_config {
-        return Catalog::load_config(config, &runtime, config_maps, None).map_err(|e| match e {
-            CatalogError::Config(e) => Failure::Usage(e.to_string()),
-            // No --configmap for a ConfigMap source: the command line lacks it.
-            CatalogError::Plugin(
-                e @ PluginError {
-                    source: ComponentError::ConfigMap(ConfigMapError::Unavailable { .. }),
-                    ..
-                },
-            ) => Failure::Usage(e.to_string()),
-            // Settings are the configuration's: refusing them is a usage error.
-            CatalogError::Plugin(e) if e.source.is_settings_refusal() => {
-                Failure::Usage(e.to_string())
-            }
-            CatalogError::Plugin(e) => Failure::Render(e.to_string()),
-        });
+        return config
+            .load_catalog_with(&runtime, config_maps, None)
+            .map_err(|e| match e {
+                e @ (CatalogError::Invalid(_)
+                | CatalogError::Parse(_)
+                | CatalogError::ConfigMap { .. }
+                | CatalogError::SettingsFile { .. }) => Failure::Usage(e.to_string()),
+                // No --configmap for a ConfigMap source: the command line lacks it.
+                CatalogError::Plugin(
+                    e @ PluginError {
+                        source: ComponentError::ConfigMap(ConfigMapError::Unavailable { .. }),
+                        ..
+                    },
+                ) => Failure::Usage(e.to_string()),
+                // Settings are the configuration's: refusing them is a usage error.
+                CatalogError::Plugin(e) if e.source.is_settings_refusal() => {
+                    Failure::Usage(e.to_string())
+                }
+                CatalogError::Plugin(e) => Failure::Render(e.to_string()),
+            });
     }
     let mut steps = Vec::new();
     for spec in plugin_specs {
@@ -280,9 +286,8 @@ fn load_catalog(
             )));
         }
         let settings = match settings_file {
-            Some(file) => {
-                config::read_settings(Path::new(file)).map_err(|e| Failure::Usage(e.to_string()))?
-            }
+            Some(file) => catalog::read_settings(Path::new(file))
+                .map_err(|e| Failure::Usage(e.to_string()))?,
             None => serde_json::json!({}),
         };
         let plugin = runtime
@@ -301,10 +306,8 @@ fn load_catalog(
         }
         steps.push(step);
     }
-    Ok(
-        Catalog::from_steps(steps)
-            .with_render_budget(config::default_render_budget(limits.timeout)),
-    )
+    Ok(Catalog::from_steps(steps)
+        .with_render_budget(catalog::default_render_budget(limits.timeout)))
 }
 
 pub(crate) fn read_input(name: &str) -> Result<(Vec<u8>, String), String> {

@@ -65,7 +65,7 @@ pub fn run(args: StatusArgs) -> Result<(), (u8, String)> {
         .build()
         .map_err(|e| (1, format!("cannot start the async runtime: {e}")))?;
     runtime.block_on(async {
-        let client = podstamp::daemon::client(args.kubeconfig.as_deref(), None)
+        let client = podstamp::kube_client::client(args.kubeconfig.as_deref())
             .await
             .map_err(|e| (2, e.to_string()))?;
         let api: Api<Raw<Lease>> = Api::namespaced(client, &leases_ns);

@@ -2,9 +2,9 @@
 //! far the kubelet got with it: written → running → ready, or failed with
 //! the kubelet's reason, or not Ready within the progress deadline.
 //!
-//! Pure bookkeeping, fed by the reconciler (what it wrote or found in
-//! place) and by the mirror pods ([`super::mirror`]); the reconciler acts on
-//! the [`Verdict`]s (metrics, logs, Events, rollback).
+//! Pure bookkeeping, fed by the machine ([`super::Machine`]: what was
+//! written or found in place, and what the mirror pods say); the machine
+//! decides what the [`Verdict`]s call for (metrics, logs, Events, rollback).
 //!
 //! Invariants:
 //! * Only the mirror pod of the revision in place counts: the old pod's
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 
-use super::mirror::{Observation, PodState};
+use crate::daemon::inbox::{Observation, PodState};
 
 /// The PodTemplate annotation that sets how long a new revision has to
 /// become Ready.

@@ -1,4 +1,5 @@
-//! What a template's rollouts leave for the next start of the daemon: the
+//! The file of what a template's rollouts leave for the next start of the
+//! daemon ([`super::rollout::RolloutState`]): the
 //! last revision that succeeded on this node, the failed revision that is
 //! held (not written again while the template renders it), and the revision
 //! this daemon wrote whose rollout has no verdict yet. Without it a restart
@@ -25,29 +26,11 @@
 use std::io;
 use std::path::Path;
 
+use super::rollout::RolloutState as State;
 use crate::write;
 
 /// The file's name in a template's revisions directory.
 pub const FILE: &str = "rollout.json";
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct State {
-    /// The last revision whose rollout succeeded (Ready, and stayed so):
-    /// what a failed revision is rolled back to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub good: Option<String>,
-    /// A revision that failed and was rolled back.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub held: Option<String>,
-    /// The revision this daemon wrote last, while its rollout has no
-    /// verdict: found in place after a restart, it is still followed as
-    /// this daemon's own rollout (its outcome announced). Its progress
-    /// deadline counts anew from the restart, as whenever rollouts are
-    /// followed again (see [`super::rollout`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pending: Option<String>,
-}
 
 /// Why a state file was read as empty.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,158 @@
+//! The Leases of podstamp as the coordinator reads and writes them: a slot
+//! (who may update a template now) and a node's status record.
+//!
+//! Invariant: objects are read leniently (as JSON): none can stop the watch;
+//! a field that is missing or of the wrong type reads as absent.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use serde_json::Value;
+
+use crate::fleet::{
+    NodeStatus, ROLE_LABEL, ROLE_SLOT, ROLE_STATUS, STATUS_ANNOTATION, TARGET_ANNOTATION,
+    TEMPLATE_ANNOTATION,
+};
+
+/// A Lease of ours, as last seen.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Seen {
+    pub(super) role: String,
+    pub(super) holder: Option<String>,
+    pub(super) duration: Duration,
+    pub(super) template: Option<String>,
+    pub(super) target: Option<String>,
+    /// A status Lease's record, parsed once when read (empty for a slot, a
+    /// record that is missing or does not parse: rewritten then).
+    pub(super) record: NodeStatus,
+    pub(super) transitions: i32,
+    /// `spec.acquireTime`, as it was read: kept by renewals.
+    pub(super) acquired: Option<MicroTime>,
+    pub(super) resource_version: String,
+    /// When this node saw this version first.
+    pub(super) observed: Instant,
+}
+
+pub(super) fn read_lease(
+    value: &Value,
+    now: Instant,
+    default_duration: Duration,
+) -> Option<(String, Seen)> {
+    let metadata = value.get("metadata")?;
+    let name = metadata.get("name")?.as_str()?.to_string();
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
+    let annotations = metadata.get("annotations");
+    let spec = value.get("spec");
+    let seconds = spec
+        .and_then(|s| s.get("leaseDurationSeconds"))
+        .and_then(Value::as_u64)
+        .filter(|s| *s > 0);
+    Some((
+        name,
+        Seen {
+            role: text(metadata.pointer(&format!("/labels/{}", ROLE_LABEL.replace('/', "~1"))))
+                .unwrap_or_default(),
+            holder: text(spec.and_then(|s| s.get("holderIdentity"))).filter(|h| !h.is_empty()),
+            duration: seconds.map_or(default_duration, Duration::from_secs),
+            template: text(annotations.and_then(|a| a.get(TEMPLATE_ANNOTATION))),
+            target: text(annotations.and_then(|a| a.get(TARGET_ANNOTATION))),
+            record: NodeStatus::parse(
+                annotations
+                    .and_then(|a| a.get(STATUS_ANNOTATION))
+                    .and_then(Value::as_str),
+            )
+            .0,
+            transitions: spec
+                .and_then(|s| s.get("leaseTransitions"))
+                .and_then(Value::as_i64)
+                .and_then(|n| i32::try_from(n).ok())
+                .unwrap_or(0),
+            acquired: spec
+                .and_then(|s| s.get("acquireTime"))
+                .and_then(|t| serde_json::from_value(t.clone()).ok()),
+            resource_version: text(metadata.get("resourceVersion")).unwrap_or_default(),
+            observed: now,
+        },
+    ))
+}
+
+pub(super) fn micro_now() -> MicroTime {
+    MicroTime(k8s_openapi::jiff::Timestamp::now())
+}
+
+fn labels(role: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (ROLE_LABEL.to_string(), role.to_string()),
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            "podstamp".to_string(),
+        ),
+    ])
+}
+
+/// Which slot, of which template, for which target.
+pub(super) struct Slot<'a> {
+    pub(super) name: &'a str,
+    pub(super) id: &'a str,
+    pub(super) target: &'a str,
+}
+
+/// The slot Lease held by `holder` (None: free).
+pub(super) fn slot_lease(
+    slot: Slot<'_>,
+    namespace: &str,
+    holder: Option<&str>,
+    duration: Duration,
+    transitions: i32,
+    resource_version: Option<String>,
+) -> Lease {
+    let Slot { name, id, target } = slot;
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(labels(ROLE_SLOT)),
+            annotations: Some(BTreeMap::from([
+                (TEMPLATE_ANNOTATION.to_string(), id.to_string()),
+                (TARGET_ANNOTATION.to_string(), target.to_string()),
+            ])),
+            resource_version,
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: holder.map(str::to_string),
+            lease_duration_seconds: Some(duration.as_secs().max(1).try_into().unwrap_or(i32::MAX)),
+            acquire_time: holder.map(|_| micro_now()),
+            renew_time: holder.map(|_| micro_now()),
+            lease_transitions: Some(transitions),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+/// This node's status record, `me` holding it, `record` its JSON.
+pub(super) fn status_lease(
+    name: String,
+    me: &str,
+    record: String,
+    namespace: &str,
+    resource_version: Option<String>,
+) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(namespace.to_string()),
+            labels: Some(labels(ROLE_STATUS)),
+            annotations: Some(BTreeMap::from([(STATUS_ANNOTATION.to_string(), record)])),
+            resource_version,
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(me.to_string()),
+            renew_time: Some(micro_now()),
+            ..LeaseSpec::default()
+        }),
+    }
+}

@@ -1,0 +1,580 @@
+//! What the coordinator knows of the Leases and of this node's asks, and
+//! every decision it takes from that: which write comes next
+//! ([`Ledger::next`] → [`Action`]), and what a write that went through
+//! changes ([`after`]). No I/O: the async task in `mod.rs` reads the watch,
+//! makes the writes and feeds the results back.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use super::lease::Seen;
+use crate::daemon::inbox::{Answer, Ask};
+use crate::fleet::{NodeStatus, ROLE_SLOT, ROLE_STATUS, STATUS_VERSION, slot_name, status_name};
+
+/// One write the state calls for.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Action {
+    /// This node's record.
+    Status { resource_version: Option<String> },
+    /// Free a slot this node held.
+    Release { name: String },
+    /// Renew a slot held for template `id`.
+    Renew { id: String, name: String },
+    /// Take slot `name` for template `id`: a create when there is no
+    /// resourceVersion.
+    Take {
+        id: String,
+        name: String,
+        target: String,
+        resource_version: Option<String>,
+    },
+}
+
+/// What the coordinator knows; every decision is made here, without I/O.
+pub(super) struct Ledger {
+    pub(super) me: String,
+    pub(super) duration: Duration,
+    pub(super) leases: BTreeMap<String, Seen>,
+    /// A relist under way: what it has seen so far.
+    pub(super) relisting: Option<BTreeMap<String, Seen>>,
+    pub(super) synced: bool,
+    /// Asked, not granted: template → (target, slots).
+    pub(super) pending: BTreeMap<String, (String, u32)>,
+    /// Template → the slot this node holds for it.
+    pub(super) held: BTreeMap<String, String>,
+    pub(super) last_renew: BTreeMap<String, Instant>,
+    /// Slots to free.
+    pub(super) releasing: BTreeSet<String>,
+    /// This node's record as it should be.
+    pub(super) mine: NodeStatus,
+    /// Writes that lost a race, by object name, at the resourceVersion
+    /// they were tried against: not tried again until it changes.
+    pub(super) conflicted: BTreeMap<String, String>,
+    /// The failed targets last sent to the reconciler.
+    pub(super) failed_sent: Option<BTreeMap<String, BTreeMap<String, String>>>,
+    /// The Lease watch is following (listed or resumed, not failed since):
+    /// only then can a slot be judged unrenewed, and taken.
+    pub(super) watching: bool,
+}
+
+impl Ledger {
+    pub(super) fn new(me: String, duration: Duration) -> Ledger {
+        Ledger {
+            me,
+            duration,
+            leases: BTreeMap::new(),
+            relisting: None,
+            synced: false,
+            pending: BTreeMap::new(),
+            held: BTreeMap::new(),
+            last_renew: BTreeMap::new(),
+            releasing: BTreeSet::new(),
+            mine: NodeStatus {
+                version: STATUS_VERSION,
+                ..NodeStatus::default()
+            },
+            conflicted: BTreeMap::new(),
+            failed_sent: None,
+            watching: false,
+        }
+    }
+
+    pub(super) fn status_name(&self) -> String {
+        status_name(&self.me)
+    }
+
+    /// A Lease seen (listed or changed); a new version is observed now.
+    pub(super) fn seen(&mut self, name: String, mut lease: Seen) {
+        // A relist follows a gap in what this node saw: every Lease in it
+        // is observed from now (see [`Ledger::reobserve`]).
+        let known = match &self.relisting {
+            Some(listing) => listing.get(&name),
+            None => self.leases.get(&name),
+        };
+        if let Some(old) = known
+            && old.resource_version == lease.resource_version
+        {
+            lease.observed = old.observed;
+        }
+        let map = self.relisting.as_mut().unwrap_or(&mut self.leases);
+        map.insert(name, lease);
+    }
+
+    /// The watch was cut and resumed: nothing was seen meanwhile, so no
+    /// Lease counts as unrenewed for that time. A holder that could not
+    /// renew during an API outage is not taken over the moment it ends:
+    /// others wait a whole duration of watching first.
+    pub(super) fn reobserve(&mut self, now: Instant) {
+        self.watching = true;
+        for lease in self.leases.values_mut() {
+            lease.observed = now;
+        }
+    }
+
+    /// The Lease watch failed: until it follows again, what this node
+    /// knows of the slots may be stale, and none is taken.
+    pub(super) fn watch_failed(&mut self) {
+        self.watching = false;
+    }
+
+    pub(super) fn list_done(&mut self) -> Vec<Answer> {
+        if let Some(listed) = self.relisting.take() {
+            self.leases = listed;
+        }
+        self.watching = true;
+        let mut answers = Vec::new();
+        if !self.synced {
+            self.synced = true;
+            // Slots held by this node before a restart are its own.
+            for (name, lease) in &self.leases {
+                if lease.role == ROLE_SLOT
+                    && lease.holder.as_deref() == Some(self.me.as_str())
+                    && let Some(id) = &lease.template
+                {
+                    self.held.insert(id.clone(), name.clone());
+                    answers.push(Answer::Granted {
+                        id: id.clone(),
+                        target: lease.target.clone().unwrap_or_default(),
+                    });
+                }
+            }
+            // This node's record as the API has it is where it goes on.
+            if let Some(lease) = self.leases.get(&self.status_name()) {
+                for (id, status) in &lease.record.templates {
+                    self.mine
+                        .templates
+                        .entry(id.clone())
+                        .or_insert_with(|| status.clone());
+                }
+            }
+        }
+        answers
+    }
+
+    pub(super) fn ask(&mut self, ask: Ask) {
+        match ask {
+            Ask::Acquire { id, target, slots } => {
+                self.pending.insert(id, (target, slots));
+            }
+            Ask::Cancel { id } => {
+                self.pending.remove(&id);
+            }
+            Ask::Release { id } => {
+                self.pending.remove(&id);
+                self.last_renew.remove(&id);
+                if let Some(name) = self.held.remove(&id) {
+                    self.releasing.insert(name);
+                }
+            }
+            Ask::Report { id, status: None } => {
+                self.mine.templates.remove(&id);
+            }
+            Ask::Report {
+                id,
+                status: Some(status),
+            } => {
+                let mut status = *status;
+                // The time a phase began is kept from the record in the API
+                // (a restarted node reports its phases anew).
+                if let Some(old) = self.mine.templates.get(&id)
+                    && old.phase == status.phase
+                {
+                    status.since = old.since.clone();
+                }
+                self.mine.templates.insert(id, status);
+            }
+        }
+    }
+
+    /// Slots this node held that another node took, or that are gone.
+    pub(super) fn lost(&mut self) -> Vec<Answer> {
+        let lost: Vec<String> = self
+            .held
+            .iter()
+            .filter(|(_, name)| {
+                self.leases
+                    .get(*name)
+                    .is_none_or(|l| l.holder.as_deref() != Some(self.me.as_str()))
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        lost.into_iter()
+            .map(|id| {
+                self.held.remove(&id);
+                self.last_renew.remove(&id);
+                Answer::Lost { id }
+            })
+            .collect()
+    }
+
+    /// Every target that failed on some node, when it changed since last
+    /// sent.
+    pub(super) fn failed(&mut self) -> Option<Answer> {
+        let mut failed: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        let records = self.leases.iter().filter(|(_, l)| l.role == ROLE_STATUS);
+        for (name, lease) in records {
+            let node = lease.holder.clone().unwrap_or_else(|| name.clone());
+            let record = if *name == self.status_name() {
+                &self.mine
+            } else {
+                &lease.record
+            };
+            for (id, status) in &record.templates {
+                if let Some(f) = status.failed.as_ref().filter(|f| !f.target.is_empty()) {
+                    failed.entry(id.clone()).or_default().insert(
+                        f.target.clone(),
+                        format!("node {node}: {}: {}", f.reason, f.message),
+                    );
+                }
+            }
+        }
+        if self.failed_sent.as_ref() == Some(&failed) {
+            return None;
+        }
+        self.failed_sent = Some(failed.clone());
+        Some(Answer::Failed(failed))
+    }
+
+    pub(super) fn conflicted(&self, name: &str, resource_version: Option<&str>) -> bool {
+        self.conflicted.get(name).map(String::as_str) == Some(resource_version.unwrap_or(""))
+    }
+
+    /// The next write to make, if any.
+    pub(super) fn next(&self, now: Instant) -> Option<Action> {
+        if !self.synced {
+            return None;
+        }
+        // The record first: a failure is known before the slot is free.
+        let name = self.status_name();
+        let in_api = self.leases.get(&name);
+        let rv = in_api.map(|l| l.resource_version.clone());
+        if (in_api.is_none_or(|l| l.record != self.mine)) && !self.conflicted(&name, rv.as_deref())
+        {
+            // No record and nothing to say: nothing to write.
+            if !(in_api.is_none() && self.mine.templates.is_empty()) {
+                return Some(Action::Status {
+                    resource_version: rv,
+                });
+            }
+        }
+        for name in &self.releasing {
+            match self.leases.get(name) {
+                Some(l)
+                    if l.holder.as_deref() == Some(self.me.as_str())
+                        && !self.conflicted(name, Some(&l.resource_version)) =>
+                {
+                    return Some(Action::Release { name: name.clone() });
+                }
+                _ => {}
+            }
+        }
+        let renew_every = self.duration / 3;
+        for (id, name) in &self.held {
+            let due = self
+                .last_renew
+                .get(id)
+                .is_none_or(|t| now.duration_since(*t) >= renew_every);
+            if due
+                && let Some(l) = self.leases.get(name)
+                && !self.conflicted(name, Some(&l.resource_version))
+            {
+                return Some(Action::Renew {
+                    id: id.clone(),
+                    name: name.clone(),
+                });
+            }
+        }
+        // A slot is judged free only from a watch that follows: after an
+        // outage, the holder could not renew, and others could not see.
+        let pending = self.pending.iter().filter(|_| self.watching);
+        for (id, (target, slots)) in pending {
+            // A target that failed on a node is not started (the reconciler
+            // withdraws the ask when it hears of it).
+            let failed = self
+                .failed_sent
+                .as_ref()
+                .and_then(|f| f.get(id))
+                .is_some_and(|t| t.contains_key(target));
+            if self.held.contains_key(id) || failed {
+                continue;
+            }
+            for index in 0..*slots {
+                let name = slot_name(id, index);
+                let take = |resource_version: Option<String>| Action::Take {
+                    id: id.clone(),
+                    name: name.clone(),
+                    target: target.clone(),
+                    resource_version,
+                };
+                match self.leases.get(&name) {
+                    None if !self.conflicted(&name, None) => return Some(take(None)),
+                    None => {}
+                    Some(l) => {
+                        let free = match l.holder.as_deref() {
+                            None => true,
+                            Some(h) if h == self.me => true,
+                            Some(_) => now.duration_since(l.observed) >= l.duration,
+                        };
+                        if free && !self.conflicted(&name, Some(&l.resource_version)) {
+                            return Some(take(Some(l.resource_version.clone())));
+                        }
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Whether anything waits on time (expiry, renewal).
+    pub(super) fn busy(&self) -> bool {
+        !self.pending.is_empty() || !self.held.is_empty() || !self.releasing.is_empty()
+    }
+}
+
+/// What a successful write changes in the state, and tells the reconciler.
+pub(super) fn after(state: &mut Ledger, action: &Action) -> Option<Answer> {
+    match action {
+        Action::Status { .. } => None,
+        Action::Release { name } => {
+            state.releasing.remove(name);
+            None
+        }
+        Action::Renew { id, .. } => {
+            state.last_renew.insert(id.clone(), Instant::now());
+            None
+        }
+        Action::Take {
+            id, name, target, ..
+        } => {
+            state.pending.remove(id);
+            state.held.insert(id.clone(), name.clone());
+            state.last_renew.insert(id.clone(), Instant::now());
+            tracing::info!(template = %id, slot = %name, target = %target, "took a rollout slot");
+            Some(Answer::Granted {
+                id: id.clone(),
+                target: target.clone(),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::{Failed, TemplateStatus};
+
+    const D: Duration = Duration::from_secs(30);
+
+    fn lease(role: &str, holder: Option<&str>, rv: &str, observed: Instant) -> Seen {
+        Seen {
+            role: role.into(),
+            holder: holder.map(str::to_string),
+            duration: D,
+            template: Some("ns/web".into()),
+            target: Some("t1".into()),
+            record: NodeStatus::default(),
+            transitions: 0,
+            acquired: None,
+            resource_version: rv.into(),
+            observed,
+        }
+    }
+
+    fn synced(me: &str) -> Ledger {
+        let mut s = Ledger::new(me.into(), D);
+        s.list_done();
+        s
+    }
+
+    fn acquire(s: &mut Ledger, slots: u32) {
+        s.ask(Ask::Acquire {
+            id: "ns/web".into(),
+            target: "t1".into(),
+            slots,
+        });
+    }
+
+    #[test]
+    fn nothing_is_written_before_the_first_list_or_while_idle() {
+        let mut s = Ledger::new("n1".into(), D);
+        acquire(&mut s, 1);
+        assert_eq!(s.next(Instant::now()), None);
+        let mut s = synced("n1");
+        assert_eq!(s.next(Instant::now()), None, "idle: no writes");
+        assert!(!s.busy());
+        acquire(&mut s, 1);
+        assert!(matches!(
+            s.next(Instant::now()),
+            Some(Action::Take {
+                resource_version: None,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_held_slot_is_taken_only_once_it_expired_on_this_nodes_clock() {
+        let now = Instant::now();
+        let mut s = synced("n1");
+        let name = slot_name("ns/web", 0);
+        s.seen(name.clone(), lease(ROLE_SLOT, Some("n2"), "5", now));
+        acquire(&mut s, 1);
+        assert_eq!(s.next(now + D / 2), None);
+        // The holder renewed: a new version, observed anew.
+        s.seen(name.clone(), lease(ROLE_SLOT, Some("n2"), "6", now + D / 2));
+        assert_eq!(s.next(now + D), None);
+        // The same version seen again keeps its first observation.
+        s.seen(name.clone(), lease(ROLE_SLOT, Some("n2"), "6", now + D));
+        assert!(matches!(
+            s.next(now + D / 2 + D),
+            Some(Action::Take { resource_version: Some(rv), .. }) if rv == "6"
+        ));
+        // With two slots, the second is taken at once.
+        acquire(&mut s, 2);
+        assert!(matches!(
+            s.next(now + D / 2),
+            Some(Action::Take { name: n, resource_version: None, .. }) if n == slot_name("ns/web", 1)
+        ));
+    }
+
+    #[test]
+    fn after_a_gap_in_the_watch_a_holder_gets_a_whole_duration_again() {
+        let now = Instant::now();
+        let mut s = synced("n1");
+        let name = slot_name("ns/web", 0);
+        s.seen(name.clone(), lease(ROLE_SLOT, Some("n2"), "5", now));
+        acquire(&mut s, 1);
+        // The API server goes away for longer than the lease: nothing is
+        // taken while the watch does not follow, nor at once when it does.
+        s.watch_failed();
+        assert_eq!(s.next(now + 2 * D), None, "not taken blind");
+        s.reobserve(now + 2 * D);
+        assert_eq!(s.next(now + 2 * D), None, "not taken at once");
+        assert!(matches!(s.next(now + 3 * D), Some(Action::Take { .. })));
+        // A relist too observes every Lease anew.
+        s.relisting = Some(BTreeMap::new());
+        s.seen(name.clone(), lease(ROLE_SLOT, Some("n2"), "5", now + 3 * D));
+        s.list_done();
+        assert_eq!(s.next(now + 3 * D), None);
+    }
+
+    #[test]
+    fn a_lost_race_waits_for_the_watch() {
+        let now = Instant::now();
+        let mut s = synced("n1");
+        acquire(&mut s, 1);
+        let name = slot_name("ns/web", 0);
+        s.conflicted.insert(name.clone(), String::new());
+        assert_eq!(s.next(now), None);
+        s.seen(name.clone(), lease(ROLE_SLOT, None, "7", now));
+        assert!(matches!(s.next(now), Some(Action::Take { .. })));
+    }
+
+    #[test]
+    fn a_restarted_node_adopts_its_slots_and_keeps_its_record() {
+        let now = Instant::now();
+        let mut s = Ledger::new("n1".into(), D);
+        s.relisting = Some(BTreeMap::new());
+        s.seen(
+            slot_name("ns/web", 0),
+            lease(ROLE_SLOT, Some("n1"), "3", now),
+        );
+        let mut record = NodeStatus {
+            version: 1,
+            ..NodeStatus::default()
+        };
+        record.templates.insert(
+            "ns/web".into(),
+            TemplateStatus {
+                phase: "ready".into(),
+                since: "2026-01-01T00:00:00Z".into(),
+                ..TemplateStatus::default()
+            },
+        );
+        let mut mine = lease(ROLE_STATUS, Some("n1"), "4", now);
+        mine.record = record;
+        s.seen(status_name("n1"), mine);
+        let answers = s.list_done();
+        assert_eq!(
+            answers,
+            vec![Answer::Granted {
+                id: "ns/web".into(),
+                target: "t1".into()
+            }]
+        );
+        // The same phase reported again keeps its time: nothing to write.
+        s.ask(Ask::Report {
+            id: "ns/web".into(),
+            status: Some(Box::new(TemplateStatus {
+                phase: "ready".into(),
+                since: "2026-12-03T00:00:00Z".into(),
+                ..TemplateStatus::default()
+            })),
+        });
+        assert!(
+            !matches!(s.next(now), Some(Action::Status { .. })),
+            "{:?}",
+            s.next(now)
+        );
+    }
+
+    #[test]
+    fn the_record_is_written_before_the_release_and_failures_are_shared() {
+        let now = Instant::now();
+        let mut s = synced("n1");
+        let name = slot_name("ns/web", 0);
+        s.seen(name.clone(), lease(ROLE_SLOT, Some("n1"), "3", now));
+        s.held.insert("ns/web".into(), name.clone());
+        s.last_renew.insert("ns/web".into(), now);
+        s.ask(Ask::Report {
+            id: "ns/web".into(),
+            status: Some(Box::new(TemplateStatus {
+                phase: "failed".into(),
+                failed: Some(Failed {
+                    target: "t1".into(),
+                    reason: "CrashLoopBackOff".into(),
+                    ..Failed::default()
+                }),
+                ..TemplateStatus::default()
+            })),
+        });
+        s.ask(Ask::Release {
+            id: "ns/web".into(),
+        });
+        assert_eq!(
+            s.next(now),
+            Some(Action::Status {
+                resource_version: None
+            })
+        );
+        // Once written (seen back), the release.
+        let mut mine = lease(ROLE_STATUS, Some("n1"), "8", now);
+        mine.record = s.mine.clone();
+        s.seen(status_name("n1"), mine);
+        assert_eq!(s.next(now), Some(Action::Release { name }));
+        // Another node's failure reaches the reconciler, once.
+        let mut other = lease(ROLE_STATUS, Some("n2"), "9", now);
+        let mut record = NodeStatus::default();
+        record.templates.insert(
+            "ns/db".into(),
+            TemplateStatus {
+                failed: Some(Failed {
+                    target: "t9".into(),
+                    reason: "ErrImageNeverPull".into(),
+                    ..Failed::default()
+                }),
+                ..TemplateStatus::default()
+            },
+        );
+        other.record = record;
+        s.seen(status_name("n2"), other);
+        match s.failed() {
+            Some(Answer::Failed(f)) => {
+                assert!(f["ns/web"]["t1"].contains("node n1: CrashLoopBackOff"));
+                assert!(f["ns/db"]["t9"].contains("node n2: ErrImageNeverPull"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(s.failed(), None);
+    }
+}

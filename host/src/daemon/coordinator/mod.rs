@@ -1,0 +1,348 @@
+//! The coordinator of rollouts across nodes: this node's side of the slots
+//! and node statuses of [`crate::fleet`], kept through the API server.
+//!
+//! An async task. It watches the Leases of podstamp in the rollout
+//! namespace (label [`ROLE_LABEL`]), takes a slot when the reconciler asks
+//! for one ([`Ask::Acquire`]) and one is free, renews the slots it holds,
+//! frees them when told, and writes this node's status record when it
+//! changes. It tells the reconciler what it got ([`Answer`]).
+//!
+//! Invariants:
+//! * Every write is conditional on the resourceVersion last seen (or a
+//!   create): of two nodes taking one slot, one wins and the other sees a
+//!   conflict and waits for the watch. No write is retried blindly.
+//! * A slot is free when it has no holder, or when its Lease has not
+//!   changed for its `leaseDurationSeconds`, judged on this node's clock
+//!   from when this node saw it change (never by comparing clocks across
+//!   nodes, as client-go's leader election does).
+//! * Nothing is written before the first complete list: a restarted node
+//!   first learns which slots it holds (adopted) and what the others say.
+//! * Nothing is written while nothing rolls: the status is written when it
+//!   changes, slots are renewed only while held.
+//! * Asks are handled in the order sent: a status report sent before a
+//!   release is written before the release.
+//! * Objects are read leniently (as JSON): none can stop the watch.
+//!
+//! One concern per file: this one (the task: the watch, the writes),
+//! `ledger` (what it knows and decides, without I/O), `lease` (the Lease
+//! objects as read and written).
+
+mod lease;
+mod ledger;
+
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::sync::mpsc::Sender;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, PostParams};
+use serde_json::Value;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use lease::{Slot, read_lease, slot_lease, status_lease};
+use ledger::{Action, Ledger, after};
+
+use super::backoff::Backoff;
+use super::inbox::{Ask, Input};
+use super::metrics::Metrics;
+use super::raw::Raw;
+use super::watch::{self, Event, Spec};
+use crate::fleet::ROLE_LABEL;
+
+/// The longest one API call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often pending asks and held slots are looked at without an event.
+const TICK: Duration = Duration::from_millis(500);
+
+/// What the coordinator needs to know.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Where the Leases are.
+    pub namespace: String,
+    /// This node: the holder identity.
+    pub node: String,
+    pub lease_duration: Duration,
+    pub watch_timeout: Option<u32>,
+}
+
+/// How a write ended.
+enum Written {
+    Ok(Box<Lease>),
+    /// Another writer was first (409), or the object is gone (404 on a
+    /// replace): the watch says what is there now.
+    Conflict,
+    Failed(String),
+}
+
+async fn write(api: &Api<Lease>, lease: Lease, create: bool) -> Written {
+    let name = lease.metadata.name.clone().unwrap_or_default();
+    let call = async {
+        if create {
+            api.create(&PostParams::default(), &lease).await
+        } else {
+            api.replace(&name, &PostParams::default(), &lease).await
+        }
+    };
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(Ok(lease)) => Written::Ok(Box::new(lease)),
+        Ok(Err(kube::Error::Api(status))) if status.code == 409 => Written::Conflict,
+        Ok(Err(kube::Error::Api(status))) if status.code == 404 && !create => Written::Conflict,
+        Ok(Err(kube::Error::Api(status))) if status.is_forbidden() => Written::Failed(format!(
+            "permission denied: {}; grant leases (coordination.k8s.io) get, list, watch, create and update in this namespace (see deploy/rbac.yaml)",
+            status.message
+        )),
+        Ok(Err(kube::Error::Api(status))) if status.code == 404 => Written::Failed(format!(
+            "{}; create the namespace, or name another with daemon.rollouts.namespace (--rollout-namespace)",
+            status.message
+        )),
+        Ok(Err(e)) => Written::Failed(e.to_string()),
+        Err(_) => Written::Failed(format!("no answer within {CALL_TIMEOUT:?}")),
+    }
+}
+
+/// What the Lease watch tells the coordinator.
+enum LeaseEvent {
+    Listing,
+    Resumed,
+    Failed,
+    Object(Value),
+    ListDone,
+    Deleted(String),
+}
+
+/// Coordinates this node's rollouts with the other nodes until the
+/// reconciler is gone.
+pub async fn run(
+    client: kube::Client,
+    settings: Settings,
+    mut asks: UnboundedReceiver<Ask>,
+    inputs: Sender<Input>,
+    metrics: Arc<Metrics>,
+) {
+    let raw: Api<Raw<Lease>> = Api::namespaced(client.clone(), &settings.namespace);
+    let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
+    // The watch runs on a task of its own (the shared loop: resume, relist
+    // on 410, backoff) and hands its events over.
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let spec = Spec::new("leases", "leases", settings.watch_timeout).labels(ROLE_LABEL);
+    let watching = tokio::spawn(watch::run(
+        raw,
+        spec,
+        metrics.clone(),
+        Backoff::new(),
+        move |event| {
+            let message = match event {
+                Event::Listing => LeaseEvent::Listing,
+                Event::Listed(lease) | Event::Applied(lease) => {
+                    LeaseEvent::Object(lease.value().clone())
+                }
+                Event::ListDone => LeaseEvent::ListDone,
+                Event::Deleted(lease) => LeaseEvent::Deleted(lease.name().to_string()),
+                Event::Resumed => LeaseEvent::Resumed,
+                Event::Failed(_) => LeaseEvent::Failed,
+            };
+            match seen_tx.send(message) {
+                Ok(()) => ControlFlow::Continue(()),
+                Err(_) => ControlFlow::Break(()),
+            }
+        },
+    ));
+    let mut state = Ledger::new(settings.node.clone(), settings.lease_duration);
+    let mut write_backoff = Backoff::new();
+    let mut write_retry: Option<tokio::time::Instant> = None;
+    let mut last_error: Option<String> = None;
+    tracing::info!(namespace = %settings.namespace, lease_duration = ?settings.lease_duration,
+        "coordinating rollouts with the other nodes through Leases");
+    loop {
+        let tick = if state.busy() {
+            TICK
+        } else {
+            Duration::from_secs(3600)
+        };
+        tokio::select! {
+            ask = asks.recv() => match ask {
+                Some(ask) => {
+                    state.ask(ask);
+                    while let Ok(ask) = asks.try_recv() {
+                        state.ask(ask);
+                    }
+                }
+                None => {
+                    watching.abort();
+                    return;
+                }
+            },
+            message = seen.recv() => {
+                let now = Instant::now();
+                match message {
+                    Some(LeaseEvent::Listing) => state.relisting = Some(BTreeMap::new()),
+                    Some(LeaseEvent::Resumed) => state.reobserve(now),
+                    Some(LeaseEvent::Failed) => state.watch_failed(),
+                    Some(LeaseEvent::Object(value)) => {
+                        if let Some((name, lease)) = read_lease(&value, now, settings.lease_duration) {
+                            state.seen(name, lease);
+                        }
+                    }
+                    Some(LeaseEvent::Deleted(name)) => {
+                        state.leases.remove(&name);
+                    }
+                    Some(LeaseEvent::ListDone) => {
+                        for answer in state.list_done() {
+                            if inputs.send(Input::Fleet(answer)).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    None => return,
+                }
+            },
+            _ = tokio::time::sleep(tick) => {},
+        }
+        for answer in state.lost() {
+            tracing::warn!(
+                "a rollout slot this node held was taken by another node: it was not renewed in time"
+            );
+            if inputs.send(Input::Fleet(answer)).is_err() {
+                return;
+            }
+        }
+        if let Some(answer) = state.failed()
+            && inputs.send(Input::Fleet(answer)).is_err()
+        {
+            return;
+        }
+        if write_retry.is_some_and(|t| tokio::time::Instant::now() < t) {
+            continue;
+        }
+        write_retry = None;
+        // The writes due now, one at a time, each answered before the next.
+        while let Some(action) = state.next(Instant::now()) {
+            let (object, name, outcome) = perform(&api, &settings, &mut state, &action).await;
+            match outcome {
+                Written::Ok(lease) => {
+                    metrics.fleet_write(object, "ok");
+                    last_error = None;
+                    write_backoff.reset();
+                    if let Ok(value) = serde_json::to_value(&*lease)
+                        && let Some((name, seen)) =
+                            read_lease(&value, Instant::now(), settings.lease_duration)
+                    {
+                        state.seen(name, seen);
+                    }
+                    if let Some(answer) = after(&mut state, &action)
+                        && inputs.send(Input::Fleet(answer)).is_err()
+                    {
+                        return;
+                    }
+                }
+                Written::Conflict => {
+                    metrics.fleet_write(object, "conflict");
+                    let rv = state
+                        .leases
+                        .get(&name)
+                        .map(|l| l.resource_version.clone())
+                        .unwrap_or_default();
+                    state.conflicted.insert(name, rv);
+                }
+                Written::Failed(message) => {
+                    metrics.fleet_write(object, "error");
+                    if last_error.as_deref() != Some(message.as_str()) {
+                        tracing::error!(lease = %name, namespace = %settings.namespace,
+                            "cannot write a rollout Lease: {message}; updates that need a slot wait (manifests in place are kept)");
+                        last_error = Some(message);
+                    }
+                    write_retry = Some(tokio::time::Instant::now() + write_backoff.delay());
+                    break;
+                }
+            }
+        }
+        metrics.set_slots_held(state.held.len());
+    }
+}
+
+/// Makes the write `action` calls for.
+async fn perform(
+    api: &Api<Lease>,
+    settings: &Settings,
+    state: &mut Ledger,
+    action: &Action,
+) -> (&'static str, String, Written) {
+    let ns = settings.namespace.as_str();
+    match action {
+        Action::Status { resource_version } => {
+            let create = resource_version.is_none();
+            let lease = status_lease(
+                state.status_name(),
+                &state.me,
+                state.mine.to_json(),
+                ns,
+                resource_version.clone(),
+            );
+            (
+                "status",
+                state.status_name(),
+                write(api, lease, create).await,
+            )
+        }
+        Action::Release { name } => {
+            let l = state.leases[name].clone();
+            let slot = Slot {
+                name,
+                id: l.template.as_deref().unwrap_or_default(),
+                target: l.target.as_deref().unwrap_or_default(),
+            };
+            let lease = slot_lease(
+                slot,
+                ns,
+                None,
+                l.duration,
+                l.transitions,
+                Some(l.resource_version),
+            );
+            ("slot", name.clone(), write(api, lease, false).await)
+        }
+        Action::Renew { id, name } => {
+            let l = state.leases[name].clone();
+            let slot = Slot {
+                name,
+                id,
+                target: l.target.as_deref().unwrap_or_default(),
+            };
+            let mut lease = slot_lease(
+                slot,
+                ns,
+                Some(&state.me),
+                state.duration,
+                l.transitions,
+                Some(l.resource_version),
+            );
+            if let Some(spec) = lease.spec.as_mut() {
+                // Renewing keeps the time the slot was taken.
+                spec.acquire_time = l.acquired.clone();
+            }
+            ("slot", name.clone(), write(api, lease, false).await)
+        }
+        Action::Take {
+            id,
+            name,
+            target,
+            resource_version,
+        } => {
+            let transitions = state.leases.get(name).map_or(0, |l| {
+                l.transitions + i32::from(l.holder.as_deref() != Some(state.me.as_str()))
+            });
+            let lease = slot_lease(
+                Slot { name, id, target },
+                ns,
+                Some(&state.me),
+                state.duration,
+                transitions,
+                resource_version.clone(),
+            );
+            let create = resource_version.is_none();
+            ("slot", name.clone(), write(api, lease, create).await)
+        }
+    }
+}

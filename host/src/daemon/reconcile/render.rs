@@ -1,0 +1,399 @@
+//! One template, rendered and put in place: the render through its chain,
+//! the checks a manifest must pass before it may replace a file (size, pod
+//! name, ownership), the rollout machine's gate, and the write.
+//!
+//! Invariants: a render that fails in any way leaves the file as it is and
+//! is reported once per distinct failure; a revision is marked pending
+//! ([`crate::daemon::rollout::Machine::writing`]) and that state saved before
+//! its file is written; bytes already on disk are never written again.
+
+use std::fs;
+use std::time::{Duration, Instant};
+
+use super::{ChainKey, Reconciler, ensure_state, read_regular};
+use crate::chain::Chain;
+use crate::daemon::events::Report;
+use crate::daemon::metrics::{Metrics, RenderResult};
+use crate::daemon::revisions::Store;
+use crate::daemon::rollout::{self, Gated, InPlace};
+use crate::fleet::{self, policy};
+use crate::manifest;
+use crate::node::NodeContext;
+use crate::reason::Reason;
+use crate::render::{RenderError, Rendered, Stage, check_size, render_unverified};
+use crate::template::Template;
+use crate::write::{self, Outcome};
+
+/// The longest failure message logged and kept per template (to report
+/// each distinct failure once). Every part of one is bounded where it is
+/// made (a plugin's error text to 4 KiB, its message and field each); this
+/// holds whatever a future message holds.
+pub(super) const MAX_FAILURE_MESSAGE: usize = 12 << 10;
+
+/// A render that ended with its manifest in place.
+struct Done {
+    file: String,
+    outcome: Outcome,
+    /// `namespace/name` of the template, as the manifest says.
+    source: String,
+    revision: String,
+    deadline: Duration,
+    /// The revision rendered is held (it failed); the file keeps another.
+    held: bool,
+    /// The update is not written for now; the file keeps another revision.
+    gated: Option<Gated>,
+    /// The rollout target rendered (when rollouts are coordinated).
+    target: Option<String>,
+}
+
+/// A failed render, as reported.
+struct Failure {
+    reason: Reason,
+    plugin: Option<String>,
+    message: String,
+}
+
+impl Reconciler {
+    pub(super) fn render_one(&mut self, key: &str) {
+        let node = self.node.clone().expect("checked by reconcile");
+        let mut chain_seen = None;
+        let result = self.try_render(key, &node, &mut chain_seen);
+        let entry = self.entries.get_mut(key).expect("dirty keys exist");
+        entry.chain = chain_seen;
+        let id = entry.id.clone().unwrap_or_else(|| key.to_string());
+        match result {
+            Ok(done) => {
+                let Done { file, outcome, .. } = &done;
+                let (file, outcome) = (file.clone(), *outcome);
+                entry.claims = Some(file.clone());
+                self.metrics.render(match outcome {
+                    Outcome::Written => RenderResult::Written,
+                    Outcome::Unchanged => RenderResult::Unchanged,
+                });
+                if outcome == Outcome::Written {
+                    tracing::info!(template = %id, file = %file, "wrote manifest");
+                } else {
+                    tracing::debug!(template = %id, file = %file, "manifest unchanged");
+                }
+                if entry.last_error.take().is_some() {
+                    tracing::info!(template = %id, "renders again");
+                }
+                let generation = entry
+                    .incoming
+                    .template
+                    .as_ref()
+                    .ok()
+                    .and_then(|t| t.generation);
+                let store = self.revisions.as_ref();
+                let (source, revision) = (done.source.clone(), done.revision.clone());
+                self.rollouts.in_place(
+                    InPlace {
+                        id: done.source,
+                        revision: done.revision,
+                        written: outcome == Outcome::Written,
+                        deadline: done.deadline,
+                        held: done.held,
+                        gated: done.gated,
+                        target: done.target,
+                        generation,
+                    },
+                    || newest_other(store, &source, &revision),
+                    Instant::now(),
+                );
+            }
+            Err(mut failure) => {
+                failure.message = crate::text::cut(failure.message, MAX_FAILURE_MESSAGE);
+                self.metrics.render(RenderResult::Failed(failure.reason));
+                if entry.last_error.as_deref() == Some(failure.message.as_str()) {
+                    tracing::debug!(template = %id, reason = failure.reason.as_str(), "still failing: {}", failure.message);
+                    return;
+                }
+                tracing::warn!(template = %id, node = %node.name, reason = failure.reason.as_str(),
+                    plugin = failure.plugin.as_deref().unwrap_or(""),
+                    "{}; the last good manifest stays", failure.message);
+                entry.last_error = Some(failure.message.clone());
+                if let (Some(events), Some(reference)) = (&self.events, &entry.incoming.reference) {
+                    events.report(Report {
+                        reference: reference.clone(),
+                        reason: failure.reason,
+                        note: format!(
+                            "node {}: plugin {}: {}",
+                            node.name,
+                            failure.plugin.as_deref().unwrap_or("none"),
+                            failure.message
+                        ),
+                        related: None,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Renders and writes one template; `chain_seen` gets the chain it was
+    /// rendered with, once the catalog gave one (or refused to).
+    fn try_render(
+        &mut self,
+        key: &str,
+        node: &NodeContext,
+        chain_seen: &mut Option<ChainKey>,
+    ) -> Result<Done, Failure> {
+        let entry = &self.entries[key];
+        let invalid = |message: String| Failure {
+            reason: Reason::InvalidTemplate,
+            plugin: None,
+            message,
+        };
+        let template = entry.incoming.template.as_ref().map_err(|e| Failure {
+            reason: e.reason(),
+            plugin: None,
+            message: e.to_string(),
+        })?;
+        if template.namespace != self.namespace {
+            return Err(invalid(format!(
+                "PodTemplate {}: metadata.namespace: is {:?}, but this podstamp manages namespace {:?}",
+                template.id(),
+                template.namespace,
+                self.namespace
+            )));
+        }
+        let deadline = match template.annotations.get(rollout::DEADLINE_ANNOTATION) {
+            None => rollout::DEFAULT_DEADLINE,
+            Some(text) => match crate::config::parse_duration(text) {
+                Ok(d) if !d.is_zero() => d,
+                Ok(_) => {
+                    return Err(invalid(format!(
+                        "PodTemplate {}: metadata.annotations.{}: {text:?} is zero; give a duration such as 5m, or remove it for the default ({:?})",
+                        template.id(),
+                        rollout::DEADLINE_ANNOTATION,
+                        rollout::DEFAULT_DEADLINE
+                    )));
+                }
+                Err(e) => {
+                    return Err(invalid(format!(
+                        "PodTemplate {}: metadata.annotations.{}: {e}; give a duration such as 5m, or remove it for the default ({:?})",
+                        template.id(),
+                        rollout::DEADLINE_ANNOTATION,
+                        rollout::DEFAULT_DEADLINE
+                    )));
+                }
+            },
+        };
+        let policy = policy::from_annotations(&template.annotations)
+            .map_err(|e| invalid(format!("PodTemplate {}: {e}", template.id())))?;
+        let catalog = self.catalog.as_deref().expect("checked by reconcile");
+        let chain = catalog.chain_for(&template.annotations);
+        *chain_seen = Some(match &chain {
+            Ok(chain) => Ok(chain.fingerprint()),
+            Err(e) => Err(e.to_string()),
+        });
+        let chain = chain.map_err(|e| Failure {
+            reason: e.reason(),
+            plugin: None,
+            message: format!("PodTemplate {}: {e}", template.id()),
+        })?;
+        let target = self
+            .rollouts
+            .coordinated()
+            .then(|| fleet::target(&template.fingerprint(), &chain.fingerprint()));
+        let render_failed = |e: RenderError| {
+            let plugin = match &e.stage {
+                Stage::Plugin(f) => Some(f.step.clone()),
+                _ => None,
+            };
+            Failure {
+                reason: Reason::RenderFailed,
+                plugin,
+                message: e.to_string(),
+            }
+        };
+        let rendered = check_size(template, self.max_manifest_bytes)
+            .and_then(|()| render_timed(template, node, &chain, &self.namespace, &self.metrics))
+            .map_err(render_failed)?;
+        let manifest = rendered.peek();
+        if manifest.bytes.len() > self.max_manifest_bytes {
+            return Err(Failure {
+                reason: Reason::RenderFailed,
+                plugin: None,
+                message: format!(
+                    "PodTemplate {}: the manifest is {} bytes, over the limit of {} (limits.maxManifestSize)",
+                    template.id(),
+                    manifest.bytes.len(),
+                    self.max_manifest_bytes
+                ),
+            });
+        }
+        let file = manifest.file_name();
+        let conflict = |message: String| Failure {
+            reason: Reason::NameConflict,
+            plugin: None,
+            message,
+        };
+        if let Some(other) = self.entries.iter().find(|(k, e)| {
+            k.as_str() != key && e.seq < entry.seq && e.claims.as_deref() == Some(file.as_str())
+        }) {
+            return Err(conflict(format!(
+                "PodTemplate {}: pod name {:?} is already produced by PodTemplate {}",
+                template.id(),
+                manifest.pod_name,
+                other.1.id.as_deref().unwrap_or(other.0)
+            )));
+        }
+        match self.owned.get(&file) {
+            Some(source) if *source != manifest.source => {
+                return Err(conflict(format!(
+                    "PodTemplate {}: {} belongs to PodTemplate {source}",
+                    template.id(),
+                    self.dir.join(&file).display()
+                )));
+            }
+            Some(_) => {}
+            None => {
+                let path = self.dir.join(&file);
+                if fs::symlink_metadata(&path).is_ok() {
+                    let ours = read_regular(&path)
+                        .and_then(|b| manifest::ownership(&b))
+                        .is_some_and(|o| o.source == manifest.source);
+                    if !ours {
+                        return Err(Failure {
+                            reason: Reason::ForeignFile,
+                            plugin: None,
+                            message: format!(
+                                "PodTemplate {}: {} exists and is not podstamp's; it is left alone",
+                                template.id(),
+                                path.display()
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+        let source = manifest.source.clone();
+        let (done_source, revision) = (source.clone(), manifest.revision.clone());
+        let template_id = template.id();
+        ensure_state(&mut self.rollouts, self.revisions.as_ref(), &source);
+        let mut held = self.rollouts.is_held(&source, &manifest.revision);
+        // Held only while the revision it was rolled back to is in place,
+        // whole: a manifest gone or edited (say, a node whose manifest
+        // directory was emptied, its revisions directory kept) would
+        // otherwise leave the template without a pod until it changes.
+        // Written instead, the failed revision fails again and is rolled
+        // back again.
+        if held
+            && !read_regular(&self.dir.join(&file))
+                .and_then(|bytes| manifest::ownership(&bytes))
+                .is_some_and(|o| o.intact && o.source == source)
+        {
+            tracing::warn!(template = %source, revision = %revision, file = %file,
+                "the held revision's fallback is no longer in place (missing or edited); writing the revision the template renders");
+            self.rollouts.unhold(&source);
+            held = false;
+        }
+        if held {
+            tracing::debug!(template = %source, revision = %revision, "revision held: it failed and was rolled back");
+            self.owned.insert(file.clone(), source);
+            return Ok(Done {
+                file,
+                outcome: Outcome::Unchanged,
+                source: done_source,
+                revision,
+                deadline,
+                held: true,
+                gated: None,
+                target,
+            });
+        }
+        // Bytes already on disk were read back when they were written; only
+        // new bytes are read back, just before they replace the file.
+        let holds = write::already_holds(&self.dir, &file, &manifest.bytes);
+        if let Some(target) = &target {
+            if holds {
+                self.rollouts.unchanged(&source);
+            } else if self.owned.contains_key(&file) && self.dir.join(&file).exists() {
+                // An update of a manifest in place: it may have to wait.
+                if let Some(gated) = self.rollouts.gate(&source, target, policy) {
+                    self.owned.insert(file.clone(), source);
+                    return Ok(Done {
+                        file,
+                        outcome: Outcome::Unchanged,
+                        source: done_source,
+                        revision,
+                        deadline,
+                        held: false,
+                        gated: Some(gated),
+                        target: Some(target.clone()),
+                    });
+                }
+            }
+        }
+        let outcome = if holds {
+            record_revision(&mut self.revisions, manifest);
+            Outcome::Unchanged
+        } else {
+            let manifest = rendered.verify().map_err(render_failed)?;
+            // Known before the file is in place: a daemon killed right after
+            // the rename still follows it as its own after a restart.
+            self.rollouts.writing(&source, &manifest.revision);
+            self.run_effects();
+            let outcome =
+                write::replace(&self.dir, &file, &manifest.bytes).map_err(|e| Failure {
+                    reason: Reason::WriteFailed,
+                    plugin: None,
+                    message: format!("PodTemplate {template_id}: {file}: {e}"),
+                })?;
+            record_revision(&mut self.revisions, &manifest);
+            outcome
+        };
+        if outcome == Outcome::Written {
+            self.dir_unsynced = true;
+        }
+        self.owned.insert(file.clone(), source);
+        Ok(Done {
+            file,
+            outcome,
+            source: done_source,
+            revision,
+            deadline,
+            held: false,
+            gated: None,
+            target,
+        })
+    }
+}
+
+/// Records `manifest` as its template's revision in use. A failure is
+/// logged, not the render's: the manifest itself is in place.
+fn record_revision(store: &mut Option<Store>, manifest: &manifest::Manifest) {
+    let Some(store) = store else { return };
+    match store.record(&manifest.source, &manifest.revision, &manifest.bytes) {
+        Ok(true) => tracing::info!(template = %manifest.source, revision = %manifest.revision,
+            dir = %store.template_dir(&manifest.source).display(), "kept revision"),
+        Ok(false) => {}
+        Err(e) => tracing::error!(template = %manifest.source, revision = %manifest.revision,
+            dir = %store.template_dir(&manifest.source).display(),
+            "cannot keep the revision: {e}; the manifest is in place, but it cannot be rolled back to"),
+    }
+}
+
+/// [`crate::render::render`], with each plugin call timed for the metrics
+/// and the read back left to the caller ([`Rendered::verify`]).
+pub fn render_timed(
+    template: &Template,
+    node: &NodeContext,
+    chain: &Chain,
+    namespace: &str,
+    metrics: &Metrics,
+) -> Result<Rendered, RenderError> {
+    render_unverified(template, node, chain, namespace, &mut |step, ok, took| {
+        metrics.plugin_call(&step.name, ok, took)
+    })
+}
+
+/// The newest revision the history keeps for template `id` other than
+/// `revision`: the fallback of a history kept before the rollout state was.
+fn newest_other(store: Option<&Store>, id: &str, revision: &str) -> Option<String> {
+    let kept = store?.kept(id).ok()?;
+    kept.into_iter()
+        .rev()
+        .find(|k| k.revision != revision)
+        .map(|k| k.revision)
+}

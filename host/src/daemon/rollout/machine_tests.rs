@@ -1,0 +1,504 @@
+//! The rollout rules as tables: a sequence of what happened → the effects
+//! decided. No files, no API server, no clock but the one given.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+
+use super::*;
+use crate::daemon::inbox::{Ask, PodState};
+use crate::daemon::rollout::{DEADLINE_EXCEEDED, STABLE};
+
+const ID: &str = "ns/web";
+const MINUTE: Duration = Duration::from_secs(60);
+const ONE: Policy = Policy::NodeByNode { max_unavailable: 1 };
+
+fn at() -> String {
+    "2026-01-01T00:00:00Z".into()
+}
+
+fn machine(coordinated: bool) -> Machine {
+    let mut m = Machine::new("n1", coordinated).with_clock(at);
+    m.load_state(ID, RolloutState::default());
+    m
+}
+
+fn placed(revision: &str, written: bool) -> InPlace {
+    InPlace {
+        id: ID.into(),
+        revision: revision.into(),
+        written,
+        deadline: MINUTE,
+        held: false,
+        gated: None,
+        target: None,
+        generation: Some(1),
+    }
+}
+
+fn seen(revision: &str, state: PodState) -> Observation {
+    Observation {
+        source: ID.into(),
+        revision: revision.into(),
+        state,
+        pod: ObjectReference {
+            name: Some(format!("web-{revision}")),
+            ..ObjectReference::default()
+        },
+    }
+}
+
+fn crash() -> PodState {
+    PodState::Failed {
+        reason: "CrashLoopBackOff".into(),
+        message: "back-off".into(),
+    }
+}
+
+/// The Events among `effects`: (reason, note).
+fn events(effects: &[Effect]) -> Vec<(Reason, String)> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Event { reason, note, .. } => Some((*reason, note.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn results(effects: &[Effect]) -> Vec<&'static str> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Result(r) => Some(*r),
+            _ => None,
+        })
+        .collect()
+}
+
+fn saved(effects: &[Effect]) -> Vec<RolloutState> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::SaveState { state, .. } => Some(state.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn asks(effects: &[Effect]) -> Vec<Ask> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Ask(a) => Some(a.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `r1` written and confirmed Ready on a machine that follows rollouts.
+fn with_good(m: &mut Machine, now: Instant) {
+    m.mirror_synced();
+    m.in_place(placed("r1", true), || None, now);
+    m.observe(seen("r1", PodState::Ready), now);
+    m.tick(now + STABLE);
+    m.take_effects();
+}
+
+#[test]
+fn a_written_revision_ready_for_a_while_succeeds_and_is_remembered_as_good() {
+    let mut m = machine(false);
+    let now = Instant::now();
+    assert!(m.mirror_synced());
+    assert!(!m.mirror_synced(), "news once");
+    m.writing(ID, "r1");
+    assert_eq!(
+        saved(&m.take_effects()),
+        vec![RolloutState {
+            pending: Some("r1".into()),
+            ..RolloutState::default()
+        }]
+    );
+    m.in_place(placed("r1", true), || None, now);
+    m.observe(seen("r1", PodState::Running), now);
+    m.observe(seen("r1", PodState::Ready), now);
+    let effects = m.take_effects();
+    assert!(results(&effects).is_empty(), "{effects:?}");
+    assert_eq!(m.next_deadline(), Some(now + STABLE));
+    m.tick(now + STABLE / 2);
+    assert!(m.take_effects().is_empty());
+    m.tick(now + STABLE);
+    let effects = m.take_effects();
+    assert_eq!(results(&effects), vec!["succeeded"]);
+    assert_eq!(
+        saved(&effects),
+        vec![RolloutState {
+            good: Some("r1".into()),
+            ..RolloutState::default()
+        }],
+        "good, and no longer pending"
+    );
+    let events = events(&effects);
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].0, Reason::RolloutSucceeded);
+    assert!(
+        events[0]
+            .1
+            .starts_with("node n1: revision r1 Ready after 10.0s"),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn a_revision_found_in_place_succeeds_without_an_event() {
+    let mut m = machine(false);
+    let now = Instant::now();
+    m.mirror_synced();
+    m.in_place(placed("r1", false), || None, now);
+    m.observe(seen("r1", PodState::Ready), now);
+    m.tick(now + STABLE);
+    let effects = m.take_effects();
+    assert_eq!(results(&effects), vec!["succeeded"]);
+    assert!(events(&effects).is_empty(), "{effects:?}");
+}
+
+#[test]
+fn a_failed_revision_is_rolled_back_then_held_and_the_event_says_so() {
+    let mut m = machine(false);
+    let now = Instant::now();
+    with_good(&mut m, now);
+    m.writing(ID, "r2");
+    m.in_place(placed("r2", true), || None, now);
+    m.take_effects();
+    // The old pod's status never fails the new revision.
+    m.observe(seen("r1", crash()), now);
+    assert!(m.take_effects().is_empty());
+    m.observe(seen("r2", crash()), now);
+    let effects = m.take_effects();
+    assert_eq!(results(&effects), vec!["failed"]);
+    assert_eq!(
+        effects.last(),
+        Some(&Effect::RollBack {
+            id: ID.into(),
+            revision: "r1".into(),
+            failed: "r2".into()
+        })
+    );
+    assert!(
+        events(&effects).is_empty(),
+        "the Event waits for the rollback"
+    );
+    assert!(!m.is_held(ID, "r2"), "held only once r1 is back in place");
+
+    m.rolled_back(ID, "r1", Ok(()), now);
+    let effects = m.take_effects();
+    assert_eq!(results(&effects), vec!["rolled_back"]);
+    assert_eq!(
+        saved(&effects),
+        vec![
+            RolloutState {
+                good: Some("r1".into()),
+                held: Some("r2".into()),
+                pending: Some("r2".into()),
+            },
+            RolloutState {
+                good: Some("r1".into()),
+                held: Some("r2".into()),
+                pending: None,
+            },
+        ]
+    );
+    let events = events(&effects);
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].0, Reason::RolloutFailed);
+    assert_eq!(
+        events[0].1,
+        "node n1: revision r2: CrashLoopBackOff: back-off; rolled back to revision r1; revision r2 is not written again until the template changes"
+    );
+    assert!(m.is_held(ID, "r2"));
+    // The rollback is followed itself, with nothing to fall back to.
+    assert_eq!(m.following(ID), Some(("r1", true)));
+    m.observe(seen("r1", crash()), now);
+    m.tick(now + MINUTE);
+    let effects = m.take_effects();
+    assert!(
+        !effects.iter().any(|e| matches!(e, Effect::RollBack { .. })),
+        "{effects:?}"
+    );
+}
+
+#[test]
+fn a_rollback_that_cannot_be_written_keeps_the_failed_revision_and_holds_nothing() {
+    let mut m = machine(false);
+    let now = Instant::now();
+    with_good(&mut m, now);
+    m.in_place(placed("r2", true), || None, now);
+    m.observe(seen("r2", crash()), now);
+    m.take_effects();
+    m.rolled_back(ID, "r1", Err("it is no longer in /var/lib/x".into()), now);
+    let effects = m.take_effects();
+    assert!(results(&effects).is_empty(), "{effects:?}");
+    assert!(
+        events(&effects)[0]
+            .1
+            .ends_with("cannot roll back to revision r1: it is no longer in /var/lib/x; it stays")
+    );
+    assert!(!m.is_held(ID, "r2"));
+}
+
+#[test]
+fn a_first_revision_has_nothing_to_fall_back_to_and_a_deadline_fails_it() {
+    let mut m = machine(false);
+    let now = Instant::now();
+    m.mirror_synced();
+    m.in_place(placed("r1", true), || None, now);
+    m.observe(seen("r1", PodState::Running), now);
+    m.tick(now + MINUTE - Duration::from_millis(1));
+    assert!(results(&m.take_effects()).is_empty());
+    m.tick(now + MINUTE);
+    let effects = m.take_effects();
+    assert_eq!(results(&effects), vec!["failed"]);
+    assert!(!effects.iter().any(|e| matches!(e, Effect::RollBack { .. })));
+    let events = events(&effects);
+    assert!(events[0].1.contains(DEADLINE_EXCEEDED), "{events:?}");
+    assert!(events[0].1.ends_with("nothing to fall back to: it stays"));
+}
+
+#[test]
+fn the_history_gives_the_fallback_only_when_no_revision_succeeded() {
+    let mut m = machine(false);
+    let now = Instant::now();
+    m.mirror_synced();
+    m.in_place(placed("r2", true), || Some("r0".into()), now);
+    m.observe(seen("r2", crash()), now);
+    let effects = m.take_effects();
+    assert!(effects.contains(&Effect::RollBack {
+        id: ID.into(),
+        revision: "r0".into(),
+        failed: "r2".into()
+    }));
+
+    let mut m = machine(false);
+    with_good(&mut m, now);
+    m.in_place(
+        placed("r2", true),
+        || panic!("the good revision is known"),
+        now,
+    );
+}
+
+#[test]
+fn nothing_is_judged_while_the_pods_watch_does_not_follow_and_own_writes_stay_own() {
+    let mut m = machine(false);
+    let now = Instant::now();
+    m.in_place(placed("r1", true), || None, now);
+    assert_eq!(m.following(ID), None);
+    m.tick(now + MINUTE * 10);
+    assert!(m.take_effects().is_empty());
+    m.mirror_synced();
+    // Rendered again once followed: found in place, but written by this run.
+    m.in_place(placed("r1", false), || None, now);
+    assert_eq!(m.following(ID), Some(("r1", true)));
+    m.mirror_lost();
+    assert_eq!(m.following(ID), None);
+    m.mirror_synced();
+    m.in_place(placed("r1", false), || None, now);
+    assert_eq!(m.following(ID), Some(("r1", true)));
+    // A revision pending from before a restart is this daemon's too.
+    let mut m = machine(false);
+    m.load_state(
+        ID,
+        RolloutState {
+            pending: Some("r1".into()),
+            ..RolloutState::default()
+        },
+    );
+    m.mirror_synced();
+    m.in_place(placed("r1", false), || None, now);
+    assert_eq!(m.following(ID), Some(("r1", true)));
+}
+
+#[test]
+fn another_revision_releases_the_held_one() {
+    let mut m = machine(false);
+    m.load_state(
+        ID,
+        RolloutState {
+            held: Some("r2".into()),
+            ..RolloutState::default()
+        },
+    );
+    let now = Instant::now();
+    let mut held = placed("r2", false);
+    held.held = true;
+    m.in_place(held, || None, now);
+    assert!(saved(&m.take_effects()).is_empty(), "still held");
+    assert!(m.is_held(ID, "r2"));
+    m.in_place(placed("r3", true), || None, now);
+    assert_eq!(saved(&m.take_effects()), vec![RolloutState::default()]);
+    assert!(!m.is_held(ID, "r2"));
+}
+
+#[test]
+fn an_update_waits_for_a_slot_reports_before_releasing_and_never_releases_unfollowed() {
+    let mut m = machine(true);
+    let now = Instant::now();
+    let waiting = m.gate(ID, "t2", ONE);
+    assert_eq!(
+        waiting,
+        Some(Gated::Waiting {
+            target: "t2".into(),
+            slots: 1
+        })
+    );
+    assert_eq!(
+        asks(&m.take_effects()),
+        vec![Ask::Acquire {
+            id: ID.into(),
+            target: "t2".into(),
+            slots: 1
+        }]
+    );
+    let mut gated = placed("r1", false);
+    gated.gated = waiting;
+    gated.target = Some("t1".into());
+    m.in_place(gated, || None, now);
+    let effects = m.take_effects();
+    match &asks(&effects)[..] {
+        [
+            Ask::Report {
+                status: Some(s), ..
+            },
+        ] => {
+            assert_eq!(s.phase, "waiting");
+            assert_eq!(s.wanted.as_deref(), Some("t2"));
+        }
+        other => panic!("{other:?}"),
+    }
+    m.fleet(Answer::Granted {
+        id: ID.into(),
+        target: "t2".into(),
+    });
+    assert_eq!(m.take_effects(), vec![Effect::Render { id: ID.into() }]);
+    assert_eq!(m.gate(ID, "t2", ONE), None, "the slot is held");
+    let mut written = placed("r2", true);
+    written.target = Some("t2".into());
+    m.in_place(written, || None, now);
+    m.take_effects();
+    // Not following: the slot stays, whatever the verdict.
+    m.after_pass();
+    assert!(asks(&m.take_effects()).is_empty());
+    m.mirror_synced();
+    m.in_place(placed("r2", false), || None, now);
+    m.after_pass();
+    assert!(
+        !asks(&m.take_effects()).contains(&Ask::Release { id: ID.into() }),
+        "its rollout has no verdict yet"
+    );
+    // A first revision here (nothing succeeded, no history): it fails
+    // without a rollback, and the other nodes hear it before the slot goes.
+    m.observe(seen("r2", crash()), now);
+    let asked = asks(&m.take_effects());
+    let report = asked
+        .iter()
+        .position(|a| matches!(a, Ask::Report { status: Some(s), .. } if s.failed.is_some()))
+        .expect("the failure is reported");
+    let release = asked
+        .iter()
+        .position(|a| *a == Ask::Release { id: ID.into() })
+        .expect("the slot is released");
+    assert!(report < release, "{asked:?}");
+    match &asked[report] {
+        Ask::Report {
+            status: Some(s), ..
+        } => {
+            let failed = s.failed.as_ref().unwrap();
+            assert_eq!(
+                (failed.target.as_str(), failed.revision.as_str()),
+                ("t2", "r2")
+            );
+            assert_eq!(failed.at, at());
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_target_failed_elsewhere_halts_with_an_event_and_withdraws_the_ask() {
+    let mut m = machine(true);
+    let now = Instant::now();
+    assert!(m.gate(ID, "t2", ONE).is_some());
+    m.take_effects();
+    m.fleet(Answer::Failed(BTreeMap::from([(
+        ID.to_string(),
+        BTreeMap::from([("t2".to_string(), "node n2: CrashLoopBackOff".to_string())]),
+    )])));
+    assert_eq!(m.take_effects(), vec![Effect::Render { id: ID.into() }]);
+    let halted = m.gate(ID, "t2", ONE);
+    assert!(
+        matches!(&halted, Some(Gated::Halted { why, .. }) if why.contains("n2")),
+        "{halted:?}"
+    );
+    assert_eq!(asks(&m.take_effects()), vec![Ask::Cancel { id: ID.into() }]);
+    let mut gated = placed("r1", false);
+    gated.gated = halted.clone();
+    m.in_place(gated.clone(), || None, now);
+    let effects = m.take_effects();
+    let events = events(&effects);
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].0, Reason::RolloutHalted);
+    assert!(
+        events[0]
+            .1
+            .starts_with("node n1: target t2 failed on node n2")
+    );
+    // Once per change, not per render.
+    m.in_place(gated, || None, now);
+    assert!(m.take_effects().is_empty());
+}
+
+#[test]
+fn an_unchanged_manifest_withdraws_an_ask_and_nothing_coordinates_without_slots() {
+    let mut m = machine(true);
+    m.gate(ID, "t2", ONE);
+    m.take_effects();
+    m.unchanged(ID);
+    assert_eq!(asks(&m.take_effects()), vec![Ask::Cancel { id: ID.into() }]);
+
+    let mut m = machine(false);
+    assert!(!m.coordinated());
+    assert_eq!(m.gate(ID, "t2", ONE), None);
+    m.fleet(Answer::Lost { id: ID.into() });
+    assert!(m.take_effects().is_empty());
+}
+
+#[test]
+fn a_template_gone_forgets_its_state_metrics_and_record() {
+    let mut m = machine(true);
+    let now = Instant::now();
+    let mut p = placed("r1", true);
+    p.target = Some("t1".into());
+    m.in_place(p, || None, now);
+    m.take_effects();
+    m.forget(ID);
+    let effects = m.take_effects();
+    assert!(effects.contains(&Effect::ForgetState { id: ID.into() }));
+    assert!(effects.contains(&Effect::ForgetMetrics { id: ID.into() }));
+    assert!(asks(&effects).contains(&Ask::Report {
+        id: ID.into(),
+        status: None
+    }));
+    assert!(!m.knows_state(ID));
+}
+
+#[test]
+fn a_status_seen_before_the_rollout_applies_to_it() {
+    let mut m = machine(false);
+    let now = Instant::now();
+    m.mirror_synced();
+    m.observe(seen("r1", PodState::Ready), now);
+    m.in_place(placed("r1", false), || None, now);
+    m.tick(now + STABLE);
+    assert_eq!(results(&m.take_effects()), vec!["succeeded"]);
+}
