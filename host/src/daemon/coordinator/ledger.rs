@@ -313,7 +313,10 @@ impl Ledger {
                         let free = match l.holder.as_deref() {
                             None => true,
                             Some(h) if h == self.me => true,
-                            Some(_) => now.duration_since(l.observed) >= l.duration,
+                            // Judged by this node's duration, never a longer
+                            // one from the object: a writer that sets it to
+                            // 2^31-1 s must not hold the slot for good.
+                            Some(_) => now.duration_since(l.observed) >= l.duration.min(self.duration),
                         };
                         if free && !self.conflicted(&name, Some(&l.resource_version)) {
                             return Some(take(Some(l.resource_version.clone())));
@@ -435,6 +438,27 @@ mod tests {
             s.next(now + D / 2),
             Some(Action::Take { name: n, resource_version: None, .. }) if n == slot_name("ns/web", 1)
         ));
+    }
+
+    #[test]
+    fn a_slot_whose_object_claims_a_longer_duration_expires_by_this_nodes() {
+        let now = Instant::now();
+        let mut s = synced("n1");
+        let name = slot_name("ns/web", 0);
+        let mut forever = lease(ROLE_SLOT, Some("n2"), "5", now);
+        forever.duration = Duration::from_secs(i32::MAX as u64);
+        s.seen(name.clone(), forever);
+        acquire(&mut s, 1);
+        assert_eq!(s.next(now + D - Duration::from_millis(1)), None);
+        assert!(matches!(
+            s.next(now + D),
+            Some(Action::Take { resource_version: Some(rv), .. }) if rv == "5"
+        ));
+        // A shorter one is the holder's own promise: it counts.
+        let mut short = lease(ROLE_SLOT, Some("n2"), "6", now);
+        short.duration = D / 2;
+        s.seen(name, short);
+        assert!(matches!(s.next(now + D / 2), Some(Action::Take { .. })));
     }
 
     #[test]
