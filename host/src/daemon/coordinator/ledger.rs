@@ -316,7 +316,9 @@ impl Ledger {
                             // Judged by this node's duration, never a longer
                             // one from the object: a writer that sets it to
                             // 2^31-1 s must not hold the slot for good.
-                            Some(_) => now.duration_since(l.observed) >= l.duration.min(self.duration),
+                            Some(_) => {
+                                now.duration_since(l.observed) >= l.duration.min(self.duration)
+                            }
                         };
                         if free && !self.conflicted(&name, Some(&l.resource_version)) {
                             return Some(take(Some(l.resource_version.clone())));
