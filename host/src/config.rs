@@ -328,6 +328,22 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
     Ok(size)
 }
 
+/// Largest configuration file read (no real one is near it).
+const MAX_CONFIG_FILE: u64 = 16 << 20;
+
+/// The file's content as compared by the daemon's watch of it
+/// ([`crate::daemon::watch_file`]): its sha256, or the error reading it.
+pub type Content = Result<[u8; 32], String>;
+
+/// The sha256 of the file's bytes (through symlinks), or why it cannot be read.
+pub fn content(path: &Path) -> Content {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_CONFIG_FILE).read_to_end(&mut bytes))
+        .map_err(|e| e.to_string())?;
+    Ok(Sha256::digest(&bytes).into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,20 +372,4 @@ mod tests {
             "{e}"
         );
     }
-}
-
-/// Largest configuration file read (no real one is near it).
-const MAX_CONFIG_FILE: u64 = 16 << 20;
-
-/// The file's content as compared by the daemon's watch of it
-/// ([`crate::daemon::watch_file`]): its sha256, or the error reading it.
-pub type Content = Result<[u8; 32], String>;
-
-/// The sha256 of the file's bytes (through symlinks), or why it cannot be read.
-pub fn content(path: &Path) -> Content {
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_CONFIG_FILE).read_to_end(&mut bytes))
-        .map_err(|e| e.to_string())?;
-    Ok(Sha256::digest(&bytes).into())
 }

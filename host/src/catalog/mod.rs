@@ -78,14 +78,14 @@ pub enum CatalogError {
     ConfigMap {
         field: &'static str,
         #[source]
-        source: ConfigMapError,
+        source: Box<ConfigMapError>,
     },
     /// The settings file an entry names cannot be read or parsed.
     #[error("{field}.settingsFile: {source}")]
     SettingsFile {
         field: String,
         #[source]
-        source: SettingsFileError,
+        source: Box<SettingsFileError>,
     },
     /// A plugin's component could not be had or loaded; names its entry.
     #[error(transparent)]
@@ -209,7 +209,7 @@ impl Catalog {
                 (None, Some(file)) => {
                     read_settings(file).map_err(|source| CatalogError::SettingsFile {
                         field: field.clone(),
-                        source,
+                        source: Box::new(source),
                     })?
                 }
                 (None, None) => Value::Object(Default::default()),

@@ -195,7 +195,7 @@ impl CatalogSpec {
             .get(name)
             .map_err(|source| CatalogError::ConfigMap {
                 field: "daemon.catalog.configMap",
-                source,
+                source: Box::new(source),
             })?
             .ok_or_else(|| {
                 CatalogError::Invalid(format!(

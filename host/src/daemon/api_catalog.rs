@@ -244,9 +244,9 @@ impl ApiCatalog {
                 )
                 .map_err(bad)?;
                 let (spec, origin) =
-                    CatalogSpec::from_config_map(&set, name).map_err(|e| DiskError::Load {
+                    CatalogSpec::from_config_map(&set, name).map_err(|source| DiskError::Load {
                         api: api.clone(),
-                        source: e.into(),
+                        source,
                     })?;
                 (
                     spec,
@@ -325,8 +325,7 @@ impl CatalogSource for ApiCatalog {
                 .render_budget(runtime.limits().timeout)
                 .map_err(|e| CatalogError::Invalid(e.to_string()))?;
             let (loaded, origin) = match &config.daemon.catalog {
-                Some(catalog) => CatalogSpec::from_config_map(&config_maps, &catalog.config_map)
-                    .map_err(CatalogError::from)?,
+                Some(catalog) => CatalogSpec::from_config_map(&config_maps, &catalog.config_map)?,
                 None => (config.catalog_spec(), String::new()),
             };
             let spec = spec.insert(loaded);
