@@ -1,11 +1,15 @@
-//! Pushing and pulling components through a registry, with the ORAS
-//! project's `oci-client` (no registry protocol of our own).
+//! Pushing and pulling components through a registry: pushes with the ORAS
+//! project's `oci-client`, pulls through [`fetch`] (GETs whose bodies are
+//! capped while they are read, which `oci-client` cannot do).
 //!
 //! Invariants:
 //! * a pull never returns bytes that were not checked: the manifest's
 //!   sha256 is the pinned digest, it is at most [`MAX_MANIFEST_BYTES`], it
 //!   holds exactly one `application/wasm` layer, and that layer's bytes
 //!   (at most [`MAX_COMPONENT_BYTES`]) have the sha256 the manifest says;
+//! * a pull never holds more than those caps of what a registry sends: a
+//!   `Content-Length` over a cap is refused before the body, a body without
+//!   one is refused at the chunk that passes the cap;
 //! * every call is bounded by the configured timeout, whatever the
 //!   registry does (connect, each read, and the whole pull);
 //! * the layout is the CNCF TAG Runtime's Wasm OCI artifact: an OCI image
@@ -20,10 +24,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use oci_client::Client;
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
-use oci_client::errors::{DigestError, OciDistributionError, OciErrorCode};
+use oci_client::errors::{OciDistributionError, OciErrorCode};
 use oci_client::manifest::OCI_IMAGE_MEDIA_TYPE;
 use oci_client::secrets::RegistryAuth;
 use serde::Deserialize;
@@ -31,6 +34,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::credentials::{Credentials, CredentialsError, DockerConfig};
+use super::fetch::{self, Oversize, Session, error_chain};
 use super::reference::{Pinned, ReferenceError, parse_target};
 pub use crate::catalog::gzip::MAX_COMPONENT_BYTES;
 
@@ -89,12 +93,20 @@ pub enum OciError {
     #[error("{reference}: not in the registry ({detail}): push it, or fix the digest")]
     Unknown { reference: String, detail: String },
     #[error(
-        "{reference}: the manifest is {size} bytes, over the limit of {limit} bytes: not a component's manifest"
+        "{reference}: the manifest is {seen}, over the limit of {limit} bytes: not a component's manifest; refused"
     )]
     ManifestTooLarge {
         reference: String,
-        size: usize,
+        seen: Oversize,
         limit: usize,
+    },
+    #[error(
+        "{reference}: the layer is {seen}, over the {declared} bytes its manifest declares: the registry served other bytes; refused"
+    )]
+    LayerTooLarge {
+        reference: String,
+        seen: Oversize,
+        declared: usize,
     },
     #[error(
         "{reference}: the {what}'s sha256 is {actual}, not {expected}: the registry served other bytes; refused"
@@ -126,6 +138,7 @@ impl OciError {
             OciError::Unauthorized { .. } => "unauthorized",
             OciError::Unknown { .. } => "unknown",
             OciError::ManifestTooLarge { .. } => "manifest_too_large",
+            OciError::LayerTooLarge { .. } => "layer_too_large",
             OciError::Digest { .. } => "digest_mismatch",
             OciError::NotAComponent { .. } => "not_a_component",
             OciError::Registry { .. } => "registry_error",
@@ -262,26 +275,39 @@ impl Registry {
     }
 
     /// Pulls the component `pinned` names and checks it (see the module's
-    /// invariants).
+    /// invariants). Every body is read through [`fetch`], capped while it
+    /// is read: the manifest at [`MAX_MANIFEST_BYTES`], the layer at the
+    /// size its (checked) manifest declares.
     pub fn pull(&self, pinned: &Pinned) -> Result<Pulled, OciError> {
         let registry = pinned.registry.clone();
         self.block_on(&registry, async {
-            let client = self.client()?;
-            let auth = self.auth(&registry).await?;
+            let http = fetch::http_client(&self.options)?;
+            let basic = self.basic(&registry).await?;
             let reference = pinned.reference();
             let shown = pinned.to_string();
-            let fail = |e| self.classify(e, &registry, &shown);
-            let (manifest, _) = client
-                .pull_manifest_raw(&reference, &auth, &[OCI_IMAGE_MEDIA_TYPE])
+            let mut session = Session::new(
+                http,
+                &self.options,
+                reference.resolve_registry(),
+                reference.repository(),
+                basic,
+            );
+            let manifest = session
+                .get(
+                    &format!("manifests/{}", pinned.digest),
+                    OCI_IMAGE_MEDIA_TYPE,
+                    MAX_MANIFEST_BYTES,
+                    &shown,
+                )
                 .await
-                .map_err(fail)?;
-            if manifest.len() > MAX_MANIFEST_BYTES {
-                return Err(OciError::ManifestTooLarge {
-                    reference: shown,
-                    size: manifest.len(),
-                    limit: MAX_MANIFEST_BYTES,
-                });
-            }
+                .map_err(|e| match e {
+                    Ok(seen) => OciError::ManifestTooLarge {
+                        reference: shown.clone(),
+                        seen,
+                        limit: MAX_MANIFEST_BYTES,
+                    },
+                    Err(e) => e,
+                })?;
             let actual = sha256_hex(&manifest);
             if actual != pinned.hex() {
                 return Err(OciError::Digest {
@@ -292,48 +318,21 @@ impl Registry {
                 });
             }
             let layer = component_layer(&manifest, &shown)?;
-            let descriptor = oci_client::manifest::OciDescriptor {
-                media_type: layer.media_type.clone(),
-                digest: layer.digest.clone(),
-                size: layer.size as i64,
-                ..Default::default()
-            };
-            let mut stream = client
-                .pull_blob_stream(&reference, &descriptor)
+            // The manifest is checked, so its size for the layer is the
+            // pinned one (and at most MAX_COMPONENT_BYTES): a byte more is
+            // not the component.
+            let declared = layer.size as usize;
+            let bytes = session
+                .get(&format!("blobs/{}", layer.digest), "*/*", declared, &shown)
                 .await
-                .map_err(fail)?;
-            let mut bytes = Vec::with_capacity(layer.size as usize);
-            while let Some(chunk) = stream.next().await {
-                // oci-client checks the layer's digest as it streams and
-                // ends the stream with that error: other bytes, not a
-                // connection that failed.
-                let chunk = chunk.map_err(|e| {
-                    match e
-                        .get_ref()
-                        .and_then(|inner| inner.downcast_ref::<DigestError>())
-                    {
-                        Some(DigestError::VerificationError { expected, actual }) => {
-                            OciError::Digest {
-                                reference: shown.clone(),
-                                what: "layer",
-                                expected: expected.clone(),
-                                actual: actual.clone(),
-                            }
-                        }
-                        _ => OciError::Unreachable {
-                            registry: registry.clone(),
-                            detail: e.to_string(),
-                        },
-                    }
+                .map_err(|e| match e {
+                    Ok(seen) => OciError::LayerTooLarge {
+                        reference: shown.clone(),
+                        seen,
+                        declared,
+                    },
+                    Err(e) => e,
                 })?;
-                if bytes.len() + chunk.len() > MAX_COMPONENT_BYTES {
-                    return Err(OciError::NotAComponent {
-                        reference: shown,
-                        detail: format!("its layer is over {MAX_COMPONENT_BYTES} bytes"),
-                    });
-                }
-                bytes.extend_from_slice(&chunk);
-            }
             let actual = format!("sha256:{}", sha256_hex(&bytes));
             if actual != layer.digest {
                 return Err(OciError::Digest {
@@ -343,10 +342,7 @@ impl Registry {
                     actual,
                 });
             }
-            Ok(Pulled {
-                bytes,
-                manifest: manifest.to_vec(),
-            })
+            Ok(Pulled { bytes, manifest })
         })
     }
 
@@ -416,9 +412,18 @@ impl Registry {
 
     /// The credentials for `registry`, read now (see [`Credentials`]).
     async fn auth(&self, registry: &str) -> Result<RegistryAuth, OciError> {
+        Ok(match self.basic(registry).await? {
+            Some((user, password)) => RegistryAuth::Basic(user, password),
+            None => RegistryAuth::Anonymous,
+        })
+    }
+
+    /// The user and password for `registry`, read now (see
+    /// [`Credentials`]); None: anonymous.
+    async fn basic(&self, registry: &str) -> Result<Option<(String, String)>, OciError> {
         let from = self.options.credentials.to_string();
         let json = match &self.options.credentials {
-            Credentials::Anonymous => return Ok(RegistryAuth::Anonymous),
+            Credentials::Anonymous => return Ok(None),
             Credentials::File(path) => std::fs::read(path).map_err(|e| CredentialsError::Read {
                 from: from.clone(),
                 detail: e.to_string(),
@@ -435,10 +440,7 @@ impl Registry {
                 })?,
         };
         let config = DockerConfig::parse(&json, &from)?;
-        Ok(match config.basic(registry, &from)? {
-            Some((user, password)) => RegistryAuth::Basic(user, password),
-            None => RegistryAuth::Anonymous,
-        })
+        Ok(config.basic(registry, &from)?)
     }
 
     /// The client's error, said for `reference` of `registry`.
@@ -504,18 +506,6 @@ impl Registry {
             },
         }
     }
-}
-
-/// An error and its sources, on one line.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
 }
 
 /// The one `application/wasm` layer of a component's manifest.
