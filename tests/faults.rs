@@ -438,6 +438,15 @@ const FAULTS: &[Fault] = &[
         test: "tests/oci.rs: a_registry_sending_a_gigabyte_is_refused_at_the_cap_in_the_memory_of_a_small_refusal",
     },
     Fault {
+        id: "oci-push-huge-answer",
+        area: "catalog",
+        fault: "a hostile registry answers `podstamp plugin push` with a 500 whose body is 1 GiB, or a Bearer challenge whose token realm answers 1 GiB",
+        kept: "nothing pushed; the error's text is read up to 4 KiB, the token answer refused past 64 KiB; peak RSS of the push within 8 MiB of a push refused by a small 500",
+        reported: "exit 1 and one line naming the registry",
+        says: "500 Internal Server Error: xxxx",
+        test: "tests/oci.rs: a_registry_answering_a_push_with_a_gigabyte_is_refused_at_the_cap",
+    },
+    Fault {
         id: "catalog-oci-slow-registry",
         area: "catalog",
         fault: "a registry that accepts connections and never answers",

@@ -818,21 +818,39 @@ fn a_registry_that_never_answers_is_bounded_by_the_timeout() {
 
 /// A `podstamp render` that must fail: its exit code, its stderr, and its
 /// peak resident set (`ru_maxrss` of wait4, KiB: the kernel's high-water
-/// mark of the process, so nothing between two samples is missed).
+/// mark of the process, so nothing between two samples is missed). The
+/// spawn shares this test process's memory until exec, and the kernel
+/// counts that too: [`MEASURABLE_KIB`] says when the figure is podstamp's.
 struct Measured {
     code: Option<i32>,
     stderr: String,
     peak_kib: i64,
 }
 
+/// A peak below this is podstamp's own (this test process stays far under
+/// it); a baseline above it means the figures cannot tell a gigabyte read
+/// from none, and the test says so rather than pass.
+const MEASURABLE_KIB: i64 = 256 << 10;
+
 fn render_measured(template: &Path, config: &Path) -> Measured {
+    measured(&[
+        "render",
+        template.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--node-name",
+        "n",
+        "--no-cache",
+    ])
+}
+
+/// `podstamp ARGS…` that must fail, measured (see [`Measured`]).
+fn measured(args: &[&str]) -> Measured {
     use std::io::Read;
     // Reaped by wait4 below (for its rusage), which clippy cannot see.
     #[allow(clippy::zombie_processes)]
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_podstamp"))
-        .args(["render", template.to_str().unwrap(), "--config"])
-        .arg(config)
-        .args(["--node-name", "n", "--no-cache"])
+        .args(args)
         .current_dir(common::repo())
         .env_remove("RUST_LOG")
         .stdin(std::process::Stdio::null())
@@ -943,6 +961,11 @@ fn a_registry_sending_a_gigabyte_is_refused_at_the_cap_in_the_memory_of_a_small_
     };
 
     let (baseline, _) = run("small-404");
+    assert!(
+        baseline.peak_kib < MEASURABLE_KIB,
+        "the baseline's peak RSS is {} KiB: this test process's own peak swamps the measure",
+        baseline.peak_kib
+    );
     assert_eq!(baseline.code, Some(1), "{}", baseline.stderr);
     assert!(
         baseline.stderr.contains("not in the registry"),
@@ -1004,6 +1027,8 @@ fn a_registry_sending_a_gigabyte_is_refused_at_the_cap_in_the_memory_of_a_small_
         );
         let line = measured.stderr.trim_end();
         if measured.code != Some(1) || line.lines().count() != 1 || !line.contains(&says) {
+            // Cut: a line that echoes what the registry sent can be huge.
+            let line: String = line.chars().take(600).collect();
             failures.push(format!(
                 "{case}: exit {:?}, expected one line containing {says:?}: {line}",
                 measured.code
@@ -1021,6 +1046,108 @@ fn a_registry_sending_a_gigabyte_is_refused_at_the_cap_in_the_memory_of_a_small_
         if written > WRITTEN_BOUND {
             failures.push(format!(
                 "{case}: the registry wrote {written} bytes before podstamp stopped reading"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Finding 6 for pushes: a registry that answers `podstamp plugin push`
+/// with a gigabyte (a 500 whose body is 1 GiB; a token realm answering
+/// 1 GiB) is refused in one line, in the memory of a push refused by a
+/// small 500.
+#[test]
+fn a_registry_answering_a_push_with_a_gigabyte_is_refused_at_the_cap() {
+    use hostile::{Answer, HostileRegistry};
+    const GIB: u64 = 1 << 30;
+    const SLACK_KIB: i64 = 8 << 10;
+    let tmp = tempfile::tempdir().unwrap();
+    let registry = HostileRegistry::start(&tmp.path().join("hostile"), |path| {
+        let case = path.split('/').nth(3).unwrap_or_default();
+        match case {
+            "small-500" => Answer {
+                status: 500,
+                headers: vec![],
+                body: hostile::Body::Bytes(b"storage is down".to_vec()),
+            },
+            "huge-500" => Answer::filler(500, GIB, true),
+            "token" => Answer::filler(401, 0, false).with_header(
+                "WWW-Authenticate",
+                "Bearer realm=\"https://{host}/token\",service=\"hostile\"",
+            ),
+            _ if path.starts_with("/token") => Answer::filler(200, GIB, true),
+            _ => Answer::filler(404, 0, false),
+        }
+    });
+    let component = common::plugin("identity");
+    let push = |case: &str| {
+        registry.clear();
+        let measured = measured(&[
+            "plugin",
+            "push",
+            component.to_str().unwrap(),
+            &format!("{}/plugins/{case}:v1", registry.host),
+            "--registry-ca",
+            registry.ca.to_str().unwrap(),
+        ]);
+        let written: u64 = registry.served().iter().map(|s| s.written).sum();
+        (measured, written)
+    };
+    let (baseline, _) = push("small-500");
+    assert!(
+        baseline.peak_kib < MEASURABLE_KIB,
+        "the baseline's peak RSS is {} KiB: this test process's own peak swamps the measure",
+        baseline.peak_kib
+    );
+    assert_eq!(baseline.code, Some(1), "{}", baseline.stderr);
+    assert!(
+        baseline.stderr.contains("storage is down"),
+        "{}",
+        baseline.stderr
+    );
+    println!(
+        "peak RSS of `podstamp plugin push` (ru_maxrss), each refused:\n  {:<30} {:>8} KiB",
+        "baseline: a small 500", baseline.peak_kib
+    );
+    let mut failures = Vec::new();
+    for (case, says) in [
+        (
+            "huge-500",
+            format!(
+                "registry {}: 500 Internal Server Error: xxxx",
+                registry.host
+            ),
+        ),
+        (
+            "token",
+            format!(
+                "registry {}: its token realm https://{}/token answered more than 65536 bytes",
+                registry.host, registry.host
+            ),
+        ),
+    ] {
+        let (measured, written) = push(case);
+        println!(
+            "  {:<30} {:>8} KiB ({:+} KiB), the registry wrote {} KiB of its {} KiB",
+            format!("1 GiB: {case}"),
+            measured.peak_kib,
+            measured.peak_kib - baseline.peak_kib,
+            written >> 10,
+            GIB >> 10
+        );
+        let line = measured.stderr.trim_end();
+        if measured.code != Some(1) || line.lines().count() != 1 || !line.contains(&says) {
+            // Cut: a line that echoes what the registry sent can be huge.
+            let line: String = line.chars().take(600).collect();
+            failures.push(format!(
+                "{case}: exit {:?}, expected one line containing {says:?}: {line}",
+                measured.code
+            ));
+        }
+        if measured.peak_kib > baseline.peak_kib + SLACK_KIB {
+            failures.push(format!(
+                "{case}: peak RSS {} KiB, over the baseline's {} KiB + {SLACK_KIB} KiB",
+                measured.peak_kib, baseline.peak_kib
             ));
         }
     }

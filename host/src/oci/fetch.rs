@@ -1,12 +1,12 @@
-//! Reading a pinned artifact from a registry with every body bounded while
-//! it is read: the pull side of the OCI distribution protocol (GET a
-//! manifest, GET a blob, answer the registry's auth challenge), on reqwest.
+//! Talking to a registry with every body it sends bounded while it is read:
+//! the parts of the OCI distribution protocol podstamp uses (GET a manifest
+//! or a blob; push a blob by a monolithic upload and a manifest by PUT;
+//! answer the registry's auth challenge), on reqwest.
 //!
 //! `oci-client` reads whole bodies before anyone can look at their size
 //! (manifests, error answers, token answers), so a hostile or broken
-//! registry could make a node hold gigabytes; pulls go through here instead
-//! (pushes, to a registry the user names on the command line, still use
-//! `oci-client`).
+//! registry could make a node hold gigabytes; pulls and pushes go through
+//! here instead (`oci-client` is kept for parsing references).
 //!
 //! Invariants:
 //! * no body is held past its cap: a `Content-Length` over the cap is
@@ -21,8 +21,11 @@
 //!   (`https_only`, redirects and token realms included);
 //! * every failure is an [`OciError`] naming the registry or the reference.
 
-use reqwest::StatusCode;
-use reqwest::header::{ACCEPT, AUTHORIZATION, HeaderValue, WWW_AUTHENTICATE};
+use reqwest::header::{
+    ACCEPT, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue, LOCATION,
+    WWW_AUTHENTICATE,
+};
+use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 
 use super::registry::{OciError, RegistryOptions};
@@ -153,6 +156,8 @@ pub struct Session {
     credentials: String,
     authorization: Option<Authorization>,
     timeout: std::time::Duration,
+    /// What a token is asked for: `pull`, or `pull,push`.
+    scope: &'static str,
 }
 
 /// What a 401's challenge led to, sent with every later request.
@@ -205,7 +210,14 @@ impl Session {
             credentials: options.credentials.to_string(),
             authorization: None,
             timeout: options.timeout,
+            scope: "pull",
         }
+    }
+
+    /// The same session, for pushing (its token asked for push too).
+    pub fn for_push(mut self) -> Session {
+        self.scope = "pull,push";
+        self
     }
 
     /// GETs `PATH` (`manifests/DIGEST`, `blobs/DIGEST`) of the repository
@@ -220,17 +232,10 @@ impl Session {
         shown: &str,
     ) -> Result<Vec<u8>, Result<Oversize, OciError>> {
         let url = format!("{}/{path}", self.base);
-        let mut response = self.send(&url, accept).await.map_err(Err)?;
-        if response.status() == StatusCode::UNAUTHORIZED {
-            let challenge = response
-                .headers()
-                .get(WWW_AUTHENTICATE)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            drop(response);
-            self.authorize(challenge.as_deref()).await.map_err(Err)?;
-            response = self.send(&url, accept).await.map_err(Err)?;
-        }
+        let response = self
+            .exchange(Method::GET, &url, &[(ACCEPT, accept)], None)
+            .await
+            .map_err(Err)?;
         let status = response.status();
         if !status.is_success() {
             return Err(Err(self.refused(status, response, shown).await));
@@ -241,8 +246,115 @@ impl Session {
         })
     }
 
-    async fn send(&self, url: &str, accept: &str) -> Result<reqwest::Response, OciError> {
-        let mut request = self.http.get(url).header(ACCEPT, accept);
+    /// Pushes the blob `bytes` whose digest is `digest` (a monolithic
+    /// upload: POST for a location, PUT there with the digest); `shown`
+    /// names the target in errors. Answers are read only as far as an
+    /// error's text.
+    pub async fn push_blob(
+        &mut self,
+        digest: &str,
+        bytes: &[u8],
+        shown: &str,
+    ) -> Result<(), OciError> {
+        let start = format!("{}/blobs/uploads/", self.base);
+        let response = self
+            .exchange(Method::POST, &start, &[(CONTENT_LENGTH, "0")], Some(&[]))
+            .await?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(self.refused(status, response, shown).await);
+        }
+        let location = response
+            .headers()
+            .get(LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        drop(response);
+        let location = location
+            .and_then(|l| reqwest::Url::parse(&start).ok()?.join(&l).ok())
+            .ok_or_else(|| OciError::Registry {
+                registry: self.registry.clone(),
+                detail: format!("POST {start} answered {status} without a usable Location"),
+            })?;
+        let mut url = location;
+        url.query_pairs_mut().append_pair("digest", digest);
+        let response = self
+            .exchange(
+                Method::PUT,
+                url.as_str(),
+                &[(CONTENT_TYPE, "application/octet-stream")],
+                Some(bytes),
+            )
+            .await?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(self.refused(status, response, shown).await);
+        }
+        Ok(())
+    }
+
+    /// PUTs the manifest `bytes` of `media_type` as `reference` (a tag or a
+    /// digest) of the repository.
+    pub async fn push_manifest(
+        &mut self,
+        reference: &str,
+        bytes: &[u8],
+        media_type: &str,
+        shown: &str,
+    ) -> Result<(), OciError> {
+        let url = format!("{}/manifests/{reference}", self.base);
+        let response = self
+            .exchange(
+                Method::PUT,
+                &url,
+                &[(CONTENT_TYPE, media_type)],
+                Some(bytes),
+            )
+            .await?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(self.refused(status, response, shown).await);
+        }
+        Ok(())
+    }
+
+    /// Sends a request, answering a 401's challenge once and sending it
+    /// again; the answer, of any status, its body unread.
+    async fn exchange(
+        &mut self,
+        method: Method,
+        url: &str,
+        headers: &[(HeaderName, &str)],
+        body: Option<&[u8]>,
+    ) -> Result<reqwest::Response, OciError> {
+        let response = self.send(method.clone(), url, headers, body).await?;
+        if response.status() != StatusCode::UNAUTHORIZED {
+            return Ok(response);
+        }
+        let challenge = response
+            .headers()
+            .get(WWW_AUTHENTICATE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        drop(response);
+        self.authorize(challenge.as_deref()).await?;
+        self.send(method, url, headers, body).await
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        headers: &[(HeaderName, &str)],
+        body: Option<&[u8]>,
+    ) -> Result<reqwest::Response, OciError> {
+        let mut request = self.http.request(method, url);
+        for (name, value) in headers {
+            request = request.header(name, *value);
+        }
+        if let Some(body) = body {
+            request = request.body(body.to_vec());
+        }
         match (&self.authorization, &self.basic) {
             (Some(Authorization::Basic), Some((user, password))) => {
                 request = request.basic_auth(user, Some(password));
@@ -291,7 +403,10 @@ impl Session {
                 detail: format!("a Bearer challenge without a realm: {challenge}"),
             });
         };
-        let mut query = vec![("scope", format!("repository:{}:pull", self.repository))];
+        let mut query = vec![(
+            "scope",
+            format!("repository:{}:{}", self.repository, self.scope),
+        )];
         if let Some(service) = param("service") {
             query.push(("service", service));
         }

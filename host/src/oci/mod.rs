@@ -10,8 +10,8 @@
 //!
 //! One concern per file: `reference` (parsing and pinning), `credentials`
 //! (docker config JSON from a file or a Secret), `registry` (push, pull and
-//! their checks; pushes through `oci-client`), `fetch` (a pull's reads,
-//! every body capped while it is read), `cache` (the components on disk).
+//! their checks), `fetch` (the registry protocol's requests, every body
+//! capped while it is read), `cache` (the components on disk).
 
 pub mod cache;
 pub mod credentials;

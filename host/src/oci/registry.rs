@@ -1,6 +1,6 @@
-//! Pushing and pulling components through a registry: pushes with the ORAS
-//! project's `oci-client`, pulls through [`fetch`] (GETs whose bodies are
-//! capped while they are read, which `oci-client` cannot do).
+//! Pushing and pulling components through a registry, through [`fetch`]
+//! (requests whose answers are capped while they are read, which the ORAS
+//! project's `oci-client` cannot do; it still parses references).
 //!
 //! Invariants:
 //! * a pull never returns bytes that were not checked: the manifest's
@@ -24,17 +24,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use oci_client::Client;
-use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
-use oci_client::errors::{OciDistributionError, OciErrorCode};
 use oci_client::manifest::OCI_IMAGE_MEDIA_TYPE;
-use oci_client::secrets::RegistryAuth;
 use serde::Deserialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::credentials::{Credentials, CredentialsError, DockerConfig};
-use super::fetch::{self, Oversize, Session, error_chain};
+use super::fetch::{self, Oversize, Session};
 use super::reference::{Pinned, ReferenceError, parse_target};
 pub use crate::catalog::gzip::MAX_COMPONENT_BYTES;
 
@@ -230,9 +226,17 @@ impl Registry {
         let reference = parse_target(target)?;
         let registry = reference.resolve_registry().to_string();
         self.block_on(&registry, async {
-            let client = self.client()?;
-            let auth = self.auth(&registry).await?;
-            client.store_auth_if_needed(&registry, &auth).await;
+            let http = fetch::http_client(&self.options)?;
+            let basic = self.basic(&registry).await?;
+            let mut session = Session::new(
+                http,
+                &self.options,
+                &registry,
+                reference.repository(),
+                basic,
+            )
+            .for_push();
+            let shown = reference.whole();
             let layer_digest = format!("sha256:{}", sha256_hex(component));
             // No `created`: the same component gives the same digest.
             let config = serde_json::to_vec(&json!({
@@ -249,23 +253,18 @@ impl Registry {
                 "layers": [{"mediaType": WASM_LAYER_MEDIA_TYPE, "digest": layer_digest, "size": component.len()}],
             }))
             .expect("a JSON value serializes");
-            let fail = |e| self.classify(e, &registry, &reference.whole());
-            client
-                .push_blob(&reference, component.to_vec(), &layer_digest)
-                .await
-                .map_err(fail)?;
-            client
-                .push_blob(&reference, config, &config_digest)
-                .await
-                .map_err(fail)?;
-            client
-                .push_manifest_raw(
-                    &reference,
-                    manifest.clone(),
-                    OCI_IMAGE_MEDIA_TYPE.parse().expect("a valid header value"),
-                )
-                .await
-                .map_err(fail)?;
+            session
+                .push_blob(&layer_digest, component, &shown)
+                .await?;
+            session
+                .push_blob(&config_digest, &config, &shown)
+                .await?;
+            // By tag when one is given (oci-client's way: `latest` else),
+            // so `plugin push REPO:TAG` still moves the tag.
+            let tag = reference.tag().unwrap_or("latest");
+            session
+                .push_manifest(tag, &manifest, OCI_IMAGE_MEDIA_TYPE, &shown)
+                .await?;
             Ok(Pinned {
                 registry: reference.registry().to_string(),
                 repository: reference.repository().to_string(),
@@ -371,53 +370,6 @@ impl Registry {
             })
     }
 
-    fn client(&self) -> Result<Client, OciError> {
-        // reqwest is built without a TLS provider of its own: ring, as kube.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut extra = Vec::new();
-        if let Some(path) = &self.options.ca {
-            let data = std::fs::read(path).map_err(|e| OciError::Ca {
-                path: path.display().to_string(),
-                detail: e.to_string(),
-            })?;
-            extra.push(Certificate {
-                encoding: CertificateEncoding::Pem,
-                data,
-            });
-        }
-        let config = ClientConfig {
-            protocol: if self.options.insecure_http {
-                ClientProtocol::Http
-            } else {
-                ClientProtocol::Https
-            },
-            extra_root_certificates: extra,
-            connect_timeout: Some(self.options.timeout),
-            read_timeout: Some(self.options.timeout),
-            // One artifact, one layer: no manifest lists.
-            platform_resolver: None,
-            ..ClientConfig::default()
-        };
-        Client::try_from(config).map_err(|e| match &self.options.ca {
-            Some(path) => OciError::Ca {
-                path: path.display().to_string(),
-                detail: e.to_string(),
-            },
-            None => OciError::Registry {
-                registry: "(any)".into(),
-                detail: e.to_string(),
-            },
-        })
-    }
-
-    /// The credentials for `registry`, read now (see [`Credentials`]).
-    async fn auth(&self, registry: &str) -> Result<RegistryAuth, OciError> {
-        Ok(match self.basic(registry).await? {
-            Some((user, password)) => RegistryAuth::Basic(user, password),
-            None => RegistryAuth::Anonymous,
-        })
-    }
-
     /// The user and password for `registry`, read now (see
     /// [`Credentials`]); None: anonymous.
     async fn basic(&self, registry: &str) -> Result<Option<(String, String)>, OciError> {
@@ -441,70 +393,6 @@ impl Registry {
         };
         let config = DockerConfig::parse(&json, &from)?;
         Ok(config.basic(registry, &from)?)
-    }
-
-    /// The client's error, said for `reference` of `registry`.
-    fn classify(&self, error: OciDistributionError, registry: &str, reference: &str) -> OciError {
-        let unauthorized = || OciError::Unauthorized {
-            registry: registry.to_string(),
-            credentials: self.options.credentials.to_string(),
-        };
-        let unknown = |detail: String| OciError::Unknown {
-            reference: reference.to_string(),
-            detail,
-        };
-        match error {
-            OciDistributionError::UnauthorizedError { .. }
-            | OciDistributionError::AuthenticationFailure(_) => unauthorized(),
-            OciDistributionError::RegistryError { envelope, .. } => {
-                let codes: Vec<&OciErrorCode> = envelope.errors.iter().map(|e| &e.code).collect();
-                let detail = envelope.to_string();
-                if codes
-                    .iter()
-                    .any(|c| matches!(c, OciErrorCode::Unauthorized | OciErrorCode::Denied))
-                {
-                    unauthorized()
-                } else if codes.iter().any(|c| {
-                    matches!(
-                        c,
-                        OciErrorCode::ManifestUnknown
-                            | OciErrorCode::BlobUnknown
-                            | OciErrorCode::NameUnknown
-                            | OciErrorCode::NotFound
-                    )
-                }) {
-                    unknown(detail)
-                } else {
-                    OciError::Registry {
-                        registry: registry.to_string(),
-                        detail,
-                    }
-                }
-            }
-            OciDistributionError::ServerError { code: 401, .. } => unauthorized(),
-            OciDistributionError::ServerError {
-                code: 404, message, ..
-            } => unknown(message),
-            OciDistributionError::ImageManifestNotFoundError(detail) => unknown(detail),
-            OciDistributionError::DigestError(e) => OciError::Digest {
-                reference: reference.to_string(),
-                what: "manifest",
-                expected: reference.rsplit('@').next().unwrap_or_default().to_string(),
-                actual: e.to_string(),
-            },
-            OciDistributionError::RequestError(e) if e.is_timeout() => OciError::Timeout {
-                registry: registry.to_string(),
-                timeout: self.options.timeout,
-            },
-            OciDistributionError::RequestError(e) if e.is_connect() => OciError::Unreachable {
-                registry: registry.to_string(),
-                detail: error_chain(&e),
-            },
-            other => OciError::Registry {
-                registry: registry.to_string(),
-                detail: error_chain(&other),
-            },
-        }
     }
 }
 
