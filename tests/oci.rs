@@ -7,6 +7,8 @@
 //! and `bash plugins/build.sh` first.
 
 mod common;
+#[path = "oci/hostile.rs"]
+mod hostile;
 #[path = "oci/registry.rs"]
 mod registry;
 #[path = "daemon/support.rs"]
@@ -812,4 +814,342 @@ fn a_registry_that_never_answers_is_bounded_by_the_timeout() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// A `podstamp render` that must fail: its exit code, its stderr, and its
+/// peak resident set (`ru_maxrss` of wait4, KiB: the kernel's high-water
+/// mark of the process, so nothing between two samples is missed). The
+/// spawn shares this test process's memory until exec, and the kernel
+/// counts that too: [`MEASURABLE_KIB`] says when the figure is podstamp's.
+struct Measured {
+    code: Option<i32>,
+    stderr: String,
+    peak_kib: i64,
+}
+
+/// A peak below this is podstamp's own (this test process stays far under
+/// it); a baseline above it means the figures cannot tell a gigabyte read
+/// from none, and the test says so rather than pass.
+const MEASURABLE_KIB: i64 = 256 << 10;
+
+fn render_measured(template: &Path, config: &Path) -> Measured {
+    measured(&[
+        "render",
+        template.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--node-name",
+        "n",
+        "--no-cache",
+    ])
+}
+
+/// `podstamp ARGS…` that must fail, measured (see [`Measured`]).
+fn measured(args: &[&str]) -> Measured {
+    use std::io::Read;
+    // Reaped by wait4 below (for its rusage), which clippy cannot see.
+    #[allow(clippy::zombie_processes)]
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_podstamp"))
+        .args(args)
+        .current_dir(common::repo())
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run podstamp");
+    let mut err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        err.read_to_string(&mut text).unwrap();
+        text
+    });
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value; wait4 fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: the child's PID, ours to reap (std's Child is not waited on).
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(
+        pid,
+        child.id() as i32,
+        "wait4: {}",
+        std::io::Error::last_os_error()
+    );
+    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+    Measured {
+        code,
+        stderr: reader.join().unwrap(),
+        peak_kib: usage.ru_maxrss,
+    }
+}
+
+/// Finding 6 of the second security review: a registry that sends a
+/// gigabyte — as a manifest with an honest `Content-Length`, as a chunked
+/// manifest without one, as the layer of a pinned manifest declaring 1000
+/// bytes, as the body of a 404, as a token realm's answer — is refused in
+/// one line after reading at most about the cap, and `podstamp render`'s
+/// peak memory stays within a few MiB of a render refused by a small 404.
+#[test]
+fn a_registry_sending_a_gigabyte_is_refused_at_the_cap_in_the_memory_of_a_small_refusal() {
+    use hostile::{Answer, HostileRegistry};
+    const GIB: u64 = 1 << 30;
+    const SLACK_KIB: i64 = 8 << 10;
+    // What the server may write before the client's hang-up is seen: the
+    // cap, plus what the kernel's socket buffers and TLS records absorb.
+    const WRITTEN_BOUND: u64 = 32 << 20;
+    let tmp = tempfile::tempdir().unwrap();
+    // A pinned manifest declaring a 1000-byte layer.
+    let layer_digest = format!("sha256:{}", sha256_hex(b"the component"));
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.wasm.config.v0+json",
+            "digest": format!("sha256:{}", sha256_hex(b"{}")), "size": 2},
+        "layers": [{"mediaType": "application/wasm", "digest": layer_digest, "size": 1000}],
+    }))
+    .unwrap();
+    let pinned = sha256_hex(&manifest);
+    let registry = {
+        let manifest = manifest.clone();
+        HostileRegistry::start(&tmp.path().join("hostile"), move |path| {
+            let case = path.split('/').nth(3).unwrap_or_default();
+            let blob = path.contains("/blobs/");
+            match case {
+                "small-404" => Answer {
+                    status: 404,
+                    headers: vec![],
+                    body: hostile::Body::Bytes(
+                        br#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"manifest unknown"}]}"#
+                            .to_vec(),
+                    ),
+                },
+                "manifest-with-length" => Answer::filler(200, GIB, false),
+                "manifest-chunked" => Answer::filler(200, GIB, true),
+                "layer-chunked" if blob => Answer::filler(200, GIB, true),
+                "layer-chunked" => Answer::ok(manifest.clone()),
+                "error-body-chunked" => Answer::filler(404, GIB, true),
+                _ if path.starts_with("/token") => Answer::filler(200, GIB, true),
+                "token-chunked" => Answer::filler(401, 0, false).with_header(
+                    "WWW-Authenticate",
+                    "Bearer realm=\"https://{host}/token\",service=\"hostile\"",
+                ),
+                _ => Answer::filler(404, 0, false),
+            }
+        })
+    };
+    let template = tmp.path().join("a.yaml");
+    fs::write(
+        &template,
+        "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: a}\ntemplate: {spec: {containers: [{name: main, image: a:1}]}}\n",
+    )
+    .unwrap();
+    let run = |case: &str| {
+        let config = tmp.path().join(format!("{case}.yaml"));
+        fs::write(
+            &config,
+            format!(
+                "plugins:\n  p:\n    oci: {}/plugins/{case}@sha256:{pinned}\nchain: [p]\ndaemon: {{registry: {{ca: {}, timeout: 60s}}}}\n",
+                registry.host,
+                registry.ca.display()
+            ),
+        )
+        .unwrap();
+        registry.clear();
+        let measured = render_measured(&template, &config);
+        let written: u64 = registry.served().iter().map(|s| s.written).sum();
+        (measured, written)
+    };
+
+    let (baseline, _) = run("small-404");
+    assert!(
+        baseline.peak_kib < MEASURABLE_KIB,
+        "the baseline's peak RSS is {} KiB: this test process's own peak swamps the measure",
+        baseline.peak_kib
+    );
+    assert_eq!(baseline.code, Some(1), "{}", baseline.stderr);
+    assert!(
+        baseline.stderr.contains("not in the registry"),
+        "{}",
+        baseline.stderr
+    );
+    println!(
+        "peak RSS of `podstamp render` (ru_maxrss), each refused:\n  {:<52} {:>8} KiB",
+        "baseline: a small 404", baseline.peak_kib
+    );
+    let reference = |case: &str| format!("{}/plugins/{case}@sha256:{pinned}", registry.host);
+    let cases = [
+        (
+            "manifest-with-length",
+            format!(
+                "{}: the manifest is {GIB} bytes by its Content-Length, over the limit of 65536 bytes",
+                reference("manifest-with-length")
+            ),
+        ),
+        (
+            "manifest-chunked",
+            format!(
+                "{}: the manifest is more than 65536 bytes (read up to the limit), over the limit of 65536 bytes",
+                reference("manifest-chunked")
+            ),
+        ),
+        (
+            "layer-chunked",
+            format!(
+                "{}: the layer is more than 1000 bytes (read up to the limit), over the 1000 bytes its manifest declares",
+                reference("layer-chunked")
+            ),
+        ),
+        (
+            "error-body-chunked",
+            format!(
+                "{}: not in the registry (404 Not Found: xxxx",
+                reference("error-body-chunked")
+            ),
+        ),
+        (
+            "token-chunked",
+            format!(
+                "registry {}: its token realm https://{}/token answered more than 65536 bytes",
+                registry.host, registry.host
+            ),
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (case, says) in cases {
+        let (measured, written) = run(case);
+        println!(
+            "  {:<52} {:>8} KiB ({:+} KiB), the registry wrote {} KiB of its {} KiB",
+            format!("1 GiB: {case}"),
+            measured.peak_kib,
+            measured.peak_kib - baseline.peak_kib,
+            written >> 10,
+            GIB >> 10
+        );
+        let line = measured.stderr.trim_end();
+        if measured.code != Some(1) || line.lines().count() != 1 || !line.contains(&says) {
+            // Cut: a line that echoes what the registry sent can be huge.
+            let line: String = line.chars().take(600).collect();
+            failures.push(format!(
+                "{case}: exit {:?}, expected one line containing {says:?}: {line}",
+                measured.code
+            ));
+        }
+        if line.len() > 8 << 10 {
+            failures.push(format!("{case}: a line of {} bytes", line.len()));
+        }
+        if measured.peak_kib > baseline.peak_kib + SLACK_KIB {
+            failures.push(format!(
+                "{case}: peak RSS {} KiB, over the baseline's {} KiB + {SLACK_KIB} KiB",
+                measured.peak_kib, baseline.peak_kib
+            ));
+        }
+        if written > WRITTEN_BOUND {
+            failures.push(format!(
+                "{case}: the registry wrote {written} bytes before podstamp stopped reading"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Finding 6 for pushes: a registry that answers `podstamp plugin push`
+/// with a gigabyte (a 500 whose body is 1 GiB; a token realm answering
+/// 1 GiB) is refused in one line, in the memory of a push refused by a
+/// small 500.
+#[test]
+fn a_registry_answering_a_push_with_a_gigabyte_is_refused_at_the_cap() {
+    use hostile::{Answer, HostileRegistry};
+    const GIB: u64 = 1 << 30;
+    const SLACK_KIB: i64 = 8 << 10;
+    let tmp = tempfile::tempdir().unwrap();
+    let registry = HostileRegistry::start(&tmp.path().join("hostile"), |path| {
+        let case = path.split('/').nth(3).unwrap_or_default();
+        match case {
+            "small-500" => Answer {
+                status: 500,
+                headers: vec![],
+                body: hostile::Body::Bytes(b"storage is down".to_vec()),
+            },
+            "huge-500" => Answer::filler(500, GIB, true),
+            "token" => Answer::filler(401, 0, false).with_header(
+                "WWW-Authenticate",
+                "Bearer realm=\"https://{host}/token\",service=\"hostile\"",
+            ),
+            _ if path.starts_with("/token") => Answer::filler(200, GIB, true),
+            _ => Answer::filler(404, 0, false),
+        }
+    });
+    let component = common::plugin("identity");
+    let push = |case: &str| {
+        registry.clear();
+        let measured = measured(&[
+            "plugin",
+            "push",
+            component.to_str().unwrap(),
+            &format!("{}/plugins/{case}:v1", registry.host),
+            "--registry-ca",
+            registry.ca.to_str().unwrap(),
+        ]);
+        let written: u64 = registry.served().iter().map(|s| s.written).sum();
+        (measured, written)
+    };
+    let (baseline, _) = push("small-500");
+    assert!(
+        baseline.peak_kib < MEASURABLE_KIB,
+        "the baseline's peak RSS is {} KiB: this test process's own peak swamps the measure",
+        baseline.peak_kib
+    );
+    assert_eq!(baseline.code, Some(1), "{}", baseline.stderr);
+    assert!(
+        baseline.stderr.contains("storage is down"),
+        "{}",
+        baseline.stderr
+    );
+    println!(
+        "peak RSS of `podstamp plugin push` (ru_maxrss), each refused:\n  {:<30} {:>8} KiB",
+        "baseline: a small 500", baseline.peak_kib
+    );
+    let mut failures = Vec::new();
+    for (case, says) in [
+        (
+            "huge-500",
+            format!(
+                "registry {}: 500 Internal Server Error: xxxx",
+                registry.host
+            ),
+        ),
+        (
+            "token",
+            format!(
+                "registry {}: its token realm https://{}/token answered more than 65536 bytes",
+                registry.host, registry.host
+            ),
+        ),
+    ] {
+        let (measured, written) = push(case);
+        println!(
+            "  {:<30} {:>8} KiB ({:+} KiB), the registry wrote {} KiB of its {} KiB",
+            format!("1 GiB: {case}"),
+            measured.peak_kib,
+            measured.peak_kib - baseline.peak_kib,
+            written >> 10,
+            GIB >> 10
+        );
+        let line = measured.stderr.trim_end();
+        if measured.code != Some(1) || line.lines().count() != 1 || !line.contains(&says) {
+            // Cut: a line that echoes what the registry sent can be huge.
+            let line: String = line.chars().take(600).collect();
+            failures.push(format!(
+                "{case}: exit {:?}, expected one line containing {says:?}: {line}",
+                measured.code
+            ));
+        }
+        if measured.peak_kib > baseline.peak_kib + SLACK_KIB {
+            failures.push(format!(
+                "{case}: peak RSS {} KiB, over the baseline's {} KiB + {SLACK_KIB} KiB",
+                measured.peak_kib, baseline.peak_kib
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

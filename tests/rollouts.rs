@@ -608,3 +608,77 @@ fn with_two_slots_two_nodes_update_at_once_and_the_third_waits() {
     assert!(tables.iter().any(|t| t.contains("waiting")), "{text}");
     assert!(tables[0].starts_with("TEMPLATE"), "{text}");
 }
+
+/// Finding 9 of the second security review, against the real API server:
+/// node status Leases written by someone other than their node (a
+/// generation of i64::MAX in a node's own record; a record in another
+/// node's name) are shown by `podstamp status` as untrusted, and the
+/// template's target and generation stay the honest node's.
+#[test]
+fn status_shows_records_it_cannot_trust_as_such_not_as_the_newest() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let server = shared_server();
+    let ns = unique("forged");
+    let kube = Kube::admin(server, &ns);
+    let leases: Api<Lease> = Api::namespaced(kube.client.clone(), &ns);
+    let record = |target: &str, generation: i64| {
+        json!({"version": 1, "templates": {format!("{ns}/web"): {
+            "revision": format!("rev-{target}"), "target": target, "wanted": target,
+            "generation": generation, "phase": "ready", "since": "2026-12-06T00:00:00Z"}}})
+        .to_string()
+    };
+    let create = |name: &str, holder: &str, record: String| {
+        let lease = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"podstamp.io/lease": "node-status"},
+                "annotations": {"podstamp.io/status": record}},
+            "spec": {"holderIdentity": holder}}))
+        .unwrap();
+        kube.rt
+            .block_on(leases.create(&PostParams::default(), &lease))
+            .unwrap();
+    };
+    create("podstamp-node.n1", "n1", record("t2", 2));
+    create("podstamp-node.n2", "n2", record("evil", i64::MAX));
+    create("podstamp-node.n3", "n1", record("evil", 3));
+
+    let view = status(server, &ns);
+    let t = &view["templates"][0];
+    assert_eq!(
+        (
+            &t["target"],
+            &t["generation"],
+            &t["updated"],
+            &t["untrusted"]
+        ),
+        (&json!("t2"), &json!(2), &json!(1), &json!(2)),
+        "{view:#}"
+    );
+    let untrusted = |node: &str| {
+        t["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["node"] == node)
+            .and_then(|n| n["untrusted"].as_str())
+            .unwrap_or_else(|| panic!("{node} is not listed as untrusted: {view:#}"))
+            .to_string()
+    };
+    assert!(
+        untrusted("n2").contains("claims generation 9223372036854775807"),
+        "{view:#}"
+    );
+    assert!(
+        untrusted("podstamp-node.n3").contains("is held by n1, whose record is podstamp-node.n1"),
+        "{view:#}"
+    );
+    let table = Command::new(env!("CARGO_BIN_EXE_podstamp"))
+        .args(["status", "-n", &ns, "--kubeconfig"])
+        .arg(server.kubeconfig("admin"))
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("UNTRUSTED: node n2 claims generation 9223372036854775807"),
+        "{table}"
+    );
+}

@@ -642,3 +642,37 @@ fn validate_settings_is_called_when_exported_and_bounded_like_a_call() {
         })
     );
 }
+
+/// Noted by the second security review: a plugin that hits the limit of
+/// live resource handles was reported as "returned malformed data". It is
+/// named as the limit it hit; a plugin that drops its handles may take as
+/// many as it likes, one at a time; the runtime keeps working.
+#[test]
+fn a_plugin_holding_too_many_handles_is_stopped_at_the_handle_limit_named_as_such() {
+    // Time enough for 120,000 host calls in a debug build: the limit, not
+    // the deadline, is what must stop it.
+    let runtime = Runtime::new(
+        Limits {
+            timeout: Duration::from_secs(10),
+            ..limits()
+        },
+        None,
+    )
+    .unwrap();
+    let failure = call(&load_wasi(&runtime, "handles")).unwrap_err();
+    assert_eq!(
+        failure,
+        CallFailure::HandleLimitExceeded {
+            limit: podstamp::plugin::MAX_HANDLES_PER_CALL
+        }
+    );
+    assert_eq!(
+        failure.to_string(),
+        "held more than 10000 resource handles at once (the per-call limit); the call was stopped: a plugin must drop the handles it is done with"
+    );
+    assert_eq!(
+        call(&load_wasi(&runtime, "handles-dropped")).unwrap(),
+        pod()
+    );
+    assert_eq!(call(&load(&runtime, IDENTITY)).unwrap(), pod());
+}

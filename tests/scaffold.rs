@@ -212,3 +212,53 @@ fn plugin_new_refuses_with_one_line_and_writes_nothing() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(Path::new(&at("empty")).join("src/lib.rs").is_file());
 }
+
+/// Finding 8 of the second security review: `plugin new` staged in
+/// `.NAME.podstamp-new-PID` beside `--dir` and followed a symbolic link
+/// planted there. Here the link is planted at exactly that name before
+/// podstamp starts (a shell that waits for a line, then `exec`s podstamp
+/// under its own PID): nothing is written through it, and the project is
+/// made where it was asked.
+#[test]
+fn plugin_new_writes_nothing_through_a_link_planted_at_the_staging_name() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let victim = tmp.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    let dir = tmp.path().join("p");
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg("read -r _ && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_podstamp"))
+        .args(["plugin", "new", "p", "--dir"])
+        .arg(&dir)
+        .current_dir(repo())
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run sh");
+    let planted = tmp.path().join(format!(".p.podstamp-new-{}", child.id()));
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).starts_with("created "), "{}", stdout(&out));
+    assert_eq!(
+        std::fs::read_dir(&victim).unwrap().count(),
+        0,
+        "written through the link planted at {}",
+        planted.display()
+    );
+    assert!(
+        std::fs::symlink_metadata(&planted)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the planted link is left as it was"
+    );
+    assert!(dir.join("src/lib.rs").is_file());
+    // Nothing else left beside it: the victim, the link, the project.
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 3);
+}

@@ -324,3 +324,75 @@ fn update_writes_through_a_symbolic_link_to_the_shared_golden_file() {
         rendered(root, "arm64")
     );
 }
+
+/// Finding 7 of the second security review: a link in a case directory
+/// that leaves DIR (a case from a pull request pointing at `~/.bashrc`) is
+/// refused by `--update` in one line naming the link and where it points,
+/// and nothing is written: neither the file it names, nor any other case.
+#[test]
+fn update_refuses_a_link_that_leaves_dir_and_writes_nothing() {
+    let dir = cases();
+    let root = dir.path();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let bashrc = elsewhere.path().join(".bashrc");
+    write(&bashrc, "alias ls='ls --color'\n");
+    let outside = std::fs::canonicalize(&bashrc).unwrap();
+    std::os::unix::fs::symlink(&bashrc, root.join("arm64/expected.yaml")).unwrap();
+    let out = podstamp_test(root, &[".", "--update"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    let line = stderr(&out);
+    assert_eq!(line.lines().count(), 1, "{line}");
+    assert!(
+        line.starts_with(&format!(
+            "podstamp: error: ./arm64/expected.yaml: a link to {}, outside . (",
+            outside.display()
+        )) && line.contains("nothing written"),
+        "{line}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&bashrc).unwrap(),
+        "alias ls='ls --color'\n"
+    );
+    assert!(
+        !root.join("s390x/expected.error").exists(),
+        "another case was written"
+    );
+    assert_eq!(stdout(&out), "", "no case was run");
+
+    // The same through the link `expected.error` would be removed by (the
+    // case renders a manifest), and through a case directory that is a
+    // link out of DIR.
+    std::fs::remove_file(root.join("arm64/expected.yaml")).unwrap();
+    std::os::unix::fs::symlink(&bashrc, root.join("arm64/expected.error")).unwrap();
+    let out = podstamp_test(root, &[".", "arm64", "--update"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("./arm64/expected.error: a link to "),
+        "{}",
+        stderr(&out)
+    );
+    assert!(std::fs::symlink_metadata(root.join("arm64/expected.error")).is_ok());
+    std::fs::remove_file(root.join("arm64/expected.error")).unwrap();
+    let away = elsewhere.path().join("case");
+    std::fs::create_dir(&away).unwrap();
+    std::os::unix::fs::symlink(&away, root.join("away")).unwrap();
+    let out = podstamp_test(root, &[".", "--update"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains(&format!(
+            "./away: a link to {}, outside .",
+            std::fs::canonicalize(&away).unwrap().display()
+        )),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        std::fs::read_dir(&away).unwrap().count(),
+        0,
+        "written outside DIR"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&bashrc).unwrap(),
+        "alias ls='ls --color'\n"
+    );
+}

@@ -486,6 +486,37 @@ pub fn wasi(name: &str) -> Vec<u8> {
                 format!("(data (i32.const 1024) {prefix:?}) (data (i32.const 1536) {suffix:?})"),
             )
         }
+        // Takes 120,000 stdout handles and keeps them all (over podstamp's
+        // per-call limit of live handles, and wasmtime's default), then
+        // says so.
+        "handles" => (
+            r#"(import "wasi:cli/stdout@0.2.0" "get-stdout" (func $stdout (result i32)))"#,
+            r#"(local $i i32)
+    (local.set $i (i32.const 120000))
+    (loop $more
+      (drop (call $stdout))
+      (local.set $i (i32.sub (local.get $i) (i32.const 1)))
+      (br_if $more (local.get $i)))
+    (call $err (i32.const 1536) (i32.const 24))"#
+                .into(),
+            r#"(data (i32.const 1536) "kept 120000 handles live")"#.into(),
+        ),
+        // The same 120,000 handles, each dropped once taken: never more
+        // than one live; then the identity.
+        "handles-dropped" => (
+            r#"(import "wasi:cli/stdout@0.2.0" "get-stdout" (func $stdout (result i32)))
+  (import "wasi:io/streams@0.2.0" "[resource-drop]output-stream" (func $drop (param i32)))"#,
+            format!(
+                r#"(local $i i32)
+    (local.set $i (i32.const 120000))
+    (loop $more
+      (call $drop (call $stdout))
+      (local.set $i (i32.sub (local.get $i) (i32.const 1)))
+      (br_if $more (local.get $i)))
+    {IDENTITY}"#
+            ),
+            String::new(),
+        ),
         other => panic!("no WASI plugin {other:?}"),
     };
     let imports_wit: String = WASI_IMPORTS

@@ -43,26 +43,81 @@ fn run(command: &mut Command, what: &str) -> Vec<u8> {
     out.stdout
 }
 
+/// A CA of its own, made in `dir/ca` with openssl; its directory (holding
+/// `ca.crt` and `ca.key`).
+pub fn own_ca(dir: &Path) -> PathBuf {
+    let ca_dir = dir.join("ca");
+    fs::create_dir_all(&ca_dir).unwrap();
+    run(
+        Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+            .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"])
+            .args(["-subj", "/CN=podstamp-test-registry-ca"])
+            .args(["-addext", "basicConstraints=critical,CA:TRUE"])
+            .args(["-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+            .arg("-keyout")
+            .arg(ca_dir.join("ca.key"))
+            .arg("-out")
+            .arg(ca_dir.join("ca.crt")),
+        "openssl req -x509 (the CA)",
+    );
+    ca_dir
+}
+
+/// A serving certificate for 127.0.0.1 signed by `ca_dir`'s CA, written to
+/// `dir` (created) as `registry.crt` and `registry.key`; their paths.
+pub fn serving_certificate(dir: &Path, ca_dir: &Path) -> (PathBuf, PathBuf) {
+    fs::create_dir_all(dir).unwrap();
+    let (ca, ca_key) = (ca_dir.join("ca.crt"), ca_dir.join("ca.key"));
+    let (key, csr, cert, ext) = (
+        dir.join("registry.key"),
+        dir.join("registry.csr"),
+        dir.join("registry.crt"),
+        dir.join("registry.ext"),
+    );
+    run(
+        Command::new("openssl")
+            .args(["req", "-new", "-newkey", "ec", "-pkeyopt"])
+            .args([
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-subj",
+                "/CN=podstamp-test-registry",
+                "-keyout",
+            ])
+            .arg(&key)
+            .arg("-out")
+            .arg(&csr),
+        "openssl req",
+    );
+    fs::write(
+        &ext,
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\nkeyUsage=digitalSignature\n",
+    )
+    .unwrap();
+    run(
+        Command::new("openssl")
+            .args(["x509", "-req", "-days", "2", "-set_serial", "7", "-in"])
+            .arg(&csr)
+            .arg("-CA")
+            .arg(&ca)
+            .arg("-CAkey")
+            .arg(&ca_key)
+            .arg("-extfile")
+            .arg(&ext)
+            .arg("-out")
+            .arg(&cert),
+        "openssl x509",
+    );
+    (cert, key)
+}
+
 impl TestRegistry {
     /// Starts a registry in `dir` (created) with a CA of its own, made in
     /// `dir/ca` with openssl: for a test or benchmark without the harness's
     /// API server (whose CA [`TestRegistry::start`] takes).
     pub fn start_with_own_ca(dir: &Path) -> TestRegistry {
-        let ca_dir = dir.join("ca");
-        fs::create_dir_all(&ca_dir).unwrap();
-        run(
-            Command::new("openssl")
-                .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
-                .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"])
-                .args(["-subj", "/CN=podstamp-test-registry-ca"])
-                .args(["-addext", "basicConstraints=critical,CA:TRUE"])
-                .args(["-addext", "keyUsage=critical,keyCertSign,cRLSign"])
-                .arg("-keyout")
-                .arg(ca_dir.join("ca.key"))
-                .arg("-out")
-                .arg(ca_dir.join("ca.crt")),
-            "openssl req -x509 (the CA)",
-        );
+        let ca_dir = own_ca(dir);
         TestRegistry::start(dir, &ca_dir)
     }
 
@@ -77,48 +132,8 @@ impl TestRegistry {
             deps.display()
         );
         fs::create_dir_all(dir.join("data")).unwrap();
-        let (ca, ca_key) = (ca_dir.join("ca.crt"), ca_dir.join("ca.key"));
-        // A serving certificate for 127.0.0.1, signed by the harness CA.
-        let (key, csr, cert, ext) = (
-            dir.join("registry.key"),
-            dir.join("registry.csr"),
-            dir.join("registry.crt"),
-            dir.join("registry.ext"),
-        );
-        run(
-            Command::new("openssl")
-                .args(["req", "-new", "-newkey", "ec", "-pkeyopt"])
-                .args([
-                    "ec_paramgen_curve:prime256v1",
-                    "-nodes",
-                    "-subj",
-                    "/CN=podstamp-test-registry",
-                    "-keyout",
-                ])
-                .arg(&key)
-                .arg("-out")
-                .arg(&csr),
-            "openssl req",
-        );
-        fs::write(
-            &ext,
-            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\nkeyUsage=digitalSignature\n",
-        )
-        .unwrap();
-        run(
-            Command::new("openssl")
-                .args(["x509", "-req", "-days", "2", "-set_serial", "7", "-in"])
-                .arg(&csr)
-                .arg("-CA")
-                .arg(&ca)
-                .arg("-CAkey")
-                .arg(&ca_key)
-                .arg("-extfile")
-                .arg(&ext)
-                .arg("-out")
-                .arg(&cert),
-            "openssl x509",
-        );
+        let ca = ca_dir.join("ca.crt");
+        serving_certificate(dir, ca_dir);
         let htpasswd = run(
             Command::new("htpasswd").args(["-B", "-b", "-n", USER, PASSWORD]),
             "htpasswd",

@@ -14,6 +14,12 @@
 //! package's) and `{{plugins}}` (that directory, absolute). The project is
 //! written into a hidden sibling directory and renamed into place, so a
 //! failure leaves nothing half made.
+//!
+//! Invariant: that staging directory is one this run created, never one it
+//! found: a fresh random name, made by `mkdir` with mode 0700 (which fails
+//! on anything already there, a symbolic link included, and is then tried
+//! with another name), so nothing planted beside `--dir` can make the
+//! project be written through it.
 
 use std::path::{Path, PathBuf};
 
@@ -175,6 +181,44 @@ fn plugins_dir(given: Option<&Path>, language: Language) -> Result<PathBuf, Fail
     Ok(dir)
 }
 
+/// How many random names are tried before giving up (each taken only by
+/// an entry that was there: 16 in a row is someone planting them).
+const STAGING_TRIES: usize = 16;
+
+/// A new empty directory `.NAME.podstamp-new-RANDOM` in `parent`, mode
+/// 0700, created by this call (see the module's invariant).
+fn create_staging(parent: &Path, name: &str) -> Result<PathBuf, String> {
+    use std::os::unix::fs::DirBuilderExt;
+    let mut last = None;
+    for _ in 0..STAGING_TRIES {
+        let path = parent.join(format!(".{name}.podstamp-new-{:016x}", random_u64()?));
+        match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+            Ok(()) => return Ok(path),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(path),
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        }
+    }
+    Err(format!(
+        "{}: {STAGING_TRIES} random staging names in a row were taken (the last {}); is something planting entries there?",
+        parent.display(),
+        last.map(|p| p.display().to_string()).unwrap_or_default()
+    ))
+}
+
+/// 64 bits from the kernel's random source (getrandom(2)).
+fn random_u64() -> Result<u64, String> {
+    let mut bytes = [0u8; 8];
+    // SAFETY: the buffer is ours and 8 bytes long, as passed.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != bytes.len() as isize {
+        return Err(format!(
+            "cannot read the kernel's random source: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(u64::from_ne_bytes(bytes))
+}
+
 /// Writes `files` into a hidden sibling of `dir`, then renames it to `dir`.
 fn write_project(dir: &Path, files: &[(&str, Vec<u8>)]) -> Result<(), String> {
     let parent = dir
@@ -185,7 +229,7 @@ fn write_project(dir: &Path, files: &[(&str, Vec<u8>)]) -> Result<(), String> {
         .file_name()
         .and_then(|n| n.to_str())
         .ok_or_else(|| format!("--dir {}: not a directory name", dir.display()))?;
-    let staging = parent.join(format!(".{name}.podstamp-new-{}", std::process::id()));
+    let staging = create_staging(parent, name)?;
     let result = (|| {
         for (path, bytes) in files {
             let target = staging.join(path);
@@ -200,6 +244,12 @@ fn write_project(dir: &Path, files: &[(&str, Vec<u8>)]) -> Result<(), String> {
                     .map_err(|e| format!("{}: {e}", target.display()))?;
             }
         }
+        // Private while it is being written; a project's usual mode once whole.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o755))
+                .map_err(|e| format!("{}: {e}", staging.display()))?;
+        }
         // An empty directory given as --dir is replaced.
         if dir.exists() {
             std::fs::remove_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -210,4 +260,28 @@ fn write_project(dir: &Path, files: &[(&str, Vec<u8>)]) -> Result<(), String> {
         let _ = std::fs::remove_dir_all(&staging);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn staging_is_a_fresh_private_directory_never_one_found() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = create_staging(tmp.path(), "p").unwrap();
+        let b = create_staging(tmp.path(), "p").unwrap();
+        assert_ne!(a, b);
+        let meta = std::fs::symlink_metadata(&a).unwrap();
+        assert!(meta.is_dir());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+        assert!(
+            a.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with(".p.podstamp-new-")
+        );
+    }
 }

@@ -30,6 +30,12 @@
 //! `--update` writes what each case renders as its expectation instead
 //! (only where it differs, atomically, through a symbolic link to the file
 //! it names, so that cases that share a golden file keep sharing it).
+//! Invariant: it writes (and removes) only inside DIR: every expectation's
+//! path is resolved, links and all, against DIR canonicalized before any
+//! case is run, and one that leaves DIR (a link, or a case directory that
+//! is a link) stops the run with one line naming it and where it points,
+//! nothing written; a file is replaced by a temporary file renamed beside
+//! the file the link names, never written in place.
 //!
 //! Nothing from the environment can change a case's result: its settings
 //! are its files' (the environment gives only where compiled code is
@@ -127,6 +133,15 @@ pub(crate) fn run(args: TestArgs) -> Result<(), Failure> {
         .map(|case| Inputs::find(&root, case))
         .collect::<Result<Vec<_>, _>>()
         .map_err(usage)?;
+    if args.update {
+        // Before anything is written: a case from someone else (a pull
+        // request) must not make --update write outside DIR.
+        for input in &inputs {
+            for file in [EXPECTED, EXPECTED_ERROR] {
+                inside(&root, &input.dir.join(file)).map_err(usage)?;
+            }
+        }
+    }
 
     let mut stdout = std::io::stdout().lock();
     let (mut passed, mut failed, mut updated) = (0usize, 0usize, 0usize);
@@ -134,7 +149,7 @@ pub(crate) fn run(args: TestArgs) -> Result<(), Failure> {
         let outcome = case.render(&root, &settings)?;
         let name = case.name(&root);
         if args.update {
-            if case.update(&outcome).map_err(Failure::Render)? {
+            if case.update(&root, &outcome).map_err(Failure::Render)? {
                 updated += 1;
                 let _ = writeln!(stdout, "updated {name}");
             } else {
@@ -350,14 +365,16 @@ impl Inputs {
 
     /// Writes the outcome as the case's expectation; false when it already
     /// was.
-    fn update(&self, outcome: &Outcome) -> Result<bool, String> {
+    fn update(&self, root: &Path, outcome: &Outcome) -> Result<bool, String> {
         let (keep, drop, bytes) = match outcome {
             Outcome::Manifest(bytes) => (EXPECTED, EXPECTED_ERROR, bytes.clone()),
             Outcome::Error(line) => (EXPECTED_ERROR, EXPECTED, format!("{line}\n").into_bytes()),
         };
         let stale = self.dir.join(drop);
         let mut changed = false;
-        if stale.exists() {
+        if std::fs::symlink_metadata(&stale).is_ok() {
+            // The link itself, if it is one (in the case's directory, which
+            // `inside` checked): never what it names.
             std::fs::remove_file(&stale).map_err(|e| format!("{}: {e}", stale.display()))?;
             changed = true;
         }
@@ -365,8 +382,10 @@ impl Inputs {
         if std::fs::read(&path).is_ok_and(|old| old == bytes) {
             return Ok(changed);
         }
-        // Through a link to the file it names: the rename replaces that file.
-        let target = std::fs::canonicalize(&path).unwrap_or(path);
+        // Through a link to the file it names (checked again here, as the
+        // tree may have changed since the run began): the rename replaces
+        // that file.
+        let target = inside(root, &path)?;
         let dir = target.parent().unwrap_or(Path::new("."));
         let name = target
             .file_name()
@@ -376,6 +395,57 @@ impl Inputs {
             .map_err(|e| format!("{}: {e}", target.display()))?;
         Ok(true)
     }
+}
+
+/// Where `--update` may write `path`, a case's expectation: the file it
+/// names once every link on the way is followed (its directory's included),
+/// when that lies inside `root` canonicalized; else the line refusing it,
+/// naming the link and where it points.
+fn inside(root: &Path, path: &Path) -> Result<PathBuf, String> {
+    let within = std::fs::canonicalize(root).map_err(|e| format!("{}: {e}", root.display()))?;
+    let refuse = |link: &Path, to: &Path| {
+        format!(
+            "{}: a link to {}, outside {} ({}): --update writes through links only inside DIR; nothing written (make it a file, or run on a DIR that holds what it names)",
+            link.display(),
+            to.display(),
+            root.display(),
+            within.display()
+        )
+    };
+    let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    let target = if is_link {
+        std::fs::canonicalize(path).map_err(|_| {
+            let to = std::fs::read_link(path).unwrap_or_default();
+            format!(
+                "{}: a link to {}, which does not exist: --update does not follow it; nothing written (remove it, or make it a file)",
+                path.display(),
+                to.display()
+            )
+        })?
+    } else {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let name = path
+            .file_name()
+            .ok_or_else(|| format!("{}: not a file name", path.display()))?;
+        std::fs::canonicalize(dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?
+            .join(name)
+    };
+    if target.starts_with(&within) {
+        return Ok(target);
+    }
+    // Which link leaves: the file's own, or a directory on its way.
+    let link = if is_link {
+        path
+    } else {
+        path.parent().unwrap_or(path)
+    };
+    let to = if is_link {
+        target.clone()
+    } else {
+        target.parent().map(Path::to_path_buf).unwrap_or_default()
+    };
+    Err(refuse(link, &to))
 }
 
 /// Whether `case` is the case named `wanted`, or under the directory of

@@ -28,11 +28,13 @@
 //! (`podstamp.io/revision`) is node-specific (plugins apply node-specific
 //! transforms); the target is what a rollout rolls.
 //!
-//! Invariants: objects are only ever read leniently ([`NodeStatus::parse`]
+//! Invariants: another node's record counts only as what that node may
+//! have written ([`trust`]: name ↔ holder ↔ node); objects are only ever read leniently ([`NodeStatus::parse`]
 //! never fails on content: a record podstamp cannot read is an empty one,
 //! reported); names are valid object names whatever the template's name.
 
 pub mod policy;
+pub mod trust;
 pub mod view;
 
 use std::collections::BTreeMap;

@@ -6,6 +6,11 @@
 //! template (`metadata.generation`; a tie goes to the latest phase change):
 //! nodes that have not seen the newest template yet are pending. A node
 //! appears once its daemon reported the template.
+//!
+//! Invariant: a record [`super::trust`] does not take at its word (not
+//! written by its own node, or a generation no PodTemplate has) is listed
+//! as untrusted, with why, and decides nothing: not the target, not the
+//! generation, not a count but its own.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -13,6 +18,7 @@ use std::fmt::Write;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::trust::{NODE_LABEL, check_generation, status_owner};
 use super::{NodeStatus, Phase, ROLE_LABEL, ROLE_STATUS, STATUS_ANNOTATION, TemplateStatus};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -36,6 +42,8 @@ pub struct TemplateView {
     pub failed: usize,
     /// Nodes not on the target yet (waiting, halted, or not there).
     pub pending: usize,
+    /// Records not taken at their word (listed, counted nowhere else).
+    pub untrusted: usize,
     pub nodes: Vec<NodeView>,
 }
 
@@ -43,6 +51,9 @@ pub struct TemplateView {
 #[serde(rename_all = "camelCase")]
 pub struct NodeView {
     pub node: String,
+    /// Why this record is not taken at its word, when it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub untrusted: Option<String>,
     #[serde(flatten)]
     pub status: TemplateStatus,
 }
@@ -62,12 +73,25 @@ pub fn from_leases(leases: &[Value], namespace: &str, only: Option<&str>) -> Vie
         if label != Some(ROLE_STATUS) {
             continue;
         }
-        let node = lease
-            .pointer("/spec/holderIdentity")
+        let name = lease
+            .pointer("/metadata/name")
             .and_then(Value::as_str)
-            .or_else(|| lease.pointer("/metadata/name").and_then(Value::as_str))
-            .unwrap_or_default()
-            .to_string();
+            .unwrap_or_default();
+        let holder = lease
+            .pointer("/spec/holderIdentity")
+            .and_then(Value::as_str);
+        let node_label = lease
+            .pointer(&format!(
+                "/metadata/labels/{}",
+                NODE_LABEL.replace('/', "~1")
+            ))
+            .and_then(Value::as_str);
+        // An untrusted record is listed under its object's name: the node
+        // it claims is what is in doubt.
+        let (node, distrust) = match status_owner(name, holder, node_label) {
+            Ok(node) => (node.to_string(), None),
+            Err(why) => (name.to_string(), Some(why.to_string())),
+        };
         let text = lease
             .pointer(&format!(
                 "/metadata/annotations/{}",
@@ -81,8 +105,14 @@ pub fn from_leases(leases: &[Value], namespace: &str, only: Option<&str>) -> Vie
                 None => id.split('/').next() == Some(namespace),
             };
             if wanted {
+                let untrusted = distrust.clone().or_else(|| {
+                    check_generation(&node, &id, status.generation)
+                        .err()
+                        .map(|why| why.to_string())
+                });
                 per_template.entry(id).or_default().push(NodeView {
                     node: node.clone(),
+                    untrusted,
                     status,
                 });
             }
@@ -92,8 +122,8 @@ pub fn from_leases(leases: &[Value], namespace: &str, only: Option<&str>) -> Vie
         .into_iter()
         .map(|(template, mut nodes)| {
             nodes.sort_by(|a, b| a.node.cmp(&b.node));
-            let newest = nodes
-                .iter()
+            let trusted = || nodes.iter().filter(|n| n.untrusted.is_none());
+            let newest = trusted()
                 .max_by(|a, b| {
                     (a.status.generation, &a.status.since)
                         .cmp(&(b.status.generation, &b.status.since))
@@ -101,19 +131,18 @@ pub fn from_leases(leases: &[Value], namespace: &str, only: Option<&str>) -> Vie
                 .map(|n| (n.status.wanted.clone(), n.status.generation));
             let (target, generation) = newest.unwrap_or_default();
             let on_target = |n: &NodeView| target.is_some() && n.status.target == target;
-            let updated = nodes.iter().filter(|n| on_target(n)).count();
-            let ready = nodes
-                .iter()
+            let updated = trusted().filter(|n| on_target(n)).count();
+            let ready = trusted()
                 .filter(|n| on_target(n) && n.status.phase == Phase::Ready.as_str())
                 .count();
-            let failed = nodes
-                .iter()
+            let failed = trusted()
                 .filter(|n| {
                     target.is_some()
                         && n.status.failed.as_ref().map(|f| Some(&f.target))
                             == Some(target.as_ref())
                 })
                 .count();
+            let counted = trusted().count();
             TemplateView {
                 template,
                 target,
@@ -121,7 +150,8 @@ pub fn from_leases(leases: &[Value], namespace: &str, only: Option<&str>) -> Vie
                 updated,
                 ready,
                 failed,
-                pending: nodes.len() - updated,
+                pending: counted - updated,
+                untrusted: nodes.len() - counted,
                 nodes,
             }
         })
@@ -140,7 +170,7 @@ pub fn table(view: &View) -> String {
         if i > 0 {
             out.push('\n');
         }
-        let total = t.nodes.len();
+        let total = t.nodes.len() - t.untrusted;
         let head = [
             "TEMPLATE",
             "TARGET",
@@ -149,6 +179,7 @@ pub fn table(view: &View) -> String {
             "READY",
             "FAILED",
             "PENDING",
+            "UNTRUSTED",
         ];
         let row = [
             t.template.clone(),
@@ -158,6 +189,7 @@ pub fn table(view: &View) -> String {
             format!("{}/{total}", t.ready),
             t.failed.to_string(),
             t.pending.to_string(),
+            t.untrusted.to_string(),
         ];
         columns(&mut out, &[head.map(str::to_string).to_vec(), row.to_vec()]);
         let mut rows = vec![
@@ -188,7 +220,10 @@ pub fn table(view: &View) -> String {
                 s.failed
                     .as_ref()
                     .map_or("-".into(), |f| format!("{} ({})", f.target, f.reason)),
-                s.message.clone().unwrap_or_default(),
+                match &n.untrusted {
+                    Some(why) => format!("UNTRUSTED: {why}"),
+                    None => s.message.clone().unwrap_or_default(),
+                },
             ]);
         }
         columns(&mut out, &rows);
@@ -290,5 +325,65 @@ mod tests {
         let only = from_leases(&leases, "ns", Some("other/x"));
         assert_eq!(only.templates[0].template, "other/x");
         assert!(table(&from_leases(&[], "ns", None)).contains("No rollouts"));
+    }
+
+    /// Finding 9 of the second security review: a record with generation
+    /// i64::MAX, or in another node's name, was the newest revision.
+    #[test]
+    fn a_record_it_cannot_trust_is_shown_as_such_and_decides_nothing() {
+        let honest = lease("n1", &[("ns/web", status("t2", "t2", 2, Phase::Ready))]);
+        let forged_generation = lease(
+            "n2",
+            &[("ns/web", status("evil", "evil", i64::MAX, Phase::Ready))],
+        );
+        // n3 writes a record for n1 (its name, its holder), and one under
+        // n1's name that it holds itself.
+        let mut in_anothers_name =
+            lease("n1", &[("ns/web", status("evil", "evil", 3, Phase::Ready))]);
+        in_anothers_name["metadata"]["name"] = json!("podstamp-node.n3");
+        let mut held_by_another =
+            lease("n3", &[("ns/web", status("evil", "evil", 4, Phase::Ready))]);
+        held_by_another["metadata"]["name"] = json!("podstamp-node.n1x");
+        let view = from_leases(
+            &[honest, forged_generation, in_anothers_name, held_by_another],
+            "ns",
+            None,
+        );
+        let t = &view.templates[0];
+        assert_eq!(
+            (
+                t.target.as_deref(),
+                t.generation,
+                t.updated,
+                t.ready,
+                t.pending,
+                t.untrusted
+            ),
+            (Some("t2"), Some(2), 1, 1, 0, 3),
+            "{t:#?}"
+        );
+        let why = |node: &str| {
+            t.nodes
+                .iter()
+                .find(|n| n.node == node)
+                .and_then(|n| n.untrusted.clone())
+                .unwrap_or_else(|| panic!("{node} not listed as untrusted: {t:#?}"))
+        };
+        assert!(why("n2").contains("claims generation 9223372036854775807 of ns/web"));
+        assert!(
+            why("podstamp-node.n3").contains("is held by n1, whose record is podstamp-node.n1")
+        );
+        assert!(why("podstamp-node.n1x").contains("is held by n3"));
+        let text = table(&view);
+        assert!(
+            text.contains("UNTRUSTED: node n2 claims generation"),
+            "{text}"
+        );
+        let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
+        assert_eq!(
+            row,
+            ["ns/web", "t2", "2", "1/1", "1/1", "0", "0", "3"],
+            "{text}"
+        );
     }
 }

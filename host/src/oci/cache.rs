@@ -61,3 +61,60 @@ fn layer_digest(manifest: &[u8]) -> Option<String> {
     (hex.len() == 64 && hex.bytes().all(|c| c.is_ascii_hexdigit()))
         .then(|| hex.to_ascii_lowercase())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::Limits;
+
+    fn manifest_for(component: &[u8]) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({"layers": [{
+            "mediaType": WASM_LAYER_MEDIA_TYPE,
+            "digest": format!("sha256:{}", sha256_hex(component)),
+            "size": component.len()}]}))
+        .unwrap()
+    }
+
+    /// The re-verification the second security review saw hold: a record
+    /// swapped on disk (the component, or the manifest for one naming other
+    /// bytes) is a miss, pulled again, never a wrong component.
+    #[test]
+    fn a_swapped_record_is_a_miss_never_a_wrong_component() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = Runtime::new(Limits::default(), Some(&dir.path().join("cache"))).unwrap();
+        let component = b"the component".to_vec();
+        let manifest = manifest_for(&component);
+        let pinned = Pinned {
+            registry: "127.0.0.1:5000".into(),
+            repository: "plugins/p".into(),
+            digest: format!("sha256:{}", sha256_hex(&manifest)),
+        };
+        keep(
+            &runtime,
+            &pinned,
+            &Pulled {
+                bytes: component.clone(),
+                manifest: manifest.clone(),
+            },
+        );
+        assert_eq!(cached(&runtime, &pinned), Some(component.clone()));
+
+        let blob = format!("oci-blob-{}", sha256_hex(&component));
+        runtime.remember(&blob, b"another component").unwrap();
+        assert_eq!(cached(&runtime, &pinned), None, "a swapped component");
+        runtime.remember(&blob, &component).unwrap();
+        assert_eq!(cached(&runtime, &pinned), Some(component.clone()));
+
+        let other = b"another component";
+        runtime
+            .remember(&format!("oci-blob-{}", sha256_hex(other)), other)
+            .unwrap();
+        runtime
+            .remember(
+                &format!("oci-manifest-{}", pinned.hex()),
+                &manifest_for(other),
+            )
+            .unwrap();
+        assert_eq!(cached(&runtime, &pinned), None, "a swapped manifest");
+    }
+}

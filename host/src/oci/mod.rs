@@ -10,10 +10,12 @@
 //!
 //! One concern per file: `reference` (parsing and pinning), `credentials`
 //! (docker config JSON from a file or a Secret), `registry` (push, pull and
-//! their checks, through `oci-client`), `cache` (the components on disk).
+//! their checks), `fetch` (the registry protocol's requests, every body
+//! capped while it is read), `cache` (the components on disk).
 
 pub mod cache;
 pub mod credentials;
+pub mod fetch;
 pub mod reference;
 pub mod registry;
 

@@ -1,11 +1,15 @@
-//! Pushing and pulling components through a registry, with the ORAS
-//! project's `oci-client` (no registry protocol of our own).
+//! Pushing and pulling components through a registry, through [`fetch`]
+//! (requests whose answers are capped while they are read, which the ORAS
+//! project's `oci-client` cannot do; it still parses references).
 //!
 //! Invariants:
 //! * a pull never returns bytes that were not checked: the manifest's
 //!   sha256 is the pinned digest, it is at most [`MAX_MANIFEST_BYTES`], it
 //!   holds exactly one `application/wasm` layer, and that layer's bytes
 //!   (at most [`MAX_COMPONENT_BYTES`]) have the sha256 the manifest says;
+//! * a pull never holds more than those caps of what a registry sends: a
+//!   `Content-Length` over a cap is refused before the body, a body without
+//!   one is refused at the chunk that passes the cap;
 //! * every call is bounded by the configured timeout, whatever the
 //!   registry does (connect, each read, and the whole pull);
 //! * the layout is the CNCF TAG Runtime's Wasm OCI artifact: an OCI image
@@ -20,17 +24,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
-use oci_client::Client;
-use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
-use oci_client::errors::{DigestError, OciDistributionError, OciErrorCode};
 use oci_client::manifest::OCI_IMAGE_MEDIA_TYPE;
-use oci_client::secrets::RegistryAuth;
 use serde::Deserialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::credentials::{Credentials, CredentialsError, DockerConfig};
+use super::fetch::{self, Oversize, Session};
 use super::reference::{Pinned, ReferenceError, parse_target};
 pub use crate::catalog::gzip::MAX_COMPONENT_BYTES;
 
@@ -89,12 +89,20 @@ pub enum OciError {
     #[error("{reference}: not in the registry ({detail}): push it, or fix the digest")]
     Unknown { reference: String, detail: String },
     #[error(
-        "{reference}: the manifest is {size} bytes, over the limit of {limit} bytes: not a component's manifest"
+        "{reference}: the manifest is {seen}, over the limit of {limit} bytes: not a component's manifest; refused"
     )]
     ManifestTooLarge {
         reference: String,
-        size: usize,
+        seen: Oversize,
         limit: usize,
+    },
+    #[error(
+        "{reference}: the layer is {seen}, over the {declared} bytes its manifest declares: the registry served other bytes; refused"
+    )]
+    LayerTooLarge {
+        reference: String,
+        seen: Oversize,
+        declared: usize,
     },
     #[error(
         "{reference}: the {what}'s sha256 is {actual}, not {expected}: the registry served other bytes; refused"
@@ -126,6 +134,7 @@ impl OciError {
             OciError::Unauthorized { .. } => "unauthorized",
             OciError::Unknown { .. } => "unknown",
             OciError::ManifestTooLarge { .. } => "manifest_too_large",
+            OciError::LayerTooLarge { .. } => "layer_too_large",
             OciError::Digest { .. } => "digest_mismatch",
             OciError::NotAComponent { .. } => "not_a_component",
             OciError::Registry { .. } => "registry_error",
@@ -217,9 +226,17 @@ impl Registry {
         let reference = parse_target(target)?;
         let registry = reference.resolve_registry().to_string();
         self.block_on(&registry, async {
-            let client = self.client()?;
-            let auth = self.auth(&registry).await?;
-            client.store_auth_if_needed(&registry, &auth).await;
+            let http = fetch::http_client(&self.options)?;
+            let basic = self.basic(&registry).await?;
+            let mut session = Session::new(
+                http,
+                &self.options,
+                &registry,
+                reference.repository(),
+                basic,
+            )
+            .for_push();
+            let shown = reference.whole();
             let layer_digest = format!("sha256:{}", sha256_hex(component));
             // No `created`: the same component gives the same digest.
             let config = serde_json::to_vec(&json!({
@@ -236,23 +253,18 @@ impl Registry {
                 "layers": [{"mediaType": WASM_LAYER_MEDIA_TYPE, "digest": layer_digest, "size": component.len()}],
             }))
             .expect("a JSON value serializes");
-            let fail = |e| self.classify(e, &registry, &reference.whole());
-            client
-                .push_blob(&reference, component.to_vec(), &layer_digest)
-                .await
-                .map_err(fail)?;
-            client
-                .push_blob(&reference, config, &config_digest)
-                .await
-                .map_err(fail)?;
-            client
-                .push_manifest_raw(
-                    &reference,
-                    manifest.clone(),
-                    OCI_IMAGE_MEDIA_TYPE.parse().expect("a valid header value"),
-                )
-                .await
-                .map_err(fail)?;
+            session
+                .push_blob(&layer_digest, component, &shown)
+                .await?;
+            session
+                .push_blob(&config_digest, &config, &shown)
+                .await?;
+            // By tag when one is given (oci-client's way: `latest` else),
+            // so `plugin push REPO:TAG` still moves the tag.
+            let tag = reference.tag().unwrap_or("latest");
+            session
+                .push_manifest(tag, &manifest, OCI_IMAGE_MEDIA_TYPE, &shown)
+                .await?;
             Ok(Pinned {
                 registry: reference.registry().to_string(),
                 repository: reference.repository().to_string(),
@@ -262,26 +274,39 @@ impl Registry {
     }
 
     /// Pulls the component `pinned` names and checks it (see the module's
-    /// invariants).
+    /// invariants). Every body is read through [`fetch`], capped while it
+    /// is read: the manifest at [`MAX_MANIFEST_BYTES`], the layer at the
+    /// size its (checked) manifest declares.
     pub fn pull(&self, pinned: &Pinned) -> Result<Pulled, OciError> {
         let registry = pinned.registry.clone();
         self.block_on(&registry, async {
-            let client = self.client()?;
-            let auth = self.auth(&registry).await?;
+            let http = fetch::http_client(&self.options)?;
+            let basic = self.basic(&registry).await?;
             let reference = pinned.reference();
             let shown = pinned.to_string();
-            let fail = |e| self.classify(e, &registry, &shown);
-            let (manifest, _) = client
-                .pull_manifest_raw(&reference, &auth, &[OCI_IMAGE_MEDIA_TYPE])
+            let mut session = Session::new(
+                http,
+                &self.options,
+                reference.resolve_registry(),
+                reference.repository(),
+                basic,
+            );
+            let manifest = session
+                .get(
+                    &format!("manifests/{}", pinned.digest),
+                    OCI_IMAGE_MEDIA_TYPE,
+                    MAX_MANIFEST_BYTES,
+                    &shown,
+                )
                 .await
-                .map_err(fail)?;
-            if manifest.len() > MAX_MANIFEST_BYTES {
-                return Err(OciError::ManifestTooLarge {
-                    reference: shown,
-                    size: manifest.len(),
-                    limit: MAX_MANIFEST_BYTES,
-                });
-            }
+                .map_err(|e| match e {
+                    Ok(seen) => OciError::ManifestTooLarge {
+                        reference: shown.clone(),
+                        seen,
+                        limit: MAX_MANIFEST_BYTES,
+                    },
+                    Err(e) => e,
+                })?;
             let actual = sha256_hex(&manifest);
             if actual != pinned.hex() {
                 return Err(OciError::Digest {
@@ -292,48 +317,21 @@ impl Registry {
                 });
             }
             let layer = component_layer(&manifest, &shown)?;
-            let descriptor = oci_client::manifest::OciDescriptor {
-                media_type: layer.media_type.clone(),
-                digest: layer.digest.clone(),
-                size: layer.size as i64,
-                ..Default::default()
-            };
-            let mut stream = client
-                .pull_blob_stream(&reference, &descriptor)
+            // The manifest is checked, so its size for the layer is the
+            // pinned one (and at most MAX_COMPONENT_BYTES): a byte more is
+            // not the component.
+            let declared = layer.size as usize;
+            let bytes = session
+                .get(&format!("blobs/{}", layer.digest), "*/*", declared, &shown)
                 .await
-                .map_err(fail)?;
-            let mut bytes = Vec::with_capacity(layer.size as usize);
-            while let Some(chunk) = stream.next().await {
-                // oci-client checks the layer's digest as it streams and
-                // ends the stream with that error: other bytes, not a
-                // connection that failed.
-                let chunk = chunk.map_err(|e| {
-                    match e
-                        .get_ref()
-                        .and_then(|inner| inner.downcast_ref::<DigestError>())
-                    {
-                        Some(DigestError::VerificationError { expected, actual }) => {
-                            OciError::Digest {
-                                reference: shown.clone(),
-                                what: "layer",
-                                expected: expected.clone(),
-                                actual: actual.clone(),
-                            }
-                        }
-                        _ => OciError::Unreachable {
-                            registry: registry.clone(),
-                            detail: e.to_string(),
-                        },
-                    }
+                .map_err(|e| match e {
+                    Ok(seen) => OciError::LayerTooLarge {
+                        reference: shown.clone(),
+                        seen,
+                        declared,
+                    },
+                    Err(e) => e,
                 })?;
-                if bytes.len() + chunk.len() > MAX_COMPONENT_BYTES {
-                    return Err(OciError::NotAComponent {
-                        reference: shown,
-                        detail: format!("its layer is over {MAX_COMPONENT_BYTES} bytes"),
-                    });
-                }
-                bytes.extend_from_slice(&chunk);
-            }
             let actual = format!("sha256:{}", sha256_hex(&bytes));
             if actual != layer.digest {
                 return Err(OciError::Digest {
@@ -343,10 +341,7 @@ impl Registry {
                     actual,
                 });
             }
-            Ok(Pulled {
-                bytes,
-                manifest: manifest.to_vec(),
-            })
+            Ok(Pulled { bytes, manifest })
         })
     }
 
@@ -375,50 +370,12 @@ impl Registry {
             })
     }
 
-    fn client(&self) -> Result<Client, OciError> {
-        // reqwest is built without a TLS provider of its own: ring, as kube.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut extra = Vec::new();
-        if let Some(path) = &self.options.ca {
-            let data = std::fs::read(path).map_err(|e| OciError::Ca {
-                path: path.display().to_string(),
-                detail: e.to_string(),
-            })?;
-            extra.push(Certificate {
-                encoding: CertificateEncoding::Pem,
-                data,
-            });
-        }
-        let config = ClientConfig {
-            protocol: if self.options.insecure_http {
-                ClientProtocol::Http
-            } else {
-                ClientProtocol::Https
-            },
-            extra_root_certificates: extra,
-            connect_timeout: Some(self.options.timeout),
-            read_timeout: Some(self.options.timeout),
-            // One artifact, one layer: no manifest lists.
-            platform_resolver: None,
-            ..ClientConfig::default()
-        };
-        Client::try_from(config).map_err(|e| match &self.options.ca {
-            Some(path) => OciError::Ca {
-                path: path.display().to_string(),
-                detail: e.to_string(),
-            },
-            None => OciError::Registry {
-                registry: "(any)".into(),
-                detail: e.to_string(),
-            },
-        })
-    }
-
-    /// The credentials for `registry`, read now (see [`Credentials`]).
-    async fn auth(&self, registry: &str) -> Result<RegistryAuth, OciError> {
+    /// The user and password for `registry`, read now (see
+    /// [`Credentials`]); None: anonymous.
+    async fn basic(&self, registry: &str) -> Result<Option<(String, String)>, OciError> {
         let from = self.options.credentials.to_string();
         let json = match &self.options.credentials {
-            Credentials::Anonymous => return Ok(RegistryAuth::Anonymous),
+            Credentials::Anonymous => return Ok(None),
             Credentials::File(path) => std::fs::read(path).map_err(|e| CredentialsError::Read {
                 from: from.clone(),
                 detail: e.to_string(),
@@ -435,87 +392,8 @@ impl Registry {
                 })?,
         };
         let config = DockerConfig::parse(&json, &from)?;
-        Ok(match config.basic(registry, &from)? {
-            Some((user, password)) => RegistryAuth::Basic(user, password),
-            None => RegistryAuth::Anonymous,
-        })
+        Ok(config.basic(registry, &from)?)
     }
-
-    /// The client's error, said for `reference` of `registry`.
-    fn classify(&self, error: OciDistributionError, registry: &str, reference: &str) -> OciError {
-        let unauthorized = || OciError::Unauthorized {
-            registry: registry.to_string(),
-            credentials: self.options.credentials.to_string(),
-        };
-        let unknown = |detail: String| OciError::Unknown {
-            reference: reference.to_string(),
-            detail,
-        };
-        match error {
-            OciDistributionError::UnauthorizedError { .. }
-            | OciDistributionError::AuthenticationFailure(_) => unauthorized(),
-            OciDistributionError::RegistryError { envelope, .. } => {
-                let codes: Vec<&OciErrorCode> = envelope.errors.iter().map(|e| &e.code).collect();
-                let detail = envelope.to_string();
-                if codes
-                    .iter()
-                    .any(|c| matches!(c, OciErrorCode::Unauthorized | OciErrorCode::Denied))
-                {
-                    unauthorized()
-                } else if codes.iter().any(|c| {
-                    matches!(
-                        c,
-                        OciErrorCode::ManifestUnknown
-                            | OciErrorCode::BlobUnknown
-                            | OciErrorCode::NameUnknown
-                            | OciErrorCode::NotFound
-                    )
-                }) {
-                    unknown(detail)
-                } else {
-                    OciError::Registry {
-                        registry: registry.to_string(),
-                        detail,
-                    }
-                }
-            }
-            OciDistributionError::ServerError { code: 401, .. } => unauthorized(),
-            OciDistributionError::ServerError {
-                code: 404, message, ..
-            } => unknown(message),
-            OciDistributionError::ImageManifestNotFoundError(detail) => unknown(detail),
-            OciDistributionError::DigestError(e) => OciError::Digest {
-                reference: reference.to_string(),
-                what: "manifest",
-                expected: reference.rsplit('@').next().unwrap_or_default().to_string(),
-                actual: e.to_string(),
-            },
-            OciDistributionError::RequestError(e) if e.is_timeout() => OciError::Timeout {
-                registry: registry.to_string(),
-                timeout: self.options.timeout,
-            },
-            OciDistributionError::RequestError(e) if e.is_connect() => OciError::Unreachable {
-                registry: registry.to_string(),
-                detail: error_chain(&e),
-            },
-            other => OciError::Registry {
-                registry: registry.to_string(),
-                detail: error_chain(&other),
-            },
-        }
-    }
-}
-
-/// An error and its sources, on one line.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
 }
 
 /// The one `application/wasm` layer of a component's manifest.

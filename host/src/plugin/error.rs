@@ -43,6 +43,10 @@ pub enum CallFailure {
     MemoryCapExceeded { limit: usize, requested: usize },
     #[error("stack overflow")]
     StackOverflow,
+    #[error(
+        "held more than {limit} resource handles at once (the per-call limit); the call was stopped: a plugin must drop the handles it is done with"
+    )]
+    HandleLimitExceeded { limit: usize },
     #[error("trapped: {trap}{}", plugin_said(.last_error))]
     Trap {
         trap: String,

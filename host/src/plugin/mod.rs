@@ -39,7 +39,7 @@ mod ticker;
 mod wasi;
 
 pub use cache::{choose_cache_dir, default_cache_dir};
-pub use call::{Plugin, WitNode};
+pub use call::{MAX_HANDLES_PER_CALL, Plugin, WitNode};
 pub use error::{CallFailure, LoadError};
 pub use interface::{Interface, WIT_PACKAGE};
 pub use pool::Allocation;

@@ -162,9 +162,13 @@ impl Wasi {
             .insecure_random(SplitMix64(RANDOM_SEED))
             .insecure_random_seed(u128::from(RANDOM_SEED))
             .max_random_size(MAX_RANDOM_BYTES);
+        let mut table = ResourceTable::new();
+        // As many as the guest's own handles may be (both count the same
+        // streams and pollables): a full table is the handle limit.
+        table.set_max_capacity(super::call::MAX_HANDLES_PER_CALL);
         Box::new(Wasi {
             ctx: builder.build(),
-            table: ResourceTable::new(),
+            table,
         })
     }
 }
