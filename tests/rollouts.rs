@@ -682,3 +682,48 @@ fn status_shows_records_it_cannot_trust_as_such_not_as_the_newest() {
         "{table}"
     );
 }
+
+/// A node whose status record was deleted and made again by someone else
+/// (without the label the daemons' watch selects, with another holder)
+/// gets a conflict on its own create: it reads the record back by name and
+/// replaces it, rather than fall silent for good.
+#[test]
+fn a_node_whose_record_was_remade_by_someone_else_writes_its_own_again() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let server = shared_server();
+    let scene = scene(server, "remade", 1, "1");
+    let node = &scene.nodes[0];
+    let leases: Api<Lease> = Api::namespaced(scene.kube.client.clone(), &scene.ns);
+    let name = format!("podstamp-node.{}", node.name);
+    let rt = &scene.kube.rt;
+    let forged: Lease = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"holderIdentity": "someone-else"}}))
+    .unwrap();
+    // The daemon may make its record again between the two calls: then
+    // both are tried again (a bounded number of times).
+    let remade = (0..20).any(|_| {
+        let _ = rt.block_on(leases.delete(&name, &DeleteParams::default()));
+        rt.block_on(leases.create(&PostParams::default(), &forged))
+            .is_ok()
+    });
+    assert!(remade, "could not make {name} in the daemon's place");
+    scene.kube.set_image("web:2");
+    wait_written(&scene.nodes, "web:2", 1);
+    wait_for("the node's own record again", STEP, || {
+        let lease = rt.block_on(leases.get(&name)).ok()?;
+        let holder = lease.spec.as_ref()?.holder_identity.clone()?;
+        let labelled =
+            lease.metadata.labels.as_ref().is_some_and(|l| {
+                l.get("podstamp.io/lease").map(String::as_str) == Some("node-status")
+            });
+        let record = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("podstamp.io/status"))
+            .cloned()
+            .unwrap_or_default();
+        (holder == node.name && labelled && record.contains(&node.revision())).then_some(())
+    });
+}

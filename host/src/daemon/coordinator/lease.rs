@@ -1,8 +1,13 @@
 //! The Leases of podstamp as the coordinator reads and writes them: a slot
 //! (who may update a template now) and a node's status record.
 //!
-//! Invariant: objects are read leniently (as JSON): none can stop the watch;
-//! a field that is missing or of the wrong type reads as absent.
+//! Invariants:
+//! * Objects are read leniently (as JSON): none can stop the watch; a field
+//!   that is missing or of the wrong type reads as absent.
+//! * What is kept of a Lease is bounded whatever its writer put in it: a
+//!   status record over [`MAX_RECORD_BYTES`] is not parsed (read as empty,
+//!   said so); the ledger keeps of another node's record only its failures
+//!   ([`Seen::failures_only`]).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -13,7 +18,7 @@ use serde_json::Value;
 
 use crate::fleet::{
     NodeStatus, ROLE_LABEL, ROLE_SLOT, ROLE_STATUS, STATUS_ANNOTATION, TARGET_ANNOTATION,
-    TEMPLATE_ANNOTATION,
+    TEMPLATE_ANNOTATION, TemplateStatus,
 };
 
 /// A Lease of ours, as last seen.
@@ -27,12 +32,49 @@ pub(super) struct Seen {
     /// A status Lease's record, parsed once when read (empty for a slot, a
     /// record that is missing or does not parse: rewritten then).
     pub(super) record: NodeStatus,
+    /// The node a status record speaks for, when it may be taken at its
+    /// word ([`crate::fleet::trust::status_owner`]); None for a slot, or a
+    /// record its own node cannot have written.
+    pub(super) owner: Option<String>,
     pub(super) transitions: i32,
     /// `spec.acquireTime`, as it was read: kept by renewals.
     pub(super) acquired: Option<MicroTime>,
     pub(super) resource_version: String,
     /// When this node saw this version first.
     pub(super) observed: Instant,
+}
+
+/// The largest status record parsed: a node's own record of a few hundred
+/// templates is far below it; a larger one is forged or broken, and reading
+/// it would let any writer of Leases grow every daemon's memory.
+pub(super) const MAX_RECORD_BYTES: usize = 256 << 10;
+/// Of another node's record, at most this many failed templates are kept.
+pub(super) const MAX_FAILURES_KEPT: usize = 16;
+/// And each failure's message cut to this (the halt only names it).
+const MAX_FAILURE_TEXT: usize = 256;
+
+impl Seen {
+    /// Another node's record, reduced to what this node decides from:
+    /// which template targets failed there (bounded in count and text).
+    pub(super) fn failures_only(&mut self) {
+        let templates = std::mem::take(&mut self.record.templates);
+        self.record.templates = templates
+            .into_iter()
+            .filter_map(|(id, status)| {
+                let mut failed = status.failed?;
+                failed.message = crate::text::cut(failed.message, MAX_FAILURE_TEXT);
+                failed.reason = crate::text::cut(failed.reason, MAX_FAILURE_TEXT);
+                Some((
+                    id,
+                    TemplateStatus {
+                        failed: Some(failed),
+                        ..TemplateStatus::default()
+                    },
+                ))
+            })
+            .take(MAX_FAILURES_KEPT)
+            .collect();
+    }
 }
 
 pub(super) fn read_lease(
@@ -61,9 +103,11 @@ pub(super) fn read_lease(
             record: NodeStatus::parse(
                 annotations
                     .and_then(|a| a.get(STATUS_ANNOTATION))
-                    .and_then(Value::as_str),
+                    .and_then(Value::as_str)
+                    .filter(|text| text.len() <= MAX_RECORD_BYTES),
             )
             .0,
+            owner: None,
             transitions: spec
                 .and_then(|s| s.get("leaseTransitions"))
                 .and_then(Value::as_i64)

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use super::lease::Seen;
 use crate::daemon::inbox::{Answer, Ask};
-use crate::fleet::{NodeStatus, ROLE_SLOT, ROLE_STATUS, STATUS_VERSION, slot_name, status_name};
+use crate::fleet::{
+    NodeStatus, ROLE_SLOT, ROLE_STATUS, STATUS_VERSION, slot_name, status_name, trust,
+};
 
 /// One write the state calls for.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,6 +57,8 @@ pub(super) struct Ledger {
     /// The Lease watch is following (listed or resumed, not failed since):
     /// only then can a slot be judged unrenewed, and taken.
     pub(super) watching: bool,
+    /// Status records said to be ignored (once each).
+    pub(super) untrusted_logged: BTreeSet<String>,
 }
 
 impl Ledger {
@@ -76,6 +80,7 @@ impl Ledger {
             conflicted: BTreeMap::new(),
             failed_sent: None,
             watching: false,
+            untrusted_logged: BTreeSet::new(),
         }
     }
 
@@ -84,7 +89,26 @@ impl Ledger {
     }
 
     /// A Lease seen (listed or changed); a new version is observed now.
+    /// Another node's status record is kept only as what its own node may
+    /// have written (name ↔ holder, [`trust::status_owner`]: the rule the
+    /// admission policy holds writers to, applied here too so that a
+    /// cluster without the policy is not trusted more), and only its
+    /// failures.
     pub(super) fn seen(&mut self, name: String, mut lease: Seen) {
+        if lease.role == ROLE_STATUS && name != self.status_name() {
+            match trust::status_owner(&name, lease.holder.as_deref(), None) {
+                Ok(owner) => {
+                    lease.owner = Some(owner.to_string());
+                    lease.failures_only();
+                }
+                Err(why) => {
+                    if self.untrusted_logged.insert(name.clone()) {
+                        tracing::warn!(lease = %name, "status record ignored: {why}");
+                    }
+                    lease.record = NodeStatus::default();
+                }
+            }
+        }
         // A relist follows a gap in what this node saw: every Lease in it
         // is observed from now (see [`Ledger::reobserve`]).
         let known = match &self.relisting {
@@ -211,13 +235,17 @@ impl Ledger {
     /// sent.
     pub(super) fn failed(&mut self) -> Option<Answer> {
         let mut failed: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        let mine = self.status_name();
         let records = self.leases.iter().filter(|(_, l)| l.role == ROLE_STATUS);
         for (name, lease) in records {
-            let node = lease.holder.clone().unwrap_or_else(|| name.clone());
-            let record = if *name == self.status_name() {
-                &self.mine
+            // Only a record its own node may have written halts anything.
+            let (node, record) = if *name == mine {
+                (self.me.as_str(), &self.mine)
             } else {
-                &lease.record
+                match &lease.owner {
+                    Some(owner) => (owner.as_str(), &lease.record),
+                    None => continue,
+                }
             };
             for (id, status) in &record.templates {
                 if let Some(f) = status.failed.as_ref().filter(|f| !f.target.is_empty()) {
@@ -365,6 +393,7 @@ pub(super) fn after(state: &mut Ledger, action: &Action) -> Option<Answer> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::lease::read_lease;
     use super::*;
     use crate::fleet::{Failed, TemplateStatus};
 
@@ -378,6 +407,7 @@ mod tests {
             template: Some("ns/web".into()),
             target: Some("t1".into()),
             record: NodeStatus::default(),
+            owner: None,
             transitions: 0,
             acquired: None,
             resource_version: rv.into(),
@@ -602,5 +632,90 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(s.failed(), None);
+    }
+
+    /// A record naming `failures` failed targets of `template`s, held by
+    /// `holder`.
+    fn failing(holder: &str, failures: usize, rv: &str, now: Instant) -> Seen {
+        let mut l = lease(ROLE_STATUS, Some(holder), rv, now);
+        for i in 0..failures {
+            l.record.templates.insert(
+                format!("ns/t{i}"),
+                TemplateStatus {
+                    phase: "failed".into(),
+                    message: Some("x".repeat(10_000)),
+                    failed: Some(Failed {
+                        target: "t1".into(),
+                        reason: "CrashLoopBackOff".into(),
+                        message: "y".repeat(10_000),
+                        ..Failed::default()
+                    }),
+                    ..TemplateStatus::default()
+                },
+            );
+        }
+        l
+    }
+
+    #[test]
+    fn a_record_its_own_node_cannot_have_written_halts_nothing() {
+        let now = Instant::now();
+        let mut s = synced("n1");
+        // Held by n2 under n3's name, held by nobody, or n1's own name
+        // taken by n2: each says ns/t0's target t1 failed.
+        s.seen(status_name("n3"), failing("n2", 1, "1", now));
+        let mut nobody = failing("n2", 1, "2", now);
+        nobody.holder = None;
+        s.seen(status_name("n4"), nobody);
+        assert_eq!(s.failed(), Some(Answer::Failed(BTreeMap::new())));
+        // The same record under its own node's name counts.
+        s.seen(status_name("n2"), failing("n2", 1, "3", now));
+        match s.failed() {
+            Some(Answer::Failed(f)) => {
+                assert_eq!(f.len(), 1, "{f:?}");
+                assert!(f["ns/t0"]["t1"].starts_with("node n2: CrashLoopBackOff"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // This node's own record name, written by another: its own record
+        // (what it reports) decides, never the object.
+        s.seen(status_name("n1"), failing("n2", 1, "4", now));
+        assert_eq!(s.failed(), None, "no change");
+    }
+
+    #[test]
+    fn what_is_kept_of_another_nodes_record_is_bounded() {
+        let now = Instant::now();
+        let mut s = synced("n1");
+        s.seen(status_name("n2"), failing("n2", 1_000, "1", now));
+        let kept = &s.leases[&status_name("n2")].record;
+        assert_eq!(kept.templates.len(), super::super::lease::MAX_FAILURES_KEPT);
+        for status in kept.templates.values() {
+            let failed = status.failed.as_ref().unwrap();
+            assert!(failed.message.len() < 300, "{}", failed.message.len());
+            assert_eq!(status.message, None, "only the failure is kept");
+        }
+        // A record over the size limit is not parsed at all.
+        let huge = NodeStatus {
+            version: 1,
+            templates: failing("n5", 40, "0", now).record.templates,
+        }
+        .to_json();
+        assert!(huge.len() > super::super::lease::MAX_RECORD_BYTES);
+        let value = serde_json::json!({
+            "metadata": {"name": status_name("n5"), "resourceVersion": "7",
+                "labels": {crate::fleet::ROLE_LABEL: ROLE_STATUS},
+                "annotations": {crate::fleet::STATUS_ANNOTATION: huge}},
+            "spec": {"holderIdentity": "n5"}
+        });
+        let (name, seen) = read_lease(&value, now, D).unwrap();
+        assert!(seen.record.templates.is_empty());
+        s.seen(name, seen);
+        match s.failed() {
+            Some(Answer::Failed(f)) => {
+                assert!(!f.values().any(|t| t.values().any(|w| w.contains("n5"))))
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

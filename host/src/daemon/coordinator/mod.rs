@@ -12,9 +12,15 @@
 //!   create): of two nodes taking one slot, one wins and the other sees a
 //!   conflict and waits for the watch. No write is retried blindly.
 //! * A slot is free when it has no holder, or when its Lease has not
-//!   changed for its `leaseDurationSeconds`, judged on this node's clock
-//!   from when this node saw it change (never by comparing clocks across
-//!   nodes, as client-go's leader election does).
+//!   changed for its `leaseDurationSeconds` (never longer than this node's
+//!   own), judged on this node's clock from when this node saw it change
+//!   (never by comparing clocks across nodes, as client-go's leader
+//!   election does).
+//! * Another node's status record counts only as what that node may have
+//!   written (name ↔ holder), and only its failures are kept, bounded.
+//! * A conflict on this node's own record (changed, deleted or re-created
+//!   by someone else) is read back by name and replaced after a backoff:
+//!   the node is never silenced.
 //! * Nothing is written before the first complete list: a restarted node
 //!   first learns which slots it holds (adopted) and what the others say.
 //! * Nothing is written while nothing rolls: the status is written when it
@@ -237,6 +243,30 @@ pub async fn run(
                         return;
                     }
                 }
+                Written::Conflict if name == state.status_name() => {
+                    // This node's own record was changed, deleted or made
+                    // by someone else (perhaps without the label the watch
+                    // selects): read it by name and replace it, after a
+                    // backoff. Waiting for the watch could wait for good.
+                    metrics.fleet_write(object, "conflict");
+                    match read_own(&api, &name).await {
+                        Ok(Some(value)) => {
+                            if let Some((name, seen)) =
+                                read_lease(&value, Instant::now(), settings.lease_duration)
+                            {
+                                state.seen(name, seen);
+                            }
+                        }
+                        Ok(None) => {
+                            state.leases.remove(&name);
+                        }
+                        Err(message) => tracing::warn!(lease = %name,
+                            "cannot read this node's status record after a conflict: {message}"),
+                    }
+                    state.conflicted.remove(&name);
+                    write_retry = Some(tokio::time::Instant::now() + write_backoff.delay());
+                    break;
+                }
                 Written::Conflict => {
                     metrics.fleet_write(object, "conflict");
                     let rv = state
@@ -259,6 +289,15 @@ pub async fn run(
             }
         }
         metrics.set_slots_held(state.held.len());
+    }
+}
+
+/// This node's status record as the API has it now (None: there is none).
+async fn read_own(api: &Api<Lease>, name: &str) -> Result<Option<Value>, String> {
+    match tokio::time::timeout(CALL_TIMEOUT, api.get_opt(name)).await {
+        Ok(Ok(lease)) => Ok(lease.and_then(|l| serde_json::to_value(l).ok())),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {CALL_TIMEOUT:?}")),
     }
 }
 
