@@ -35,6 +35,10 @@ pub use crate::catalog::{
 };
 
 pub const DEFAULT_NAMESPACE: &str = "kube-system";
+/// Where the rollout Leases are unless `daemon.rollouts.namespace` says:
+/// a namespace of their own (deploy/namespace.yaml), never the control
+/// plane's (see [`crate::settings::CONTROL_PLANE_NAMESPACES`]).
+pub const DEFAULT_ROLLOUT_NAMESPACE: &str = "podstamp-rollouts";
 
 /// The configuration file, as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -104,6 +108,9 @@ pub struct RolloutsEntry {
     pub namespace: Option<String>,
     /// A slot's `leaseDurationSeconds`, e.g. `30s`.
     pub lease_duration: Option<String>,
+    /// Lets `namespace` be one where the control plane keeps its own Leases
+    /// (kube-system, kube-node-lease): refused without it.
+    pub allow_control_plane_namespace: Option<bool>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
