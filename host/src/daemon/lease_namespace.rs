@@ -67,6 +67,8 @@ pub fn judge(namespace: &str, found: Option<&str>) -> Option<SharedNamespace> {
 async fn leader_lease(client: &kube::Client, namespace: &str) -> Option<String> {
     let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let mut backoff = Backoff::new();
+    // Said once: the watches already report an API server that is away.
+    let mut said = false;
     for name in LEADER_ELECTION_LEASES {
         loop {
             match api.get_metadata_opt(name).await {
@@ -74,11 +76,14 @@ async fn leader_lease(client: &kube::Client, namespace: &str) -> Option<String> 
                 Ok(None) => break,
                 Err(kube::Error::Api(status)) if status.is_forbidden() => break,
                 Err(e) => {
-                    tracing::warn!(
-                        namespace,
-                        lease = name,
-                        "cannot tell whether the rollout namespace holds the control plane's Leases: {e}; rollouts wait until it can be told"
-                    );
+                    if !said {
+                        tracing::warn!(
+                            namespace,
+                            lease = name,
+                            "cannot tell yet whether the rollout namespace holds the control plane's Leases: {e}; rollouts wait until it can be told"
+                        );
+                        said = true;
+                    }
                     tokio::time::sleep(backoff.delay()).await;
                 }
             }
