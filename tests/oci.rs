@@ -281,6 +281,14 @@ fn namespace_with_template(docker_config: &Path) -> (Kube, String) {
     ] {
         kube.create_value(object);
     }
+    // The grants in effect before the daemon's first read.
+    let podstamp = kube.rt.block_on(client(&server.kubeconfig("podstamp")));
+    let limit = std::time::Duration::from_secs(30);
+    kube.rt.block_on(async {
+        common::wait_for_grants(&podstamp, &ns, &deploy_rules("Role"), limit).await;
+        common::wait_for_grants(&podstamp, "", &deploy_rules("ClusterRole"), limit).await;
+        common::wait_for_grants(&podstamp, "default", &node_event_rules(), limit).await;
+    });
     (kube, node)
 }
 
