@@ -20,6 +20,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use common::deploy::Deploy;
 use support::*;
 
 const CONVERGE: Duration = Duration::from_secs(20);
@@ -155,6 +156,8 @@ fn setup() -> Setup {
     }
 }
 
+/// A daemon for node `node`, its templates and (for isolation on the shared
+/// server) its rollout Leases in namespace `ns`.
 fn start_daemon(s: &Setup, kubeconfig: &Path, ns: &str, node: &str, dir: &Path) -> Daemon {
     Daemon::start(
         &[
@@ -163,6 +166,8 @@ fn start_daemon(s: &Setup, kubeconfig: &Path, ns: &str, node: &str, dir: &Path) 
             "--kubeconfig",
             kubeconfig.to_str().unwrap(),
             "--namespace",
+            ns,
+            "--rollout-namespace",
             ns,
             "--node-name",
             node,
@@ -494,21 +499,30 @@ fn an_api_outage_changes_nothing_on_disk_and_a_relist_catches_up() {
     drop(server);
 }
 
-/// Rules of the deploy/ RBAC objects, by kind.
+/// Rules of the deploy/ RBAC objects, by kind: the ClusterRole's, or every
+/// rule of the Roles the daemon's own namespaces get (kube-system's and
+/// podstamp-rollouts', not default's), as the tests grant them in one
+/// namespace, the templates' and the Leases' (see [`start_daemon`]).
 fn deploy_rules(kind: &str) -> Value {
     let text = fs::read_to_string(common::repo().join("deploy/rbac.yaml")).unwrap();
+    let mut rules = Vec::new();
     for document in serde_norway::Deserializer::from_str(&text) {
         let value = Value::deserialize(document).unwrap();
-        if value["kind"] == kind {
-            return value["rules"].clone();
+        let ns = value["metadata"]["namespace"].as_str().unwrap_or("");
+        if value["kind"] == kind && ns != "default" {
+            rules.extend(value["rules"].as_array().unwrap().iter().cloned());
         }
     }
-    panic!("deploy/rbac.yaml has no {kind}");
+    assert!(!rules.is_empty(), "deploy/rbac.yaml has no {kind}");
+    Value::Array(rules)
 }
 
 use serde::Deserialize;
 
-fn bind(kube: &Kube, ns: &str, role_rules: Value, cluster_rules: Value) {
+/// Grants `role_rules` in `ns` and `cluster_rules` cluster-wide to the
+/// harness's user "podstamp" of `server`, and waits until they are in
+/// effect.
+fn bind(server: &ApiServer, kube: &Kube, ns: &str, role_rules: Value, cluster_rules: Value) {
     let cluster_role = format!("podstamp-{ns}");
     kube.create::<k8s_openapi::api::rbac::v1::Role>(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
@@ -526,6 +540,11 @@ fn bind(kube: &Kube, ns: &str, role_rules: Value, cluster_rules: Value) {
         "metadata": {"name": cluster_role},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "podstamp"}]}));
+    let podstamp = kube.rt.block_on(client(&server.kubeconfig("podstamp")));
+    kube.rt.block_on(async {
+        common::wait_for_grants(&podstamp, ns, &role_rules, CONVERGE).await;
+        common::wait_for_grants(&podstamp, "", &cluster_rules, CONVERGE).await;
+    });
 }
 
 #[test]
@@ -536,6 +555,7 @@ fn the_deploy_rbac_is_enough_and_a_missing_permission_is_named() {
     let kube = Kube::admin(server, &ns);
     kube.create_cluster::<Node>(node(&node_name, "zone-r"));
     bind(
+        server,
         &kube,
         &ns,
         deploy_rules("Role"),
@@ -581,7 +601,7 @@ fn the_deploy_rbac_is_enough_and_a_missing_permission_is_named() {
             rule["verbs"] = json!(["get", "watch"]);
         }
     }
-    bind(&kube2, &ns2, rules, deploy_rules("ClusterRole"));
+    bind(server, &kube2, &ns2, rules, deploy_rules("ClusterRole"));
     let s2 = setup();
     let daemon = start_daemon(
         &s2,
@@ -625,7 +645,7 @@ fn without_lease_permissions_updates_wait_and_the_permission_is_named() {
         rules.as_array().unwrap().len() + 1,
         deploy_rules("Role").as_array().unwrap().len()
     );
-    bind(&kube, &ns, rules, deploy_rules("ClusterRole"));
+    bind(server, &kube, &ns, rules, deploy_rules("ClusterRole"));
     kube.create::<PodTemplate>(template("web", "busybox:1"));
     let s = setup();
     let daemon = start_daemon(
@@ -653,51 +673,26 @@ fn without_lease_permissions_updates_wait_and_the_permission_is_named() {
     );
 }
 
-/// Everything in deploy/, created in namespace `ns` (cluster objects get a
-/// unique name, since the server is shared), each first passed to `adjust`;
-/// returns the objects as the API server stored them.
-fn apply_deploy(kube: &Kube, ns: &str, adjust: impl Fn(&mut Value)) -> Vec<Value> {
-    let root = common::repo().join("deploy");
-    let mut applied = Vec::new();
-    for file in ["rbac.yaml", "daemonset.yaml", "example-podtemplate.yaml"] {
-        let text = fs::read_to_string(root.join(file)).unwrap();
+/// Everything in deploy/ as an operator applies it (namespace.yaml,
+/// rbac.yaml, node-identity.yaml: tests/common/deploy.rs, for namespace
+/// `ns` and rollout Leases in `ns`-rollouts; then daemonset.yaml and
+/// example-podtemplate.yaml in `ns`); returns deploy/ and the objects as
+/// the API server stored them.
+fn apply_deploy(kube: &Kube, server: &ApiServer, ns: &str) -> (Deploy, Vec<Value>) {
+    let deploy = Deploy::new(&server.kubeconfig("admin"), ns, &format!("{ns}-rollouts"));
+    let mut applied = kube.rt.block_on(deploy.create_all(&kube.client));
+    for file in ["daemonset.yaml", "example-podtemplate.yaml"] {
+        let text = fs::read_to_string(common::repo().join("deploy").join(file)).unwrap();
         for document in serde_norway::Deserializer::from_str(&text) {
             let mut value = Value::deserialize(document).unwrap();
-            if value["metadata"].get("namespace").is_some() {
-                value["metadata"]["namespace"] = json!(ns);
-            }
-            let kind = value["kind"].as_str().unwrap().to_string();
-            match kind.as_str() {
-                "RoleBinding" => value["subjects"][0]["namespace"] = json!(ns),
-                "ClusterRole" => value["metadata"]["name"] = json!(format!("{ns}-podstamp")),
-                "ClusterRoleBinding" => {
-                    value["metadata"]["name"] = json!(format!("{ns}-podstamp"));
-                    value["roleRef"]["name"] = json!(format!("{ns}-podstamp"));
-                    value["subjects"][0]["namespace"] = json!(ns);
-                }
-                _ => {}
-            }
-            adjust(&mut value);
-            fn stored<K: Serialize>(object: K) -> Value {
-                serde_json::to_value(object).unwrap()
-            }
-            use k8s_openapi::api::{apps::v1 as apps, core::v1 as core, rbac::v1 as rbac};
-            applied.push(match kind.as_str() {
-                "ServiceAccount" => stored(kube.create::<core::ServiceAccount>(value)),
-                "Role" => stored(kube.create::<rbac::Role>(value)),
-                "RoleBinding" => stored(kube.create::<rbac::RoleBinding>(value)),
-                "ClusterRole" => stored(kube.create_cluster::<rbac::ClusterRole>(value)),
-                "ClusterRoleBinding" => {
-                    stored(kube.create_cluster::<rbac::ClusterRoleBinding>(value))
-                }
-                "ConfigMap" => stored(kube.create::<core::ConfigMap>(value)),
-                "DaemonSet" => stored(kube.create::<apps::DaemonSet>(value)),
-                "PodTemplate" => stored(kube.create::<PodTemplate>(value)),
-                other => panic!("{file}: unexpected kind {other}"),
-            });
+            value["metadata"]["namespace"] = json!(ns);
+            applied.push(
+                kube.rt
+                    .block_on(common::deploy::create(&kube.client, &value)),
+            );
         }
     }
-    applied
+    (deploy, applied)
 }
 
 #[test]
@@ -705,7 +700,8 @@ fn the_deploy_manifests_are_accepted_by_the_api_server() {
     let server = shared_server();
     let ns = unique("deploy");
     let kube = Kube::admin(server, &ns);
-    let kinds: Vec<_> = apply_deploy(&kube, &ns, |_| {})
+    let kinds: Vec<_> = apply_deploy(&kube, server, &ns)
+        .1
         .into_iter()
         .map(|o| o["kind"].as_str().unwrap().to_string())
         .collect();
@@ -715,6 +711,9 @@ fn the_deploy_manifests_are_accepted_by_the_api_server() {
         "RoleBinding",
         "ClusterRole",
         "ClusterRoleBinding",
+        "Namespace",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "DaemonSet",
         "PodTemplate",
     ] {
@@ -747,14 +746,12 @@ fn the_deploy_daemonset_starts_with_its_volumes_as_the_kubelet_makes_them() {
         "metadata": {"name": node_name, "labels": {
             "kubernetes.io/arch": "arm64", "topology.kubernetes.io/zone": "zone-d"}},
         "status": {"addresses": [{"type": "InternalIP", "address": "10.9.8.7"}]}}));
-    // The harness has no ServiceAccount tokens: the test's user "podstamp"
-    // is bound by deploy/'s own bindings, next to the ServiceAccount.
-    let objects = apply_deploy(&kube, &ns, |o| {
-        if o["kind"] == "RoleBinding" || o["kind"] == "ClusterRoleBinding" {
-            o["subjects"].as_array_mut().unwrap().push(json!(
-                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "podstamp"}));
-        }
-    });
+    // podstamp runs as deploy/'s ServiceAccount, with a token bound to its
+    // Node (as the pod's projected token is), under deploy/'s RBAC and
+    // admission policies.
+    let (deploy, objects) = apply_deploy(&kube, server, &ns);
+    kube.rt
+        .block_on(deploy.wait_in_effect(&kube.client, &node_name));
     let find = |kind: &str, name: Option<&str>| {
         objects
             .iter()
@@ -851,13 +848,20 @@ fn the_deploy_daemonset_starts_with_its_volumes_as_the_kubelet_makes_them() {
             }
         })
         .collect();
-    // What the cluster gives the pod in other ways: the API server (the
-    // in-cluster config), its namespace, a port of its own on this machine.
+    // What the cluster gives the pod in other ways: the API server and its
+    // token bound to the node (the in-cluster config), its namespace (and
+    // the test's copy of podstamp-rollouts), a port of its own on this
+    // machine.
+    let token = kube.rt.block_on(deploy.token(&kube.client, &node_name));
+    let kubeconfig = tmp.path().join("in-cluster.kubeconfig");
+    deploy.kubeconfig(&token, &kubeconfig);
     args.extend([
         "--kubeconfig".to_string(),
-        server.kubeconfig("podstamp").display().to_string(),
+        kubeconfig.display().to_string(),
         "--namespace".to_string(),
         ns.clone(),
+        "--rollout-namespace".to_string(),
+        deploy.rollouts.clone(),
         "--listen".to_string(),
         format!("127.0.0.1:{port}"),
     ]);
@@ -1264,12 +1268,16 @@ fn configmaps_are_watched_by_name_and_a_missing_permission_is_named() {
         .unwrap();
     let client = rt.block_on(client(&server.kubeconfig("podstamp")));
     // A new binding takes effect when the API server's authorizer has seen
-    // it: a read right after may still be refused (seen once in a full
-    // run), which is not what this test is about.
-    wait_for("the Role to take effect", CONVERGE, || {
-        let api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), &ns);
-        rt.block_on(api.get_opt("catalog")).ok().map(drop)
-    });
+    // it: a read right after may still be refused (about once in five full
+    // runs), which is not what this test is about. Every verb the watches
+    // use, as the authorizer answers the user itself.
+    rt.block_on(common::wait_for_grants(
+        &client,
+        &ns,
+        &json!([{"apiGroups": [""], "resources": ["configmaps"],
+                 "resourceNames": ["catalog"], "verbs": ["get", "list", "watch"]}]),
+        CONVERGE,
+    ));
     let told = Arc::new(Mutex::new(Vec::<String>::new()));
     let watches = {
         let told = told.clone();
@@ -1796,6 +1804,7 @@ fn api_catalog_setup(server: &ApiServer) -> ApiCatalogSetup {
     let kube = Kube::admin(server, &ns);
     kube.create_cluster::<Node>(node(&node_name, "zone-c"));
     bind(
+        server,
         &kube,
         &ns,
         deploy_role_with(&[SUBSTITUTE_CM, NODE_ENV_CM]),
@@ -2078,6 +2087,8 @@ fn with_the_api_down_at_start_the_daemon_runs_the_remembered_catalog() {
                 "--kubeconfig",
                 kubeconfig.to_str().unwrap(),
                 "--namespace",
+                &t.ns,
+                "--rollout-namespace",
                 &t.ns,
                 "--node-name",
                 &t.node,

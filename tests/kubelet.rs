@@ -6,6 +6,11 @@
 //! Needs `bash tests/harness/build.sh`, `bash plugins/build.sh` and the
 //! Debian packages containerd, runc and busybox-static (`bash tests/run.sh`
 //! installs them). Runs as root. The tests share one node at a time.
+//!
+//! podstamp runs as on a cluster it is deployed to: deploy/'s RBAC and
+//! admission policies applied for the test's namespace (Leases in
+//! `<namespace>-rollouts`), with a token of deploy/'s ServiceAccount bound
+//! to the kubelet's own Node ([`node_kubeconfig`]).
 
 mod common;
 // Shared with tests/daemon.rs, which uses all of it.
@@ -23,6 +28,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 
+use common::deploy::Deploy;
 use node::{Node, leftovers, serial};
 use support::*;
 
@@ -34,6 +40,35 @@ const CONVERGE: Duration = Duration::from_secs(30);
 /// with symlinks resolved as in the mount table (target/ may be a symlink).
 /// Fixed per test, so that a run whose node was SIGKILLed is cleaned up by
 /// the next one (podstamp-node sweeps its directory and cgroups at start).
+/// Node `node`'s credentials as a cluster podstamp is deployed to gives
+/// them: deploy/ applied for `ns` (once per namespace), and a kubeconfig in
+/// `dir` with a token of its ServiceAccount bound to the Node (which must
+/// exist: the kubelet has registered it).
+fn node_kubeconfig(dir: &Path, server: &ApiServer, ns: &str, node: &str) -> PathBuf {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let kube = Kube::new(&server.kubeconfig("admin"), ns);
+    let deploy = Deploy::new(&server.kubeconfig("admin"), ns, &rollouts(ns));
+    let accounts: Api<ServiceAccount> = Api::namespaced(kube.client.clone(), ns);
+    if kube
+        .rt
+        .block_on(accounts.get_opt("podstamp"))
+        .unwrap()
+        .is_none()
+    {
+        kube.rt.block_on(deploy.create_all(&kube.client));
+    }
+    kube.rt.block_on(deploy.wait_in_effect(&kube.client, node));
+    let token = kube.rt.block_on(deploy.token(&kube.client, node));
+    let path = dir.join(format!("{node}.kubeconfig"));
+    deploy.kubeconfig(&token, &path);
+    path
+}
+
+/// Where the rollout Leases of the test's namespace `ns` are.
+fn rollouts(ns: &str) -> String {
+    format!("{ns}-rollouts")
+}
+
 fn node_dir(name: &str) -> PathBuf {
     let dir = common::repo().join("target/kubelet-tests").join(name);
     fs::create_dir_all(&dir).unwrap();
@@ -136,14 +171,17 @@ fn the_kubelet_runs_what_podstamp_writes_and_follows_updates_and_deletes() {
     let config = write_config(&dir);
     let manifests = node.manifests();
     kube.create_template(template("web", "1"));
+    let kubeconfig = node_kubeconfig(&dir, server, &ns, node_name);
     let daemon = Daemon::start(
         &[
             "--config",
             config.to_str().unwrap(),
             "--kubeconfig",
-            server.kubeconfig("admin").to_str().unwrap(),
+            kubeconfig.to_str().unwrap(),
             "--namespace",
             &ns,
+            "--rollout-namespace",
+            &rollouts(&ns),
             "--node-name",
             node_name,
             "--manifest-dir",
@@ -307,8 +345,9 @@ fn start_podstamp_logged(
     log: &str,
 ) -> Daemon {
     let config = write_config(dir);
-    let kubeconfig = server.kubeconfig("admin");
+    let kubeconfig = node_kubeconfig(dir, server, ns, &node.name);
     let manifests = node.manifests();
+    let leases = rollouts(ns);
     let mut args = vec![
         "--config",
         config.to_str().unwrap(),
@@ -316,6 +355,8 @@ fn start_podstamp_logged(
         kubeconfig.to_str().unwrap(),
         "--namespace",
         ns,
+        "--rollout-namespace",
+        &leases,
         "--node-name",
         &node.name,
         "--manifest-dir",

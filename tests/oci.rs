@@ -192,17 +192,22 @@ fn node_event_rules() -> serde_json::Value {
     panic!("deploy/rbac.yaml has no Role in the namespace default");
 }
 
-/// The rules of `kind` (Role or ClusterRole) in deploy/rbac.yaml.
+/// The rules of `kind` (Role or ClusterRole) in deploy/rbac.yaml: every
+/// rule of the Roles of the daemon's own namespaces (kube-system's, the
+/// registry Secret's included, and podstamp-rollouts'), granted here in
+/// the test's one namespace (its Leases go there too: `start_daemon`).
 fn deploy_rules(kind: &str) -> serde_json::Value {
     use serde::Deserialize;
     let text = fs::read_to_string(common::repo().join("deploy/rbac.yaml")).unwrap();
+    let mut rules = Vec::new();
     for document in serde_norway::Deserializer::from_str(&text) {
         let value = serde_json::Value::deserialize(document).unwrap();
-        if value["kind"] == kind {
-            return value["rules"].clone();
+        if value["kind"] == kind && value["metadata"]["namespace"] != "default" {
+            rules.extend(value["rules"].as_array().unwrap().iter().cloned());
         }
     }
-    panic!("deploy/rbac.yaml has no {kind}");
+    assert!(!rules.is_empty(), "deploy/rbac.yaml has no {kind}");
+    serde_json::Value::Array(rules)
 }
 
 impl Kube {
@@ -278,6 +283,14 @@ fn namespace_with_template(docker_config: &Path) -> (Kube, String) {
     ] {
         kube.create_value(object);
     }
+    // The grants in effect before the daemon's first read.
+    let podstamp = kube.rt.block_on(client(&server.kubeconfig("podstamp")));
+    let limit = std::time::Duration::from_secs(30);
+    kube.rt.block_on(async {
+        common::wait_for_grants(&podstamp, &ns, &deploy_rules("Role"), limit).await;
+        common::wait_for_grants(&podstamp, "", &deploy_rules("ClusterRole"), limit).await;
+        common::wait_for_grants(&podstamp, "default", &node_event_rules(), limit).await;
+    });
     (kube, node)
 }
 
@@ -298,6 +311,8 @@ fn start_daemon(
         "--kubeconfig",
         kubeconfig.to_str().unwrap(),
         "--namespace",
+        ns,
+        "--rollout-namespace",
         ns,
         "--node-name",
         node,

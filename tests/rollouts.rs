@@ -8,6 +8,11 @@
 //! way the kubelet reports them. That makes every step of a rollout the
 //! test's to decide, so each check is of a state (who wrote what, who
 //! waits), never of a timing. tests/kubelet.rs runs real kubelets.
+//!
+//! Each daemon runs as a node of a cluster podstamp is deployed to:
+//! deploy/'s RBAC and admission policies applied (tests/common/deploy.rs,
+//! for the test's namespace, with the Leases in `<namespace>-rollouts`),
+//! with a token of deploy/'s ServiceAccount bound to its own Node.
 
 mod common;
 #[path = "daemon/support.rs"]
@@ -18,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use common::deploy::Deploy;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -149,10 +155,16 @@ impl NodeUnderTest {
     }
 }
 
+/// Where a scene's rollout Leases are.
+fn rollouts(ns: &str) -> String {
+    format!("{ns}-rollouts")
+}
+
 /// `podstamp status -o json`, parsed.
 fn status(server: &ApiServer, ns: &str) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_podstamp"))
-        .args(["status", "-n", ns, "-o", "json", "--kubeconfig"])
+        .args(["status", "-n", ns, "--rollout-namespace", &rollouts(ns)])
+        .args(["-o", "json", "--kubeconfig"])
         .arg(server.kubeconfig("admin"))
         .output()
         .unwrap();
@@ -234,11 +246,17 @@ fn scene(server: &ApiServer, prefix: &str, n: usize, max_unavailable: &str) -> S
     let tmp = tempfile::tempdir().unwrap();
     let config = write_config(tmp.path());
     kube.create_template("web:1", max_unavailable);
+    let names: Vec<String> = (1..=n).map(|i| unique(&format!("{prefix}{i}"))).collect();
+    for name in &names {
+        kube.create_node(name);
+    }
+    let deploy = Deploy::new(&server.kubeconfig("admin"), &ns, &rollouts(&ns));
+    kube.rt.block_on(deploy.apply(&kube.client, &names[0]));
     let mut nodes = Vec::new();
-    for i in 1..=n {
-        let name = unique(&format!("{prefix}{i}"));
-        kube.create_node(&name);
-        nodes.push(start(server, &ns, tmp.path(), &config, &name));
+    for name in &names {
+        let token = kube.rt.block_on(deploy.token(&kube.client, name));
+        deploy.kubeconfig(&token, &node_kubeconfig(tmp.path(), name));
+        nodes.push(start(server, &ns, tmp.path(), &config, name));
     }
     wait_written(&nodes, "web:1", n);
     for node in &nodes {
@@ -335,7 +353,15 @@ fn an_update_rolls_one_node_at_a_time_and_a_failure_halts_it_everywhere() {
         );
     }
     let table = Command::new(env!("CARGO_BIN_EXE_podstamp"))
-        .args(["status", "-n", &ns, "web", "--kubeconfig"])
+        .args([
+            "status",
+            "-n",
+            &ns,
+            "web",
+            "--rollout-namespace",
+            &rollouts(&ns),
+        ])
+        .args(["--kubeconfig"])
         .arg(server.kubeconfig("admin"))
         .output()
         .unwrap();
@@ -448,7 +474,13 @@ fn a_killed_slot_holder_delays_the_rollout_by_its_lease_and_a_newer_target_super
     assert_eq!(idle, writes, "API writes while nothing rolls");
 }
 
-/// A node's daemon, started (again) on its directories.
+/// Node `name`'s kubeconfig: its token, bound to its Node.
+fn node_kubeconfig(tmp: &Path, name: &str) -> PathBuf {
+    tmp.join(format!("{name}.kubeconfig"))
+}
+
+/// A node's daemon, started (again) on its directories, with its token
+/// (on `server`, whose own address the token's kubeconfig names).
 fn start_again(
     server: &ApiServer,
     ns: &str,
@@ -457,14 +489,17 @@ fn start_again(
     name: &str,
     dir: PathBuf,
 ) -> NodeUnderTest {
+    let _ = server;
     let daemon = Daemon::start(
         &[
             "--config",
             config.to_str().unwrap(),
             "--kubeconfig",
-            server.kubeconfig("admin").to_str().unwrap(),
+            node_kubeconfig(tmp, name).to_str().unwrap(),
             "--namespace",
             ns,
+            "--rollout-namespace",
+            &rollouts(ns),
             "--node-name",
             name,
             "--manifest-dir",
@@ -555,7 +590,8 @@ fn with_two_slots_two_nodes_update_at_once_and_the_third_waits() {
     } = scene(server, "roll2", 3, "2");
     // `status --watch` follows the rollout: it prints again on each change.
     let mut watching = Command::new(env!("CARGO_BIN_EXE_podstamp"))
-        .args(["status", "-n", &ns, "--watch", "--kubeconfig"])
+        .args(["status", "-n", &ns, "--rollout-namespace", &rollouts(&ns)])
+        .args(["--watch", "--kubeconfig"])
         .arg(server.kubeconfig("admin"))
         .stdout(std::process::Stdio::piped())
         .spawn()

@@ -275,6 +275,8 @@ fn daemon_config(ns: &str, port: u16) -> String {
         );
     }
     config["namespace"] = json!(ns);
+    // The test's copy of deploy/namespace.yaml's namespace.
+    config["daemon"]["rollouts"] = json!({"namespace": format!("{ns}-rollouts")});
     config["plugins"]["arch-image"]["settings"]["images"]["pod-checkpointer"] =
         json!({"amd64": LOCAL_IMAGE, "arm64": LOCAL_IMAGE});
     config["limits"]["timeout"] = json!("2s");
@@ -390,14 +392,21 @@ fn podstamp_runs_as_a_static_pod_from_its_own_image_on_a_real_kubelet() {
         .unwrap();
 
     // What the host gives podstamp's container: its configuration, a
-    // kubeconfig file, its cache and revisions directories.
+    // kubeconfig file, its cache and revisions directories. The kubeconfig
+    // holds a token of deploy/'s ServiceAccount bound to this Node, under
+    // deploy/'s RBAC and admission policies (applied for the test's
+    // namespace, tests/common/deploy.rs).
     let host = base.join("host");
     let config_dir = host.join("config");
     fs::create_dir_all(&config_dir).unwrap();
     let port = free_port();
     fs::write(config_dir.join("podstamp.yaml"), daemon_config(&ns, port)).unwrap();
     let kubeconfig = host.join("podstamp.kubeconfig");
-    fs::copy(server.kubeconfig("admin"), &kubeconfig).unwrap();
+    let deploy =
+        common::deploy::Deploy::new(&server.kubeconfig("admin"), &ns, &format!("{ns}-rollouts"));
+    kube.rt.block_on(deploy.apply(&kube.client, NODE));
+    let token = kube.rt.block_on(deploy.token(&kube.client, NODE));
+    deploy.kubeconfig(&token, &kubeconfig);
     for dir in ["cache", "revisions"] {
         fs::create_dir_all(host.join(dir)).unwrap();
         fs::set_permissions(host.join(dir), fs::Permissions::from_mode(0o755)).unwrap();

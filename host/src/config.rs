@@ -36,6 +36,10 @@ use crate::catalog::{
 use crate::plugin::Runtime;
 
 pub const DEFAULT_NAMESPACE: &str = "kube-system";
+/// Where the rollout Leases are unless `daemon.rollouts.namespace` says:
+/// a namespace of their own (deploy/namespace.yaml), never the control
+/// plane's (see [`crate::settings::CONTROL_PLANE_NAMESPACES`]).
+pub const DEFAULT_ROLLOUT_NAMESPACE: &str = "podstamp-rollouts";
 
 /// The configuration file, as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -105,6 +109,9 @@ pub struct RolloutsEntry {
     pub namespace: Option<String>,
     /// A slot's `leaseDurationSeconds`, e.g. `30s`.
     pub lease_duration: Option<String>,
+    /// Lets `namespace` be one where the control plane keeps its own Leases
+    /// (kube-system, kube-node-lease): refused without it.
+    pub allow_control_plane_namespace: Option<bool>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

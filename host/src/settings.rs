@@ -36,8 +36,9 @@
 //! | (none) | `--watch-timeout` | | kube-rs's (290 s) |
 //! | `daemon.revisionsDir` | `--revisions-dir` | `PODSTAMP_REVISIONS_DIR` | `/var/lib/podstamp/revisions` |
 //! | `daemon.revisionHistory` | `--revision-history` | | `3` |
-//! | `daemon.rollouts.namespace` | `--rollout-namespace` | `PODSTAMP_ROLLOUT_NAMESPACE` | `namespace` |
-//! | `daemon.rollouts.leaseDuration` | `--slot-lease-duration` | | `30s` |
+//! | `daemon.rollouts.namespace` | `--rollout-namespace` | `PODSTAMP_ROLLOUT_NAMESPACE` | `podstamp-rollouts` |
+//! | `daemon.rollouts.leaseDuration` | `--slot-lease-duration` | | `30s` (at most `5m`) |
+//! | `daemon.rollouts.allowControlPlaneNamespace` | `--allow-control-plane-namespace` | | `false` |
 //! | `daemon.registry.config` | `--registry-config` | `PODSTAMP_REGISTRY_CONFIG` | none |
 //! | `daemon.registry.secret` | `--registry-secret` | `PODSTAMP_REGISTRY_SECRET` | none |
 //! | `daemon.registry.ca` | `--registry-ca` | `PODSTAMP_REGISTRY_CA` | the system's CAs only |
@@ -62,7 +63,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::config::{ConfigError, ConfigFile, DEFAULT_NAMESPACE, parse_duration, parse_size};
+use crate::config::{
+    ConfigError, ConfigFile, DEFAULT_NAMESPACE, DEFAULT_ROLLOUT_NAMESPACE, parse_duration,
+    parse_size,
+};
 use crate::plugin::{Limits, choose_cache_dir};
 
 pub const DEFAULT_SELECTOR: &str = "podstamp.io/enabled=true";
@@ -75,6 +79,18 @@ pub const DEFAULT_REVISIONS_DIR: &str = "/var/lib/podstamp/revisions";
 pub const DEFAULT_REVISION_HISTORY: usize = 3;
 /// The default `leaseDurationSeconds` of a rollout slot.
 pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(30);
+/// The longest `daemon.rollouts.leaseDuration`: deploy/node-identity.yaml
+/// refuses a Lease whose `leaseDurationSeconds` is longer, so a longer one
+/// could never be written. It bounds how long a dead node's slot stalls a
+/// rollout.
+pub const MAX_SLOT_LEASE_DURATION: Duration = Duration::from_secs(300);
+/// Namespaces where the control plane keeps Leases of its own: kube-system
+/// (leader election of kube-scheduler and kube-controller-manager, the API
+/// servers' identities), kube-node-lease (each kubelet's heartbeat). The
+/// rollout Leases are refused there unless
+/// `daemon.rollouts.allowControlPlaneNamespace` says otherwise: a Lease
+/// write granted there reaches the control plane's too.
+pub const CONTROL_PLANE_NAMESPACES: [&str; 2] = ["kube-system", "kube-node-lease"];
 
 /// The settings one layer gives, as written there (text, parsed when
 /// resolved). None: this layer does not set it.
@@ -101,6 +117,7 @@ pub struct Layer {
     pub revision_history: Option<usize>,
     pub rollout_namespace: Option<String>,
     pub slot_lease_duration: Option<String>,
+    pub allow_control_plane_namespace: Option<bool>,
     pub registry_config: Option<PathBuf>,
     pub registry_secret: Option<String>,
     pub registry_ca: Option<PathBuf>,
@@ -157,6 +174,11 @@ const SLOT_LEASE_DURATION: Key = key(
     "--slot-lease-duration",
     None,
     "daemon.rollouts.leaseDuration",
+);
+const ALLOW_CONTROL_PLANE_NAMESPACE: Key = key(
+    "--allow-control-plane-namespace",
+    None,
+    "daemon.rollouts.allowControlPlaneNamespace",
 );
 
 const REGISTRY_CONFIG: Key = key(
@@ -231,6 +253,10 @@ impl Layer {
             revision_history: d.revision_history,
             rollout_namespace: d.rollouts.as_ref().and_then(|r| r.namespace.clone()),
             slot_lease_duration: d.rollouts.as_ref().and_then(|r| r.lease_duration.clone()),
+            allow_control_plane_namespace: d
+                .rollouts
+                .as_ref()
+                .and_then(|r| r.allow_control_plane_namespace),
             registry_config: d.registry.as_ref().and_then(|r| r.config.clone()),
             registry_secret: d.registry.as_ref().and_then(|r| r.secret.clone()),
             registry_ca: d.registry.as_ref().and_then(|r| r.ca.clone()),
@@ -444,8 +470,12 @@ pub struct DaemonSettings {
     pub watch_timeout: Option<u32>,
     pub revisions_dir: PathBuf,
     pub revision_history: usize,
-    /// Where the rollout Leases are (default: `namespace`).
+    /// Where the rollout Leases are (default: [`DEFAULT_ROLLOUT_NAMESPACE`]).
     pub rollout_namespace: String,
+    /// `rollout_namespace` may be one of [`CONTROL_PLANE_NAMESPACES`], or
+    /// hold the control plane's leader-election Leases: said so at start,
+    /// not refused.
+    pub allow_control_plane_namespace: bool,
     /// A rollout slot's `leaseDurationSeconds`.
     pub slot_lease_duration: Duration,
     /// The sandbox limits; `max_output_bytes` is `limits.maxManifestSize`,
@@ -529,34 +559,56 @@ pub fn daemon(flags: &Layer, env: &Layer) -> Result<DaemonSettings, SettingsErro
         None => None,
     };
     let namespace = layers.namespace()?;
-    let rollout_namespace =
-        match layers.pick(&ROLLOUT_NAMESPACE, |l| l.rollout_namespace.as_deref()) {
-            Some((ns, at)) => {
-                crate::validate::check_dns_label(ns).map_err(|e| Layers::invalid(at, e))?;
-                ns.to_string()
+    let allow_control_plane_namespace = layers
+        .pick(&ALLOW_CONTROL_PLANE_NAMESPACE, |l| {
+            l.allow_control_plane_namespace.as_ref()
+        })
+        .is_some_and(|(allow, _)| *allow);
+    let rollout_namespace = match layers
+        .pick(&ROLLOUT_NAMESPACE, |l| l.rollout_namespace.as_deref())
+    {
+        Some((ns, at)) => {
+            crate::validate::check_dns_label(ns).map_err(|e| Layers::invalid(at.clone(), e))?;
+            if CONTROL_PLANE_NAMESPACES.contains(&ns) && !allow_control_plane_namespace {
+                return Err(Layers::invalid(
+                    format!("{at} {ns:?}"),
+                    format!(
+                        "the control plane keeps its own Leases there, which the rollouts' Lease permission would reach; use a namespace of their own (default {DEFAULT_ROLLOUT_NAMESPACE}, deploy/namespace.yaml), or say --allow-control-plane-namespace (daemon.rollouts.allowControlPlaneNamespace: true)"
+                    ),
+                ));
             }
-            None => namespace.clone(),
-        };
-    let slot_lease_duration =
-        match layers.pick(&SLOT_LEASE_DURATION, |l| l.slot_lease_duration.as_deref()) {
-            Some((text, at)) => {
-                let d = parse_duration(text).map_err(|e| Layers::invalid(at.clone(), e))?;
-                if d.as_secs() < 1 || d.subsec_nanos() != 0 {
-                    return Err(Layers::invalid(
-                        format!("{at} {text:?}"),
-                        "must be a whole number of seconds, at least 1s",
-                    ));
-                }
-                d
+            ns.to_string()
+        }
+        None => DEFAULT_ROLLOUT_NAMESPACE.to_string(),
+    };
+    let slot_lease_duration = match layers
+        .pick(&SLOT_LEASE_DURATION, |l| l.slot_lease_duration.as_deref())
+    {
+        Some((text, at)) => {
+            let d = parse_duration(text).map_err(|e| Layers::invalid(at.clone(), e))?;
+            if d.as_secs() < 1 || d.subsec_nanos() != 0 {
+                return Err(Layers::invalid(
+                    format!("{at} {text:?}"),
+                    "must be a whole number of seconds, at least 1s",
+                ));
             }
-            None => DEFAULT_LEASE_DURATION,
-        };
+            if d > MAX_SLOT_LEASE_DURATION {
+                return Err(Layers::invalid(
+                    format!("{at} {text:?}"),
+                    "must be at most 5m: deploy/node-identity.yaml refuses a longer leaseDurationSeconds (300)",
+                ));
+            }
+            d
+        }
+        None => DEFAULT_LEASE_DURATION,
+    };
     let registry = layers.registry(&namespace, &source)?;
     Ok(DaemonSettings {
         registry,
         source,
         namespace,
         rollout_namespace,
+        allow_control_plane_namespace,
         slot_lease_duration,
         selector: layers
             .pick(&SELECTOR, |l| l.selector.as_deref())
@@ -628,6 +680,10 @@ impl DaemonSettings {
             ),
             ("daemon.revisionHistory", self.revision_history.to_string()),
             ("daemon.rollouts.namespace", self.rollout_namespace.clone()),
+            (
+                "daemon.rollouts.allowControlPlaneNamespace",
+                self.allow_control_plane_namespace.to_string(),
+            ),
             (
                 "daemon.rollouts.leaseDuration",
                 format!("{:?}", self.slot_lease_duration),
@@ -792,5 +848,74 @@ mod tests {
             daemon(&given, &env(&[("NODE_NAME", "")])),
             Err(SettingsError::NoNodeName)
         ));
+    }
+
+    /// The rollout Leases default to a namespace of their own; a namespace
+    /// where the control plane keeps Leases is refused, in one line naming
+    /// the setting and the way out, unless explicitly allowed.
+    #[test]
+    fn rollout_leases_stay_out_of_the_control_planes_namespaces() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = file(dir.path(), "{}\n");
+        let run = daemon(&flags(&empty), &env(&[])).unwrap();
+        assert_eq!(run.rollout_namespace, "podstamp-rollouts");
+        assert!(!run.allow_control_plane_namespace);
+        for ns in CONTROL_PLANE_NAMESPACES {
+            let mut given = flags(&empty);
+            given.rollout_namespace = Some(ns.into());
+            let e = daemon(&given, &env(&[])).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("--rollout-namespace \"{ns}\": ")),
+                "{e}"
+            );
+            assert!(e.contains("--allow-control-plane-namespace"), "{e}");
+            assert_eq!(e.lines().count(), 1, "{e}");
+            given.allow_control_plane_namespace = Some(true);
+            assert_eq!(daemon(&given, &env(&[])).unwrap().rollout_namespace, ns);
+        }
+        let e = daemon(
+            &flags(&empty),
+            &env(&[("PODSTAMP_ROLLOUT_NAMESPACE", "kube-system")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("PODSTAMP_ROLLOUT_NAMESPACE"), "{e}");
+        // `file` writes the same path: the file now says it.
+        let allowed = file(
+            dir.path(),
+            "daemon: {rollouts: {namespace: kube-system, allowControlPlaneNamespace: true}}\n",
+        );
+        let run = daemon(&flags(&allowed), &env(&[])).unwrap();
+        assert!(run.allow_control_plane_namespace);
+    }
+
+    /// The longest lease duration is the one deploy/node-identity.yaml
+    /// lets a node write: the daemon cannot be configured into writes the
+    /// policy refuses.
+    #[test]
+    fn the_lease_duration_is_bounded_as_the_admission_policy_bounds_it() {
+        let policy = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/node-identity.yaml"),
+        )
+        .unwrap();
+        let limit = MAX_SLOT_LEASE_DURATION.as_secs();
+        assert!(
+            policy.contains(&format!("expression: variables.duration <= {limit}\n")),
+            "deploy/node-identity.yaml bounds leaseDurationSeconds otherwise than {limit}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let empty = file(dir.path(), "{}\n");
+        let mut given = flags(&empty);
+        given.slot_lease_duration = Some("5m".into());
+        assert_eq!(
+            daemon(&given, &env(&[])).unwrap().slot_lease_duration,
+            MAX_SLOT_LEASE_DURATION
+        );
+        given.slot_lease_duration = Some("301s".into());
+        let e = daemon(&given, &env(&[])).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--slot-lease-duration \"301s\": must be at most 5m"),
+            "{e}"
+        );
     }
 }

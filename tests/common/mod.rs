@@ -1,8 +1,12 @@
-//! Shared by the integration tests: paths, the built plugins, the binary.
+//! Shared by the integration tests: paths, the built plugins, the binary,
+//! RBAC grants waited for, deploy/ applied.
 #![allow(dead_code)]
+
+pub mod deploy;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -127,4 +131,110 @@ pub fn kubelet_accepts(paths: &[&Path], node: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// One permission an RBAC rule gives: `verb` on `resource` of API `group`,
+/// in `namespace` (empty: cluster-wide), on the object `name` when the rule
+/// names objects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub verb: String,
+    pub group: String,
+    pub resource: String,
+    pub namespace: String,
+    pub name: Option<String>,
+}
+
+/// Every permission RBAC `rules` (a Role's or ClusterRole's `rules`, as
+/// JSON) give in `namespace`: each verb on each resource, on each of the
+/// rule's resourceNames if it has some.
+pub fn grants(rules: &serde_json::Value, namespace: &str) -> Vec<Grant> {
+    let texts = |rule: &serde_json::Value, field: &str| -> Vec<String> {
+        rule[field]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| Some(v.as_str()?.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut all = Vec::new();
+    for rule in rules.as_array().expect("RBAC rules are a list") {
+        let names: Vec<Option<String>> = match texts(rule, "resourceNames") {
+            names if names.is_empty() => vec![None],
+            names => names.into_iter().map(Some).collect(),
+        };
+        for group in texts(rule, "apiGroups") {
+            for resource in texts(rule, "resources") {
+                for verb in texts(rule, "verbs") {
+                    for name in &names {
+                        all.push(Grant {
+                            verb: verb.clone(),
+                            group: group.clone(),
+                            resource: resource.clone(),
+                            namespace: namespace.to_string(),
+                            name: name.clone(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    all
+}
+
+/// Whether the user of `client` has `grant`, as the API server's authorizer
+/// answers that user's SelfSubjectAccessReview.
+pub async fn allowed(client: &kube::Client, grant: &Grant) -> Result<bool, kube::Error> {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(grant.verb.clone()),
+                group: Some(grant.group.clone()),
+                resource: Some(grant.resource.clone()),
+                namespace: (!grant.namespace.is_empty()).then(|| grant.namespace.clone()),
+                name: grant.name.clone(),
+                ..ResourceAttributes::default()
+            }),
+            ..SelfSubjectAccessReviewSpec::default()
+        },
+        ..SelfSubjectAccessReview::default()
+    };
+    let api: kube::Api<SelfSubjectAccessReview> = kube::Api::all(client.clone());
+    let answer = api.create(&Default::default(), &review).await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+/// Waits until the user of `client` has every permission `rules` give in
+/// `namespace` (empty: cluster-wide), asking the API server as that user
+/// (SelfSubjectAccessReview) every 50 ms, for at most `limit`; panics
+/// naming a permission still refused then. A Role or binding just created
+/// takes effect once the authorizer's cache has seen it: a request before
+/// may be refused (tests/daemon.rs's ConfigMap watch was, about once in
+/// five full runs). Call it before the first request that needs them.
+pub async fn wait_for_grants(
+    client: &kube::Client,
+    namespace: &str,
+    rules: &serde_json::Value,
+    limit: Duration,
+) {
+    let start = Instant::now();
+    for grant in grants(rules, namespace) {
+        loop {
+            match allowed(client, &grant).await {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) => eprintln!("SelfSubjectAccessReview of {grant:?}: {e}"),
+            }
+            assert!(
+                start.elapsed() < limit,
+                "{grant:?} still not granted after {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }

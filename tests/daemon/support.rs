@@ -89,11 +89,38 @@ impl ApiServer {
                     .then(|| value["url"].as_str().unwrap().to_string())
             },
         );
-        ApiServer {
+        let server = ApiServer {
             dir: dir.to_path_buf(),
             child: Some(child),
             url,
-        }
+        };
+        server.create_rollout_namespace();
+        server
+    }
+
+    /// deploy/namespace.yaml, as in a cluster podstamp is deployed to: the
+    /// daemons' default rollout namespace (already there on a restart).
+    fn create_rollout_namespace(&self) {
+        use serde::Deserialize;
+        let text = fs::read_to_string(repo().join("deploy/namespace.yaml")).unwrap();
+        let namespace: k8s_openapi::api::core::v1::Namespace =
+            k8s_openapi::api::core::v1::Namespace::deserialize(
+                serde_norway::Deserializer::from_str(&text),
+            )
+            .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let api: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+                kube::Api::all(self.admin().await);
+            match api.create(&Default::default(), &namespace).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => panic!("deploy/namespace.yaml: {e}"),
+            }
+        });
     }
 
     pub fn kubeconfig(&self, user: &str) -> PathBuf {
@@ -327,6 +354,23 @@ impl Daemon {
         let mut status = 0;
         let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
         assert!(r == 0, "podstamp run exited; its log:\n{}", self.logs());
+    }
+
+    /// Waits for the daemon to exit on its own, for at most `limit`; its
+    /// exit status.
+    pub fn exited_within(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "podstamp run still running after {limit:?}; its log:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// SIGTERM, and the exit status.

@@ -54,12 +54,15 @@ pub struct RunArgs {
     /// How many manifests are kept per template in the revisions directory [default: 3].
     #[arg(long, value_name = "N")]
     pub revision_history: Option<usize>,
-    /// The namespace of the Leases through which the nodes roll updates one at a time (daemon.rollouts.namespace) [env: PODSTAMP_ROLLOUT_NAMESPACE] [default: the templates' namespace].
+    /// The namespace of the Leases through which the nodes roll updates one at a time (daemon.rollouts.namespace) [env: PODSTAMP_ROLLOUT_NAMESPACE] [default: podstamp-rollouts].
     #[arg(long, value_name = "NAMESPACE")]
     pub rollout_namespace: Option<String>,
-    /// How long a rollout slot outlives a node that stopped renewing it, e.g. 30s (daemon.rollouts.leaseDuration) [default: 30s].
+    /// How long a rollout slot outlives a node that stopped renewing it, e.g. 30s, at most 5m (daemon.rollouts.leaseDuration) [default: 30s].
     #[arg(long, value_name = "DURATION")]
     pub slot_lease_duration: Option<String>,
+    /// Lets the rollout Leases be in a namespace where the control plane keeps its own (kube-system, kube-node-lease, or one holding a kube-scheduler or kube-controller-manager Lease): said at start instead of refused (daemon.rollouts.allowControlPlaneNamespace).
+    #[arg(long)]
+    pub allow_control_plane_namespace: bool,
     /// The largest manifest written, and pod a plugin may return, e.g. 1Mi (limits.maxManifestSize) [env: PODSTAMP_MAX_MANIFEST_SIZE] [default: 1Mi].
     #[arg(long, value_name = "SIZE")]
     pub max_manifest_size: Option<String>,
@@ -107,6 +110,7 @@ impl RunArgs {
             revision_history: self.revision_history,
             rollout_namespace: self.rollout_namespace.clone(),
             slot_lease_duration: self.slot_lease_duration.clone(),
+            allow_control_plane_namespace: self.allow_control_plane_namespace.then_some(true),
             registry_config: self.registry_config.clone(),
             registry_secret: self.registry_secret.clone(),
             registry_ca: self.registry_ca.clone(),

@@ -19,7 +19,7 @@ pub struct StatusArgs {
     /// The namespace of the PodTemplates [default: kube-system].
     #[arg(long, short, env = "PODSTAMP_NAMESPACE")]
     namespace: Option<String>,
-    /// The namespace of the rollout Leases, if the daemons use another one (daemon.rollouts.namespace) [default: the templates' namespace].
+    /// The namespace of the rollout Leases, if the daemons use another one (daemon.rollouts.namespace) [default: podstamp-rollouts].
     #[arg(long, env = "PODSTAMP_ROLLOUT_NAMESPACE", value_name = "NAMESPACE")]
     rollout_namespace: Option<String>,
     /// A kubeconfig file [default: $KUBECONFIG, ~/.kube/config, else in-cluster credentials].
@@ -56,7 +56,7 @@ pub fn run(args: StatusArgs) -> Result<(), (u8, String)> {
         .rollout_namespace
         .clone()
         .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| namespace.clone());
+        .unwrap_or_else(|| podstamp::config::DEFAULT_ROLLOUT_NAMESPACE.to_string());
     podstamp::validate::check_dns_label(&leases_ns)
         .map_err(|e| (2, format!("--rollout-namespace: {e}")))?;
     let only = args.template.as_ref().map(|t| format!("{namespace}/{t}"));

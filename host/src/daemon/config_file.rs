@@ -150,6 +150,14 @@ pub fn node_local(config: &ConfigFile) -> Vec<(&'static str, String)> {
             "daemon.rollouts.leaseDuration",
             shown(&d.rollouts.as_ref().and_then(|r| r.lease_duration.clone())),
         ),
+        (
+            "daemon.rollouts.allowControlPlaneNamespace",
+            shown(
+                &d.rollouts
+                    .as_ref()
+                    .and_then(|r| r.allow_control_plane_namespace),
+            ),
+        ),
         ("daemon.registry", shown(&d.registry)),
         ("limits.timeout", shown(&l.timeout)),
         ("limits.memory", shown(&l.memory)),

@@ -24,6 +24,7 @@ pub mod configmaps;
 pub mod coordinator;
 pub mod events;
 pub mod inbox;
+pub mod lease_namespace;
 pub mod metrics;
 pub mod mirror;
 mod poll;
@@ -99,6 +100,9 @@ pub enum DaemonError {
     /// Better restarted by the kubelet than alive and doing nothing.
     #[error("the reconciler panicked; exiting")]
     ReconcilerPanicked,
+    /// Found at start, before any rollout Lease is written.
+    #[error(transparent)]
+    SharedLeaseNamespace(#[from] lease_namespace::SharedNamespace),
 }
 
 /// The first field of the configuration that reads a ConfigMap.
@@ -275,6 +279,7 @@ async fn serve(
         dir = %settings.manifest_dir.display(), source = ?settings.source, "podstamp run starting");
 
     let (inputs, received) = std::sync::mpsc::channel::<Input>();
+    let (shared_tx, shared) = tokio::sync::oneshot::channel::<lease_namespace::SharedNamespace>();
     // The first thing the reconciler gets: nothing renders without it (a
     // catalog from the API comes from the loader).
     if let Some(catalog) = &catalog {
@@ -334,13 +339,20 @@ async fn serve(
                     lease_duration: settings.slot_lease_duration,
                     watch_timeout: settings.watch_timeout,
                 };
-                tokio::spawn(coordinator::run(
-                    client,
-                    coordinator,
-                    asked,
-                    inputs.clone(),
-                    metrics.clone(),
-                ));
+                let (inputs, metrics) = (inputs.clone(), metrics.clone());
+                let allowed = settings.allow_control_plane_namespace;
+                // No rollout Lease is written before the namespace is known
+                // not to be the control plane's.
+                tokio::spawn(async move {
+                    match lease_namespace::check(&client, &coordinator.namespace, allowed).await {
+                        Ok(()) => {
+                            coordinator::run(client, coordinator, asked, inputs, metrics).await
+                        }
+                        Err(shared) => {
+                            let _ = shared_tx.send(shared);
+                        }
+                    }
+                });
             }
             tokio::spawn(mirror::watch(
                 client.clone(),
@@ -382,12 +394,21 @@ async fn serve(
             std::future::pending::<()>().await;
         }
     };
+    let refused = async {
+        // Dropped without a word: the namespace is the rollouts' own.
+        match shared.await {
+            Ok(shared) => shared,
+            Err(_) => std::future::pending().await,
+        }
+    };
     tokio::select! {
         () = shutdown_signal() => {}
         () = died => {
             tracing::error!("the reconciler panicked; exiting");
             return Err(DaemonError::ReconcilerPanicked);
         }
+        // The binary prints it, as the one line of a refusal at start.
+        shared = refused => return Err(shared.into()),
     }
     tracing::info!("stopping");
     Ok(())

@@ -1,0 +1,144 @@
+//! Whether the rollout namespace is shared with the control plane: the
+//! start-up check made before the coordinator writes its first Lease.
+//!
+//! A Lease write granted in a namespace reaches every Lease there: where
+//! kube-scheduler or kube-controller-manager keep their leader election,
+//! one node's token could take it over and stall the cluster. The settings
+//! refuse the namespaces known for it by name
+//! ([`crate::settings::CONTROL_PLANE_NAMESPACES`]); this looks in the one
+//! given for the control plane's leader-election Leases
+//! ([`LEADER_ELECTION_LEASES`]), as an operator may run the control plane's
+//! election in a namespace of their own.
+//!
+//! Invariants:
+//! * Decided before the coordinator starts: no rollout Lease is written in
+//!   a shared namespace unless `daemon.rollouts.allowControlPlaneNamespace`
+//!   allows it, and then the start-up log says so in one line.
+//! * What cannot be read cannot be told: a Lease the daemon may not `get`
+//!   (403) counts as absent (its writes there fail anyway, naming the
+//!   permission). Only an answer decides; while the API server does not
+//!   answer, the check is asked again with backoff and the coordinator
+//!   waits (updates wait for a slot, nothing else does).
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+
+use super::backoff::Backoff;
+use crate::config::DEFAULT_ROLLOUT_NAMESPACE;
+use crate::settings::CONTROL_PLANE_NAMESPACES;
+
+/// The leader-election Leases of the control plane's components, by their
+/// default names (`--leader-elect-resource-name`).
+pub const LEADER_ELECTION_LEASES: [&str; 3] = [
+    "kube-scheduler",
+    "kube-controller-manager",
+    "cloud-controller-manager",
+];
+
+/// The rollout namespace holds the control plane's Leases.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "daemon.rollouts.namespace (--rollout-namespace) {namespace}: {why}, so the rollouts' Lease permission there reaches the control plane's leader election; give the rollout Leases a namespace of their own (default {default}, deploy/namespace.yaml), or say --allow-control-plane-namespace (daemon.rollouts.allowControlPlaneNamespace: true)",
+    default = DEFAULT_ROLLOUT_NAMESPACE
+)]
+pub struct SharedNamespace {
+    pub namespace: String,
+    /// What is shared: the namespace's role, or the Lease found.
+    pub why: String,
+}
+
+/// Why `namespace` is shared with the control plane, judging by its name
+/// and by the leader-election Leases found in it (`found`); None: it is
+/// not, as far as can be told.
+pub fn judge(namespace: &str, found: Option<&str>) -> Option<SharedNamespace> {
+    let why = if CONTROL_PLANE_NAMESPACES.contains(&namespace) {
+        "the control plane keeps its own Leases there".to_string()
+    } else {
+        format!("it holds Lease {namespace}/{}", found?)
+    };
+    Some(SharedNamespace {
+        namespace: namespace.to_string(),
+        why,
+    })
+}
+
+/// The first leader-election Lease of the control plane in `namespace`,
+/// asked until the API server answers for each.
+async fn leader_lease(client: &kube::Client, namespace: &str) -> Option<String> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let mut backoff = Backoff::new();
+    // Said once: the watches already report an API server that is away.
+    let mut said = false;
+    for name in LEADER_ELECTION_LEASES {
+        loop {
+            match api.get_metadata_opt(name).await {
+                Ok(Some(_)) => return Some(name.to_string()),
+                Ok(None) => break,
+                Err(kube::Error::Api(status)) if status.is_forbidden() => break,
+                Err(e) => {
+                    if !said {
+                        tracing::warn!(
+                            namespace,
+                            lease = name,
+                            "cannot tell yet whether the rollout namespace holds the control plane's Leases: {e}; rollouts wait until it can be told"
+                        );
+                        said = true;
+                    }
+                    tokio::time::sleep(backoff.delay()).await;
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Ok when the coordinator may write in `namespace`: not shared with the
+/// control plane, or shared and `allowed` (said once, at warn).
+pub async fn check(
+    client: &kube::Client,
+    namespace: &str,
+    allowed: bool,
+) -> Result<(), SharedNamespace> {
+    let found = if CONTROL_PLANE_NAMESPACES.contains(&namespace) {
+        None
+    } else {
+        leader_lease(client, namespace).await
+    };
+    match judge(namespace, found.as_deref()) {
+        None => Ok(()),
+        Some(shared) if allowed => {
+            tracing::warn!(
+                "rollout Leases shared with the control plane, as allowed (daemon.rollouts.allowControlPlaneNamespace): {shared}"
+            );
+            Ok(())
+        }
+        Some(shared) => Err(shared),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_namespace_is_shared_by_its_name_or_a_leader_lease_in_it() {
+        assert_eq!(judge("podstamp-rollouts", None), None);
+        let by_name = judge("kube-system", None).unwrap().to_string();
+        assert!(
+            by_name.contains("kube-system: the control plane keeps"),
+            "{by_name}"
+        );
+        let by_lease = judge("infra", Some("kube-scheduler")).unwrap().to_string();
+        assert!(
+            by_lease.starts_with(
+                "daemon.rollouts.namespace (--rollout-namespace) infra: it holds Lease infra/kube-scheduler"
+            ),
+            "{by_lease}"
+        );
+        assert!(
+            by_lease.contains("--allow-control-plane-namespace"),
+            "{by_lease}"
+        );
+        assert_eq!(by_lease.lines().count(), 1);
+    }
+}
