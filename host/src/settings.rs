@@ -356,7 +356,7 @@ impl<'a> Layers<'a> {
         };
         let timeout = match self.pick(&REGISTRY_TIMEOUT, |l| l.registry_timeout.as_deref()) {
             Some((text, at)) => parse_duration(text).map_err(|e| Layers::invalid(at, e))?,
-            None => crate::oci::registry::DEFAULT_TIMEOUT,
+            None => crate::oci::options::DEFAULT_TIMEOUT,
         };
         Ok(RegistryOptions {
             credentials,

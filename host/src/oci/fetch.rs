@@ -28,31 +28,14 @@ use reqwest::header::{
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 
-use super::registry::{OciError, RegistryOptions};
+use super::error::{OciError, Oversize};
+use super::options::RegistryOptions;
 
 /// The largest token answer read from a registry's auth realm (a bearer
 /// token is a few KiB at most).
 pub const MAX_TOKEN_BYTES: usize = 64 << 10;
 /// How much of an error answer is read for its message; the rest is dropped.
 pub const MAX_ERROR_TEXT: usize = 4 << 10;
-
-/// How a body passed its cap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Oversize {
-    /// The `Content-Length` said this many bytes: refused before the body.
-    Declared(u64),
-    /// No `Content-Length` (or a false one): more than the cap arrived.
-    Past(usize),
-}
-
-impl std::fmt::Display for Oversize {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Oversize::Declared(n) => write!(f, "{n} bytes by its Content-Length"),
-            Oversize::Past(cap) => write!(f, "more than {cap} bytes (read up to the limit)"),
-        }
-    }
-}
 
 /// Why a capped read stopped.
 #[derive(Debug)]

@@ -15,13 +15,16 @@
 
 pub mod cache;
 pub mod credentials;
+pub mod error;
 pub mod fetch;
+pub mod options;
 pub mod reference;
 pub mod registry;
 
 pub use credentials::{Credentials, CredentialsError, DockerConfig};
+pub use error::OciError;
+pub use options::RegistryOptions;
 pub use reference::{Pinned, ReferenceError};
 pub use registry::{
-    MAX_MANIFEST_BYTES, OciError, PullCounts, Pulled, Registry, RegistryOptions,
-    WASM_CONFIG_MEDIA_TYPE, WASM_LAYER_MEDIA_TYPE,
+    MAX_MANIFEST_BYTES, PullCounts, Pulled, Registry, WASM_CONFIG_MEDIA_TYPE, WASM_LAYER_MEDIA_TYPE,
 };

@@ -20,9 +20,7 @@
 //!   where the credentials came from.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use oci_client::manifest::OCI_IMAGE_MEDIA_TYPE;
 use serde::Deserialize;
@@ -30,8 +28,10 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::credentials::{Credentials, CredentialsError, DockerConfig};
-use super::fetch::{self, Oversize, Session};
-use super::reference::{Pinned, ReferenceError, parse_target};
+use super::error::OciError;
+use super::fetch::{self, Session};
+use super::options::RegistryOptions;
+use super::reference::{Pinned, parse_target};
 pub use crate::catalog::gzip::MAX_COMPONENT_BYTES;
 
 /// The config media type of a Wasm component artifact (CNCF TAG Runtime).
@@ -41,107 +41,6 @@ pub const WASM_LAYER_MEDIA_TYPE: &str = "application/wasm";
 /// The largest manifest pulled: a component's manifest is well under 1 KiB;
 /// this bounds what a hostile or broken registry can make us hold.
 pub const MAX_MANIFEST_BYTES: usize = 64 << 10;
-/// The default bound on one pull or push.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How to reach the registries.
-#[derive(Debug, Clone)]
-pub struct RegistryOptions {
-    pub credentials: Credentials,
-    /// A PEM file of CA certificates trusted besides the system's.
-    pub ca: Option<PathBuf>,
-    pub timeout: Duration,
-    /// Plain HTTP instead of HTTPS (tests of the CLI only; never the default).
-    pub insecure_http: bool,
-}
-
-impl Default for RegistryOptions {
-    fn default() -> Self {
-        RegistryOptions {
-            credentials: Credentials::Anonymous,
-            ca: None,
-            timeout: DEFAULT_TIMEOUT,
-            insecure_http: false,
-        }
-    }
-}
-
-/// Why a push or a pull failed.
-#[derive(Debug, thiserror::Error)]
-pub enum OciError {
-    #[error(transparent)]
-    Reference(#[from] ReferenceError),
-    #[error(transparent)]
-    Credentials(#[from] CredentialsError),
-    #[error("registry CA file {path}: {detail}")]
-    Ca { path: String, detail: String },
-    #[error("registry {registry} does not answer: {detail}")]
-    Unreachable { registry: String, detail: String },
-    #[error("registry {registry} did not finish within {timeout:?} (registry timeout)")]
-    Timeout { registry: String, timeout: Duration },
-    #[error(
-        "registry {registry} refuses the credentials (401 Unauthorized; {credentials}): fix them, or the registry's access"
-    )]
-    Unauthorized {
-        registry: String,
-        credentials: String,
-    },
-    #[error("{reference}: not in the registry ({detail}): push it, or fix the digest")]
-    Unknown { reference: String, detail: String },
-    #[error(
-        "{reference}: the manifest is {seen}, over the limit of {limit} bytes: not a component's manifest; refused"
-    )]
-    ManifestTooLarge {
-        reference: String,
-        seen: Oversize,
-        limit: usize,
-    },
-    #[error(
-        "{reference}: the layer is {seen}, over the {declared} bytes its manifest declares: the registry served other bytes; refused"
-    )]
-    LayerTooLarge {
-        reference: String,
-        seen: Oversize,
-        declared: usize,
-    },
-    #[error(
-        "{reference}: the {what}'s sha256 is {actual}, not {expected}: the registry served other bytes; refused"
-    )]
-    Digest {
-        reference: String,
-        what: &'static str,
-        expected: String,
-        actual: String,
-    },
-    #[error(
-        "{reference}: not a Wasm component artifact ({detail}); push one with `podstamp plugin push`"
-    )]
-    NotAComponent { reference: String, detail: String },
-    #[error("registry {registry}: {detail}")]
-    Registry { registry: String, detail: String },
-}
-
-impl OciError {
-    /// A short name of what went wrong, for the `result` label of
-    /// `podstamp_oci_pulls_total`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            OciError::Reference(_) => "reference",
-            OciError::Credentials(_) => "credentials",
-            OciError::Ca { .. } => "ca",
-            OciError::Unreachable { .. } => "unreachable",
-            OciError::Timeout { .. } => "timeout",
-            OciError::Unauthorized { .. } => "unauthorized",
-            OciError::Unknown { .. } => "unknown",
-            OciError::ManifestTooLarge { .. } => "manifest_too_large",
-            OciError::LayerTooLarge { .. } => "layer_too_large",
-            OciError::Digest { .. } => "digest_mismatch",
-            OciError::NotAComponent { .. } => "not_a_component",
-            OciError::Registry { .. } => "registry_error",
-        }
-    }
-}
-
 /// The parts of an OCI image manifest a pull reads.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]

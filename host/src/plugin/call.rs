@@ -1,6 +1,6 @@
 //! One sandboxed call: a fresh store and instance, bounded in time (epoch
 //! deadline), memory (a resource limiter) and live resource handles
-//! ([`MAX_HANDLES_PER_CALL`], each limit reported as itself), with the plugin's log lines
+//! ([`super::MAX_HANDLES_PER_CALL`], each limit reported as itself), with the plugin's log lines
 //! (its `log` import and, for a WASI plugin, its stdout and stderr) bounded
 //! together and attributed to the plugin and what it renders.
 
@@ -215,7 +215,7 @@ impl Plugin {
             },
         );
         store.limiter(|state| &mut state.limiter);
-        store.set_max_component_handles(MAX_HANDLES_PER_CALL);
+        store.set_max_component_handles(super::MAX_HANDLES_PER_CALL);
         store.set_epoch_deadline(ticks.max(1) as u64);
         store.epoch_deadline_trap();
 
@@ -234,12 +234,6 @@ fn rejected(e: wit::PluginError) -> CallFailure {
             .map(|f| crate::text::cut(f, MAX_ERROR_TEXT)),
     }
 }
-
-/// The most resource handles a call may hold at once: wasmtime's count of
-/// a store's live component handles, and the capacity of the WASI table of
-/// what the host handed out ([`super::wasi`]). A transform needs a handful;
-/// this bounds what a plugin that never drops them makes the host keep.
-pub const MAX_HANDLES_PER_CALL: usize = 10_000;
 
 /// Whether `error` is one of the handle limits: the WASI table's full
 /// (typed), or wasmtime's component handle limit, which it raises as a
@@ -265,7 +259,7 @@ fn classify(error: wasmtime::Error, state: &mut CallState, limits: Limits) -> Ca
     }
     if is_handle_limit(&error) {
         return CallFailure::HandleLimitExceeded {
-            limit: MAX_HANDLES_PER_CALL,
+            limit: super::MAX_HANDLES_PER_CALL,
         };
     }
     if let Some(exit) = error.downcast_ref::<wasmtime_wasi::I32Exit>() {

@@ -39,7 +39,7 @@ mod ticker;
 mod wasi;
 
 pub use cache::{choose_cache_dir, default_cache_dir};
-pub use call::{MAX_HANDLES_PER_CALL, Plugin, WitNode};
+pub use call::{Plugin, WitNode};
 pub use error::{CallFailure, LoadError};
 pub use interface::{Interface, WIT_PACKAGE};
 pub use pool::Allocation;
@@ -49,6 +49,12 @@ use call::CallState;
 use interface::check_interface;
 use pool::{CONCURRENT_CALLS, Slots, pool_config};
 use ticker::Ticker;
+
+/// The most resource handles a call may hold at once: wasmtime's count of
+/// a store's live component handles, and the capacity of the WASI table of
+/// what the host handed out (`wasi`). A transform needs a handful;
+/// this bounds what a plugin that never drops them makes the host keep.
+pub const MAX_HANDLES_PER_CALL: usize = 10_000;
 
 /// The bindings of the least a plugin exports (`transformer`); the
 /// optional `settings-validator` export is looked up by name ([`call::Plugin`]).

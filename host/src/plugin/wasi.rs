@@ -165,7 +165,7 @@ impl Wasi {
         let mut table = ResourceTable::new();
         // As many as the guest's own handles may be (both count the same
         // streams and pollables): a full table is the handle limit.
-        table.set_max_capacity(super::call::MAX_HANDLES_PER_CALL);
+        table.set_max_capacity(super::MAX_HANDLES_PER_CALL);
         Box::new(Wasi {
             ctx: builder.build(),
             table,
