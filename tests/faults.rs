@@ -1266,6 +1266,42 @@ const FAULTS: &[Fault] = &[
         test: "tests/node_identity.rs: a_daemon_speaking_for_another_node_is_refused_and_says_so",
     },
     Fault {
+        id: "rollout-record-not-its-nodes",
+        area: "rollouts",
+        fault: "another node's status Lease that its own node cannot have written (named for one node, held by another or by nobody): forged, or left by a misconfigured node, in a cluster without the admission policy",
+        kept: "every rollout: the record halts nothing and decides nothing",
+        reported: "`status record ignored: status Lease … is held by …` in the log, once per Lease; `podstamp status` lists it as UNTRUSTED",
+        says: "status record ignored",
+        test: "host/src/daemon/coordinator/ledger.rs: a_record_its_own_node_cannot_have_written_halts_nothing",
+    },
+    Fault {
+        id: "rollout-record-oversized",
+        area: "rollouts",
+        fault: "another node's status record of hundreds of KiB, or of a thousand failed templates",
+        kept: "the daemon's memory: a record over 256 KiB is not parsed, and of the others only their failures are kept (at most 16, each cut to 256 bytes)",
+        reported: "nothing of its own: the record counts as empty or as its first failures",
+        says: "MAX_RECORD_BYTES",
+        test: "host/src/daemon/coordinator/ledger.rs: what_is_kept_of_another_nodes_record_is_bounded",
+    },
+    Fault {
+        id: "rollout-slot-long-duration",
+        area: "rollouts",
+        fault: "a slot Lease whose `leaseDurationSeconds` is longer than this node's lease duration (2^31-1 s: a slot held for good)",
+        kept: "the rollout: the slot is judged unrenewed after this node's duration, and taken as an expired one",
+        reported: "`took a rollout slot` on the node that takes it",
+        says: "i32::MAX",
+        test: "host/src/daemon/coordinator/ledger.rs: a_slot_whose_object_claims_a_longer_duration_expires_by_this_nodes",
+    },
+    Fault {
+        id: "rollout-own-record-remade",
+        area: "rollouts",
+        fault: "this node's own status record deleted and made again by someone else (another holder, without the label the Lease watch selects), so that its create or replace conflicts",
+        kept: "the node's voice: the record is read back by name and replaced with its own after a backoff, never left to a watch that may not show it",
+        reported: "`podstamp_rollout_api_writes_total{result=\"conflict\"}`; a warning if the record cannot be read back",
+        says: "the node's own record again",
+        test: "tests/rollouts.rs: a_node_whose_record_was_remade_by_someone_else_writes_its_own_again",
+    },
+    Fault {
         id: "rollout-failed-elsewhere",
         area: "rollouts",
         fault: "an update whose container crashes (`CrashLoopBackOff`) on the first node that writes it",
@@ -1434,6 +1470,9 @@ fn docs_reliability_md_is_the_fault_table() {
                 "tests/render.rs" => include_str!("render.rs"),
                 "tests/kubelet.rs" => include_str!("kubelet.rs"),
                 "tests/rollouts.rs" => include_str!("rollouts.rs"),
+                "host/src/daemon/coordinator/ledger.rs" => {
+                    include_str!("../host/src/daemon/coordinator/ledger.rs")
+                }
                 "tests/node_identity.rs" => include_str!("node_identity.rs"),
                 "tests/oci.rs" => include_str!("oci.rs"),
                 "tests/test_command.rs" => include_str!("test_command.rs"),
