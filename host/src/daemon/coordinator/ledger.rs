@@ -719,3 +719,7 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "ledger_props.rs"]
+mod props;
