@@ -23,6 +23,9 @@ bash plugins/js/build.sh
 step "building the Go harness: API server, kubelet, test node (tests/harness/build.sh)"
 bash tests/harness/build.sh
 
+step "building podstamp's pod check: the kubelet's own validation (tests/harness/build-kubecheck.sh)"
+bash tests/harness/build-kubecheck.sh
+
 step "the test node's host packages (tests/harness/node-deps.sh)"
 bash tests/harness/node-deps.sh
 

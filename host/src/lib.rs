@@ -12,6 +12,7 @@ pub mod chain;
 pub mod config;
 pub mod daemon;
 pub mod fleet;
+pub mod kube_check;
 pub mod manifest;
 pub mod node;
 pub mod oci;
