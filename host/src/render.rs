@@ -45,7 +45,7 @@ pub enum Stage {
     /// a static pod file), and stop the pod running from the file.
     Refused {
         after_plugins: bool,
-        refusal: Refusal,
+        refusal: Box<Refusal>,
     },
     /// The kubelet's check could not be run, so nothing is written.
     Unchecked(Unavailable),
@@ -182,7 +182,7 @@ impl Rendered {
             .map_err(|e| match e {
                 CheckError::Refused(refusal) => fail(Stage::Refused {
                     after_plugins: self.after_plugins,
-                    refusal,
+                    refusal: Box::new(refusal),
                 }),
                 CheckError::Unavailable(e) => fail(Stage::Unchecked(e)),
             })?;

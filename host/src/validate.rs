@@ -728,7 +728,7 @@ mod tests {
         let mut p = pod();
         p["metadata"]["name"] = json!("Web_1");
         p["spec"]["containers"] =
-            json!([{"name": "a", "image": ""}, {"name": "a", "image": "x y"}, {"image": "z"}]);
+            json!([{"name": "a", "image": ""}, {"name": "a", "image": "x "}, {"image": "z y"}]);
         let e = validate_pod(&p).unwrap_err();
         assert_eq!(
             e.0.iter().map(|e| e.field.as_str()).collect::<Vec<_>>(),
@@ -741,6 +741,12 @@ mod tests {
             ]
         );
         assert!(e.0[2].message.contains("duplicate container name"));
+        // Whitespace inside a name is the image pull's to refuse, as on the kubelet.
+        assert!(
+            e.0[3].message.contains("leading or trailing whitespace"),
+            "{}",
+            e.0[3]
+        );
     }
 
     #[test]
