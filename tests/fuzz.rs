@@ -5,7 +5,8 @@
 //! writing) as exactly the pod that was validated.
 //!
 //! Bounded: PROPTEST_CASES (default 256) cases per property (tests/run.sh raises
-//! it to 50000, about 20 s in all in a debug build), each well under a millisecond.
+//! it to 50000, about a minute in all in a debug build on a loaded machine:
+//! a pod that passes podstamp's own rules also gets the kubelet's verdict).
 //! proptest saves a failing input in tests/fuzz.proptest-regressions and
 //! replays it first on every later run: commit that file, and add the input
 //! to `every_tricky_string_in_every_place` or a test of its own.
