@@ -816,6 +816,51 @@ const FAULTS: &[Fault] = &[
         test: "tests/render.rs: a_bad_settings_annotation_names_the_annotation_the_plugin_and_the_field",
     },
     Fault {
+        id: "plugin-output-kubelet-refuses",
+        area: "plugin",
+        fault: "output the kubelet refuses: a host alias IP (from the `substitute` plugin's settings) that is not an IP",
+        kept: PLUGIN_KEPT,
+        reported: "RenderFailed",
+        says: "would refuse it, and stop the pod running from it: spec.hostAliases[0].ip: \"registry.local\" is invalid: must be a valid IP address",
+        test: "a_plugin_output_the_kubelet_refuses_keeps_the_last_good_manifest",
+    },
+    Fault {
+        id: "template-kubelet-probe",
+        area: "template",
+        fault: "a liveness probe with `successThreshold: 5` (the kubelet's rule, beyond podstamp's own checks; `podstamp render`)",
+        kept: "nothing written; exit 1",
+        reported: "one line naming the template and the field, with what it must be",
+        says: "spec.containers[0].livenessProbe.successThreshold: 5 is invalid: must be 1",
+        test: "fields_the_kubelet_refuses_are_refused_naming_the_field",
+    },
+    Fault {
+        id: "template-kubelet-toleration",
+        area: "template",
+        fault: "a `tolerationSeconds` on a `NoSchedule` toleration (`podstamp render`)",
+        kept: "nothing written; exit 1",
+        reported: "one line naming the template and the field, with what it must be",
+        says: "spec.tolerations[0].effect: \"NoSchedule\" is invalid: effect must be 'NoExecute' when `tolerationSeconds` is set",
+        test: "fields_the_kubelet_refuses_are_refused_naming_the_field",
+    },
+    Fault {
+        id: "kubelet-newer-fields",
+        area: "template",
+        fault: "a field newer than the node's kubelet (`restartPolicyRules` for a v1.34.0 kubelet, from the Node's `status.nodeInfo.kubeletVersion`)",
+        kept: "written (that kubelet runs the pod without the field), with a warning naming the fields; with `PODSTAMP_REFUSE_NEWER_FIELDS=true`, refused and the last good manifest kept",
+        reported: "`podstamp_kubelet_newer_fields_total{node=...}`; refused: RenderFailed",
+        says: "fields newer than the node's kubelet, which runs the pod without them",
+        test: "fields_newer_than_the_nodes_kubelet_are_a_warning_or_a_refusal",
+    },
+    Fault {
+        id: "kubecheck-cannot-run",
+        area: "pod check",
+        fault: "the pod check (`podstamp-kubecheck`) cannot load: missing (`PODSTAMP_KUBECHECK` names no file), or not the pod check (a program that exits at once)",
+        kept: "nothing is written unchecked: `podstamp render` exits 1; the daemon keeps the last good manifest (same inode and mtime), and a manifest equal to the render is left as it is",
+        reported: "RenderFailed",
+        says: "podstamp cannot check the pod as the kubelet would, so it is not written",
+        test: "a_pod_check_that_cannot_run_writes_nothing",
+    },
+    Fault {
         id: "disk-dir-missing",
         area: "disk",
         fault: "manifest directory missing at start",
@@ -1412,11 +1457,11 @@ const FAULTS: &[Fault] = &[
     Fault {
         id: "fuzz-kubelet",
         area: "fuzzing",
-        fault: "the manifests written for random PodTemplates, read by the kubelet's own static pod decoder",
-        kept: "every one accepted",
+        fault: "random PodTemplates (probes, ports, resources, security contexts, tolerations, affinity, DNS, host aliases among their fields), each pod's manifest read by the kubelet's own static pod decoder",
+        kept: "podstamp's verdict equals the kubelet's for every one: what it writes the kubelet accepts, what it refuses the kubelet refuses (counts printed, zero disagreements)",
         reported: "the decoder's verdict per file",
         says: "podstamp-manifestcheck",
-        test: "tests/fuzz.rs: the_kubelet_accepts_every_manifest_written_for_random_templates",
+        test: "tests/fuzz.rs: podstamp_and_the_kubelet_agree_on_random_templates",
     },
 ];
 
@@ -2103,7 +2148,7 @@ fn a_manifest_that_does_not_read_back_is_refused() {
 fn fields_the_kubelet_refuses_are_refused_naming_the_field() {
     let tmp = tempfile::tempdir().unwrap();
     // (row, a field set on a valid pod at `at`, what the kubelet says of it)
-    let cases: [(&str, &str, serde_json::Value, &str); 4] = [
+    let cases: [(&str, &str, serde_json::Value, &str); 6] = [
         (
             "template-node-selector-value",
             "/spec/nodeSelector",
@@ -2127,6 +2172,19 @@ fn fields_the_kubelet_refuses_are_refused_naming_the_field() {
             "/spec/containers/0/volumeMounts",
             serde_json::json!([{"name": "cfg", "mountPath": "/etc/app"}]),
             "spec.containers[0].volumeMounts[0].name: Not found",
+        ),
+        // The kubelet's rules beyond podstamp's own: its check says them.
+        (
+            "template-kubelet-probe",
+            "/spec/containers/0/livenessProbe",
+            serde_json::json!({"exec": {"command": ["true"]}, "successThreshold": 5}),
+            "spec.containers[0].livenessProbe.successThreshold: Invalid value: 5: must be 1",
+        ),
+        (
+            "template-kubelet-toleration",
+            "/spec/tolerations",
+            serde_json::json!([{"key": "k", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5}]),
+            "effect must be 'NoExecute' when `tolerationSeconds` is set",
         ),
     ];
     let good = tmp.path().join("good.yaml");
@@ -2169,6 +2227,220 @@ fn fields_the_kubelet_refuses_are_refused_naming_the_field() {
         let verdict = kubelet_refuses(&dir.join("web.yaml"));
         assert!(verdict.contains(kubelet_says), "{id}: {verdict}");
     }
+}
+
+/// A template whose host alias IP comes from the `substitute` plugin's
+/// settings (`podstamp.io/settings`), `ip`.
+fn aliased(ip: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: PodTemplate\nmetadata:\n  name: registry\n  annotations: {{podstamp.io/settings: \"substitute: {{vars: {{REGISTRY_IP: '{ip}'}}}}\"}}\ntemplate:\n  spec:\n    hostAliases:\n    - {{ip: \"${{var.REGISTRY_IP}}\", hostnames: [registry.example.com]}}\n    containers:\n    - {{name: main, image: \"nginx:1\"}}\n"
+    )
+}
+
+#[test]
+fn a_plugin_output_the_kubelet_refuses_keeps_the_last_good_manifest() {
+    let fault = row("plugin-output-kubelet-refuses");
+    let tmp = tempfile::tempdir().unwrap();
+    let (templates, manifests) = (tmp.path().join("templates"), tmp.path().join("manifests"));
+    fs::create_dir(&templates).unwrap();
+    fs::create_dir(&manifests).unwrap();
+    let config = tmp.path().join("podstamp.yaml");
+    fs::write(
+        &config,
+        format!(
+            "plugins:\n  substitute:\n    path: {}\n    settings: {{vars: {{REGISTRY_IP: '10.0.0.1'}}}}\nchain: [substitute]\n",
+            common::plugin("substitute").display()
+        ),
+    )
+    .unwrap();
+    let put = |text: &str| {
+        let temp = templates.join(".registry.yaml.tmp");
+        fs::write(&temp, text).unwrap();
+        fs::rename(&temp, templates.join("registry.yaml")).unwrap();
+    };
+    put(&aliased("10.0.0.5"));
+    let source = format!("dir:{}", templates.display());
+    let daemon = Daemon::start(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--source",
+            &source,
+            "--node-name",
+            "n1",
+            "--manifest-dir",
+            manifests.to_str().unwrap(),
+        ],
+        tmp.path().join("daemon.log"),
+    );
+    daemon.wait_ready(CONVERGE);
+    let manifest = manifests.join("registry.yaml");
+    let good = wait_content(&daemon, &manifest, "ip: \"10.0.0.5\"");
+    let was = identity(&manifest);
+    kubelet_accepts_dir(&manifests);
+
+    // The plugin now writes a name where the kubelet wants an address.
+    put(&aliased("registry.local"));
+    let line = expect_failure(&daemon, "registry", fault);
+    assert!(line.contains("plugin"), "{line}");
+    assert_eq!(
+        identity(&manifest),
+        was,
+        "the last good manifest was touched"
+    );
+    assert_eq!(read(&manifest).as_deref(), Some(good.as_str()));
+    kubelet_accepts_dir(&manifests);
+    // What was refused is what the kubelet refuses.
+    let refused = tmp.path().join("refused");
+    fs::create_dir(&refused).unwrap();
+    fs::write(
+        refused.join("registry.yaml"),
+        good.replace("ip: \"10.0.0.5\"", "ip: registry.local"),
+    )
+    .unwrap();
+    let verdict = kubelet_refuses(&refused.join("registry.yaml"));
+    assert!(
+        verdict.contains("spec.hostAliases[0].ip: Invalid value: \\\"registry.local\\\""),
+        "{verdict}"
+    );
+
+    // Fixed, it renders again.
+    put(&aliased("10.0.0.6"));
+    wait_content(&daemon, &manifest, "ip: \"10.0.0.6\"");
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn a_pod_check_that_cannot_run_writes_nothing() {
+    use std::os::unix::fs::PermissionsExt;
+    let fault = row("kubecheck-cannot-run");
+    let tmp = tempfile::tempdir().unwrap();
+    let exits = tmp.path().join("exits-at-once");
+    fs::write(&exits, "#!/bin/sh\nexit 3\n").unwrap();
+    fs::set_permissions(&exits, fs::Permissions::from_mode(0o755)).unwrap();
+    let missing = tmp.path().join("no/podstamp-kubecheck");
+    let input = tmp.path().join("web.yaml");
+    fs::write(&input, template("web", None, "nginx:1")).unwrap();
+    for (helper, also_says) in [
+        (&missing, "No such file or directory"),
+        (&exits, "the pod check's process ended (exit status: 3)"),
+    ] {
+        let output = tmp.path().join("out.yaml");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_podstamp"))
+            .args(["render", input.to_str().unwrap(), "--node-name", "n1", "-o"])
+            .arg(&output)
+            .env("PODSTAMP_KUBECHECK", helper)
+            .output()
+            .unwrap();
+        let err = common::stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(fault.says) && err.contains(also_says), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+        assert!(!output.exists());
+    }
+
+    // The daemon: a manifest written with the check, then a restart without
+    // it; a change is refused and the manifest kept.
+    let e = env();
+    e.put("web.yaml", &template("web", None, "good:1"));
+    let daemon = e.start(&[], "checked.log");
+    wait_content(&daemon, &e.manifest("web"), "image: good:1");
+    assert!(daemon.stop().success());
+    let was = identity(&e.manifest("web"));
+    let source = format!("dir:{}", e.templates.display());
+    let args = [
+        "--config",
+        e.config.to_str().unwrap(),
+        "--source",
+        &source,
+        "--node-name",
+        "n1",
+        "--node-file",
+        e.node_file.to_str().unwrap(),
+        "--manifest-dir",
+        e.manifests.to_str().unwrap(),
+    ];
+    let daemon = Daemon::start_with_env(
+        &args,
+        e.tmp.path().join("unchecked.log"),
+        &[("PODSTAMP_KUBECHECK", missing.to_str().unwrap())],
+    );
+    daemon.wait_ready(CONVERGE);
+    e.put("web.yaml", &template("web", None, "good:2"));
+    expect_failure(&daemon, "web", fault);
+    assert_eq!(
+        identity(&e.manifest("web")),
+        was,
+        "the manifest was touched"
+    );
+    daemon.assert_running();
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn fields_newer_than_the_nodes_kubelet_are_a_warning_or_a_refusal() {
+    let fault = row("kubelet-newer-fields");
+    let e = env();
+    fs::write(
+        &e.node_file,
+        "apiVersion: v1\nkind: Node\nmetadata: {name: n1}\nstatus:\n  nodeInfo: {kubeletVersion: v1.34.0, architecture: amd64, operatingSystem: linux, bootID: '', containerRuntimeVersion: '', kernelVersion: '', kubeProxyVersion: '', machineID: '', osImage: '', systemUUID: ''}\n",
+    )
+    .unwrap();
+    let with_rules = |image: &str| {
+        template("newer", None, image).replace(
+            "    - {name: main, image:",
+            "    - {restartPolicy: Always, restartPolicyRules: [{action: Restart, exitCodes: {operator: In, values: [42]}}], name: main, image:",
+        )
+    };
+    e.put("newer.yaml", &with_rules("good:1"));
+    let daemon = e.start(&[], "newer.log");
+    wait_content(&daemon, &e.manifest("newer"), "restartPolicyRules");
+    wait_logged(&daemon, "the warning", || {
+        daemon
+            .logs()
+            .lines()
+            .find(|l| {
+                l.contains("WARN") && l.contains(fault.says) && l.contains("restartPolicyRules")
+            })
+            .map(str::to_string)
+    });
+    assert!(daemon.metric("podstamp_kubelet_newer_fields_total{node=\"n1\"}") >= 1.0);
+    assert!(daemon.stop().success());
+    let was = identity(&e.manifest("newer"));
+
+    // Refused by the setting: the last good manifest stays.
+    let source = format!("dir:{}", e.templates.display());
+    let args = [
+        "--config",
+        e.config.to_str().unwrap(),
+        "--source",
+        &source,
+        "--node-name",
+        "n1",
+        "--node-file",
+        e.node_file.to_str().unwrap(),
+        "--manifest-dir",
+        e.manifests.to_str().unwrap(),
+    ];
+    let daemon = Daemon::start_with_env(
+        &args,
+        e.tmp.path().join("refuse.log"),
+        &[("PODSTAMP_REFUSE_NEWER_FIELDS", "true")],
+    );
+    daemon.wait_ready(CONVERGE);
+    e.put("newer.yaml", &with_rules("good:2"));
+    let refused = Fault {
+        reported: "RenderFailed",
+        says: "spec.containers[0].restartPolicyRules: is newer than the node's kubelet v1.34.0",
+        ..*fault
+    };
+    expect_failure(&daemon, "newer", &refused);
+    assert_eq!(
+        identity(&e.manifest("newer")),
+        was,
+        "the manifest was touched"
+    );
+    assert!(daemon.stop().success());
 }
 
 #[test]

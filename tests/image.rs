@@ -70,6 +70,8 @@ fn build(dir: &Path) -> Built {
             .arg(env!("CARGO_BIN_EXE_podstamp"))
             .arg("--plugins")
             .arg(plugin_dir())
+            .arg("--kubecheck")
+            .arg(common::kubecheck())
             .arg("--storage")
             .arg(dir.join("storage"))
             .arg("--out")
@@ -280,6 +282,11 @@ fn two_builds_give_one_digest_and_the_image_holds_a_podstamp_that_runs_on_its_ow
             "plugin {name}"
         );
     }
+    assert_eq!(
+        fs::read(root.join("usr/lib/podstamp/podstamp-kubecheck")).unwrap(),
+        fs::read(common::kubecheck()).unwrap(),
+        "usr/lib/podstamp/podstamp-kubecheck is not the pod check built"
+    );
     for path in daemonset_plugin_paths() {
         assert!(
             root.join(path.trim_start_matches('/')).is_file(),

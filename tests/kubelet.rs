@@ -19,6 +19,8 @@ mod node;
 #[allow(unused_imports)]
 #[path = "daemon/support.rs"]
 mod support;
+#[path = "faults/wat.rs"]
+mod wat;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -686,6 +688,114 @@ fn a_first_revision_that_fails_stays_and_is_reported() {
         daemon.metric("podstamp_rollouts_total{result=\"rolled_back\"}"),
         0.0
     );
+
+    stop_all(daemon, node, &dir);
+}
+
+/// A plugin whose output the kubelet would refuse (a liveness probe with
+/// `successThreshold: 5`, which the API server never sees: the template is
+/// valid) is refused by podstamp: the running manifest stays as it was, the
+/// kubelet keeps the same container running past several of its re-listings
+/// of the directory (1 s here; the kubelet stops the pod of a file it cannot
+/// read), and the refusal is an Event on the template and a counted failure.
+#[test]
+fn a_plugin_output_the_kubelet_would_refuse_leaves_the_running_pod_alone() {
+    let _serial = serial();
+    let server = shared_server();
+    let ns = unique("klrefuse");
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    kube.create_namespace();
+    let dir = node_dir("kl-refuse");
+    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-refuse");
+    // A plugin that returns the template's pod with a probe the kubelet refuses.
+    let refused = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "labels": {"app": "web"}},
+        "spec": {
+            "hostNetwork": true,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": "podstamp.test/busybox:1",
+                "imagePullPolicy": "Never",
+                "command": ["sleep", "3600"],
+                "env": [{"name": "VERSION", "value": "2"}],
+                "livenessProbe": {"exec": {"command": ["true"]}, "successThreshold": 5}
+            }]
+        }
+    });
+    let (body, extra) = wat::returning(refused.to_string().as_bytes());
+    let plugin = wat::write(
+        &dir,
+        "refuse",
+        &wat::componentize(&wat::core_module("", &body, &extra), &[wat::WIT]),
+    );
+    // The test's configuration, with that plugin in the catalog.
+    let text = fs::read_to_string(write_config(&dir)).unwrap().replace(
+        "plugins:\n",
+        &format!("plugins:\n  refuse:\n    path: {}\n", plugin.display()),
+    );
+    let config = dir.join("podstamp-refuse.yaml");
+    fs::write(&config, text).unwrap();
+    kube.create_template(template("web", "1"));
+    let kubeconfig = server.kubeconfig("admin");
+    let manifests = node.manifests();
+    let daemon = Daemon::start(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--namespace",
+            &ns,
+            "--node-name",
+            &node.name,
+            "--manifest-dir",
+            manifests.to_str().unwrap(),
+        ],
+        dir.join("podstamp.log"),
+    );
+    let revision = new_revision(&node, &daemon, None);
+    wait_ready_revision(&kube, &node, &daemon, &revision, "VERSION=1");
+    let manifest = node.manifests().join("web.yaml");
+    let written = fs::read(&manifest).unwrap();
+    let mirror = format!("web-{}", node.name);
+    let before: Vec<String> = node.running(&mirror).into_iter().map(|c| c.id).collect();
+    assert_eq!(before.len(), 1, "{:#?}", node.containers());
+
+    kube.patch_template(
+        "web",
+        json!({"metadata": {"annotations": {"podstamp.io/plugins": "refuse"}}}),
+    );
+    let note = wait_event(
+        &kube,
+        &node,
+        &daemon,
+        "RenderFailed",
+        &[
+            "spec.containers[0].livenessProbe.successThreshold: 5 is invalid: must be 1",
+            "would refuse it",
+        ],
+    );
+    assert!(note.contains("plugin"), "{note}");
+    assert!(daemon.metric("podstamp_render_failures_total{reason=\"RenderFailed\"}") >= 1.0);
+    // Five of the kubelet's re-listings later: the same file, the same container.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        fs::read(&manifest).unwrap(),
+        written,
+        "the running manifest was touched"
+    );
+    let after: Vec<String> = node.running(&mirror).into_iter().map(|c| c.id).collect();
+    assert_eq!(
+        after,
+        before,
+        "the kubelet's container changed: {:#?}",
+        node.containers()
+    );
+    let pod = kube.pod(&mirror).expect("the mirror pod");
+    assert!(is_ready(&pod), "{:?}", pod.status);
+    assert_eq!(mirror_revision(&pod), Some(revision.as_str()));
 
     stop_all(daemon, node, &dir);
 }

@@ -260,11 +260,11 @@ fn arch_image_fails_with(file_name: &str, settings: &str) -> String {
 fn the_result_of_the_chain_is_validated() {
     let err = arch_image_fails_with(
         "s.yaml",
-        "images: {pod-checkpointer: {arm64: \"bad image\"}}\n",
+        "images: {pod-checkpointer: {arm64: \"bad-image \"}}\n",
     );
     assert_eq!(
         err,
-        r#"PodTemplate kube-system/pod-checkpointer: the pod returned by the plugin chain is invalid: spec.containers[0].image: "bad image" contains whitespace"#
+        r#"PodTemplate kube-system/pod-checkpointer: the pod returned by the plugin chain is invalid: spec.containers[0].image: "bad-image " has leading or trailing whitespace; remove it"#
     );
 }
 

@@ -23,6 +23,9 @@ bash plugins/js/build.sh
 step "building the Go harness: API server, kubelet, test node (tests/harness/build.sh)"
 bash tests/harness/build.sh
 
+step "building podstamp's pod check: the kubelet's own validation (tests/harness/build-kubecheck.sh)"
+bash tests/harness/build-kubecheck.sh
+
 step "the test node's host packages (tests/harness/node-deps.sh)"
 bash tests/harness/node-deps.sh
 
@@ -35,7 +38,7 @@ bash tests/harness/image-deps.sh
 step "host tests (cargo test --workspace)"
 cargo test --workspace --locked
 
-step "fuzzing, bounded: more proptest cases (tests/fuzz.rs; about 20 s)"
+step "fuzzing, bounded: more proptest cases (tests/fuzz.rs; about a minute: every rendered pod also gets the kubelet's verdict)"
 PROPTEST_CASES="${PROPTEST_CASES:-50000}" cargo test -p podstamp --locked --test fuzz
 
 step "plugin unit tests, native (cargo test --manifest-path plugins/Cargo.toml)"

@@ -193,6 +193,8 @@ fn build_and_push(work: &Path, registry: &TestRegistry) -> String {
             .arg(env!("CARGO_BIN_EXE_podstamp"))
             .arg("--plugins")
             .arg(plugin_dir())
+            .arg("--kubecheck")
+            .arg(common::kubecheck())
             .arg("--storage")
             .arg(work.join("storage"))
             .arg("--out")

@@ -15,6 +15,11 @@
 #                   identity.wasm are (env PODSTAMP_IMAGE_PLUGINS; default:
 #                   run `bash plugins/build.sh`, which writes them into
 #                   $PODSTAMP_PLUGIN_DIR or <repo>/target/plugins).
+#   --kubecheck FILE  podstamp's pod check, podstamp-kubecheck (env
+#                   PODSTAMP_IMAGE_KUBECHECK; default: run
+#                   `bash tests/harness/build-kubecheck.sh`, which writes
+#                   $CARGO_TARGET_DIR or <repo>/target, kubecheck/podstamp-kubecheck).
+#                   A static Go binary: no libraries.
 #   --out DIR       the OCI layout written (env PODSTAMP_IMAGE_OUT; default
 #                   <repo>/target/image/oci). A previous layout there is
 #                   replaced; anything else there is refused.
@@ -34,6 +39,8 @@
 # The image (one layer, from scratch): /usr/bin/podstamp; the shared
 # libraries `ldd` lists for it (libc, libm, libgcc_s, the dynamic loader),
 # copied from this Debian system at the paths the loader looks for them;
+# podstamp's pod check /usr/lib/podstamp/podstamp-kubecheck (where podstamp
+# looks for it: docs/daemon.md, "What the kubelet refuses");
 # the example plugin components in /usr/lib/podstamp/plugins/ (where
 # deploy/daemonset.yaml's catalog points); Debian's CA bundle
 # /etc/ssl/certs/ca-certificates.crt; /etc/passwd and /etc/group with root
@@ -65,6 +72,7 @@ die() {
 
 bin="${PODSTAMP_BIN:-}"
 plugins_dir="${PODSTAMP_IMAGE_PLUGINS:-}"
+kubecheck="${PODSTAMP_IMAGE_KUBECHECK:-}"
 out="${PODSTAMP_IMAGE_OUT:-$repo/target/image/oci}"
 storage="${PODSTAMP_IMAGE_STORAGE:-${HOME:?}/.cache/podstamp/image}"
 revision="${PODSTAMP_IMAGE_REVISION:-}"
@@ -73,6 +81,7 @@ while (($#)); do
     case "$1" in
     --bin) bin="${2:?--bin needs a file}"; shift 2 ;;
     --plugins) plugins_dir="${2:?--plugins needs a directory}"; shift 2 ;;
+    --kubecheck) kubecheck="${2:?--kubecheck needs a file}"; shift 2 ;;
     --out) out="${2:?--out needs a directory}"; shift 2 ;;
     --storage) storage="${2:?--storage needs a directory}"; shift 2 ;;
     --revision) revision="${2:?--revision needs a value}"; shift 2 ;;
@@ -137,6 +146,14 @@ for name in "${plugin_names[@]}"; do
         die "$plugins_dir/$name.wasm is missing: build the plugins with bash plugins/build.sh (or give --plugins DIR)"
 done
 
+if [[ -z "$kubecheck" ]]; then
+    say "building the pod check: bash tests/harness/build-kubecheck.sh"
+    bash "$repo/tests/harness/build-kubecheck.sh" >&2
+    kubecheck="${CARGO_TARGET_DIR:-$repo/target}/kubecheck/podstamp-kubecheck"
+fi
+[[ -f "$kubecheck" && -x "$kubecheck" ]] ||
+    die "$kubecheck is not an executable file: build it with bash tests/harness/build-kubecheck.sh (or give --kubecheck FILE)"
+
 # --- the staging tree: every name, mode, owner and time set here ----------------
 mkdir -p "$storage"
 storage="$(cd "$storage" && pwd)"
@@ -178,6 +195,7 @@ else
     die "ldd $bin failed: $ldd_out"
 fi
 
+install -m 0755 "$kubecheck" "$root/usr/lib/podstamp/podstamp-kubecheck"
 for name in "${plugin_names[@]}"; do
     install -m 0644 "$plugins_dir/$name.wasm" "$root/usr/lib/podstamp/plugins/$name.wasm"
 done

@@ -21,7 +21,10 @@
 //! by `bash plugins/python/build.sh`; its rows are left out when it is not
 //! built) are timed side by side, one call alone.
 //!
-//! Run: `bash plugins/build.sh && cargo bench --bench render`
+//! The kubelet's check (podstamp-kubecheck) that precedes every write has
+//! two rows: a verdict from the memo, and a call to the helper.
+//!
+//! Run: `bash plugins/build.sh && bash tests/harness/build-kubecheck.sh && cargo bench --bench render`
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -360,6 +363,25 @@ fn main() {
         let reading_back = measure(|| {
             manifest::read_back(black_box(&written.bytes), &meant).unwrap();
         });
+        // The kubelet's check before a write (never at a resync that finds
+        // the manifest in step): a verdict from the memo (bytes asked
+        // before), and one from the helper (bytes never asked: a comment
+        // line with a counter makes each call's bytes new).
+        let check = podstamp::kube_check::KubeCheck::shared();
+        let kubelet = node.kubelet_version.as_deref();
+        check.check(&node.name, kubelet, &written.bytes).unwrap();
+        let checking_memo = measure(|| {
+            check
+                .check(&node.name, kubelet, black_box(&written.bytes))
+                .unwrap();
+        });
+        let mut asked = 0u64;
+        let checking_helper = measure(|| {
+            asked += 1;
+            let mut bytes = written.bytes.clone();
+            bytes.extend_from_slice(format!("# {asked}\n").as_bytes());
+            check.check(&node.name, kubelet, &bytes).unwrap();
+        });
         let ratio = |d: Duration| d.as_secs_f64() / native.as_secs_f64();
         let row = |name: &str, d: Duration, show_ratio: bool, target: &str| {
             let ratio = if show_ratio {
@@ -378,6 +400,18 @@ fn main() {
         row("  stage: full validation", validating, true, "");
         row("  stage: manifest", finishing, true, "");
         row("read back (before a write only)", reading_back, true, "");
+        row(
+            "kubelet check, memo (before a write)",
+            checking_memo,
+            true,
+            "",
+        );
+        row(
+            "kubelet check, helper (new bytes)",
+            checking_helper,
+            true,
+            "",
+        );
         let call_target = if small {
             format!(
                 "target <= 100 µs: {}",

@@ -13,6 +13,7 @@ pub mod chain;
 pub mod config;
 pub mod daemon;
 pub mod fleet;
+pub mod kube_check;
 pub mod kube_client;
 pub mod manifest;
 pub mod node;

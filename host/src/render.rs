@@ -1,4 +1,10 @@
-//! One render: template → plugin chain → validation → manifest.
+//! One render: template → plugin chain → validation → manifest → the
+//! kubelet's check.
+//!
+//! The manifest's bytes are checked as the node's kubelet would read them
+//! ([`crate::kube_check`]) when they are about to be written
+//! ([`Rendered::verify`]): a manifest equal to the file on disk is not
+//! checked again, and nothing the kubelet refuses is ever written.
 //!
 //! Its time is bounded: the chain by its budget, the native stages by the
 //! template's size, which [`check_size`] caps at the largest manifest
@@ -9,6 +15,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::chain::{Chain, ChainFailure, Step};
+use crate::kube_check::{CheckError, KubeCheck, Refusal, Unavailable};
 use crate::manifest::{self, Manifest};
 use crate::node::NodeContext;
 use crate::plugin::WitNode;
@@ -34,6 +41,14 @@ pub enum Stage {
         after_plugins: bool,
         invalid: Invalid,
     },
+    /// The kubelet would refuse the manifest (Kubernetes' own validation of
+    /// a static pod file), and stop the pod running from the file.
+    Refused {
+        after_plugins: bool,
+        refusal: Box<Refusal>,
+    },
+    /// The kubelet's check could not be run, so nothing is written.
+    Unchecked(Unavailable),
     /// The manifest written for the pod does not read back as the pod: a
     /// bug in podstamp's writer, caught before anything is written. The same
     /// template fails the same way every time, so it is a render failure (the
@@ -60,6 +75,18 @@ impl fmt::Display for RenderError {
                 after_plugins: false,
                 invalid,
             } => write!(f, "the template's pod is invalid: {invalid}"),
+            Stage::Refused {
+                after_plugins: true,
+                refusal,
+            } => write!(
+                f,
+                "the pod returned by the plugin chain is invalid: {refusal}"
+            ),
+            Stage::Refused {
+                after_plugins: false,
+                refusal,
+            } => write!(f, "the template's pod is invalid: {refusal}"),
+            Stage::Unchecked(e) => write!(f, "{}", CheckError::Unavailable(e.clone())),
             Stage::Manifest(e) => write!(
                 f,
                 "podstamp cannot read back the manifest it made for the pod, so it is not written: {e} (a bug in podstamp; please report it with the template)"
@@ -120,6 +147,10 @@ pub fn render_observed(
 pub struct Rendered {
     template: String,
     manifest: manifest::Unverified,
+    /// The node whose kubelet reads the manifest, and that kubelet's version.
+    node: String,
+    kubelet_version: Option<String>,
+    after_plugins: bool,
 }
 
 impl Rendered {
@@ -128,14 +159,34 @@ impl Rendered {
         self.manifest.peek()
     }
 
-    /// Reads the bytes back; a failure is the render's
-    /// ([`Stage::Manifest`]).
+    /// Reads the bytes back, then asks the process's kubelet check
+    /// ([`KubeCheck::shared`]) about them; a failure is the render's
+    /// ([`Stage::Manifest`], [`Stage::Refused`], [`Stage::Unchecked`]).
     pub fn verify(self) -> Result<Manifest, RenderError> {
+        self.verify_with(KubeCheck::shared())
+    }
+
+    /// [`Rendered::verify`] with the kubelet check `check`.
+    pub fn verify_with(self, check: &KubeCheck) -> Result<Manifest, RenderError> {
         let template = self.template;
-        self.manifest.verify().map_err(|e| RenderError {
-            template,
-            stage: Stage::Manifest(e),
-        })
+        let fail = |stage| RenderError {
+            template: template.clone(),
+            stage,
+        };
+        let manifest = self
+            .manifest
+            .verify()
+            .map_err(|e| fail(Stage::Manifest(e)))?;
+        check
+            .check(&self.node, self.kubelet_version.as_deref(), &manifest.bytes)
+            .map_err(|e| match e {
+                CheckError::Refused(refusal) => fail(Stage::Refused {
+                    after_plugins: self.after_plugins,
+                    refusal: Box::new(refusal),
+                }),
+                CheckError::Unavailable(e) => fail(Stage::Unchecked(e)),
+            })?;
+        Ok(manifest)
     }
 }
 
@@ -193,5 +244,8 @@ pub fn render_unverified(
     Ok(Rendered {
         manifest: manifest::finish_unverified(pod, namespace, &id),
         template: id,
+        node: node.name.clone(),
+        kubelet_version: node.kubelet_version.clone(),
+        after_plugins: !chain.is_empty(),
     })
 }

@@ -2,16 +2,20 @@
 //!
 //! A pod is checked three ways: it must deserialize as k8s-openapi's typed
 //! `Pod` (right types everywhere), it must not carry fields the typed model
-//! does not know (a typo such as `imagee` would otherwise vanish silently),
-//! and it must pass the rules the kubelet applies before it runs a static
-//! pod file (`ValidatePodCreate` and its static-pod checks, in
-//! pkg/kubelet/config/common.go) that a template author can plausibly get
-//! wrong: names, labels, node selectors, containers and their images,
-//! environment variable names, the few enumerated policies, volume names and
-//! mounts, and references to API objects, which a static pod may not have. What the kubelet checks
-//! beyond those (ports, probes, resources, security contexts, ...) is listed
-//! in docs/daemon.md; a manifest failing one of those is refused by the
-//! kubelet, not by podstamp.
+//! does not know (a typo such as `imagee` would otherwise vanish silently:
+//! the kubelet's decoder drops it), and it must pass the rules the kubelet
+//! applies before it runs a static pod file that a template author can
+//! plausibly get wrong: names, labels, node selectors, containers and their
+//! images, environment variable names, the few enumerated policies, volume
+//! names and mounts, and references to API objects, which a static pod may
+//! not have. These come first, with podstamp's own messages; every rule of
+//! the kubelet's, these and the rest (ports, probes, resources, security
+//! contexts, ...), is then applied by the kubelet's own code to the
+//! manifest's bytes ([`crate::kube_check`], docs/daemon.md "What the kubelet
+//! refuses"). None of these rules refuses what the kubelet accepts
+//! (tests/fuzz.rs and tests/kubecheck.rs compare the verdicts), but for the
+//! schema: an unknown field or a wrong type, which the kubelet's decoder
+//! drops or refuses in its own words.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -350,12 +354,13 @@ fn check_containers(pod: &Value, errors: &mut Vec<FieldError>) {
             match container.get("image").and_then(Value::as_str) {
                 None => errors.push(err(&format!("{path}.image"), "is missing")),
                 Some("") => errors.push(err(&format!("{path}.image"), "must not be empty")),
-                Some(image) if image.trim() != image || image.contains(char::is_whitespace) => {
-                    errors.push(err(
-                        &format!("{path}.image"),
-                        format!("{image:?} contains whitespace"),
-                    ))
-                }
+                // The kubelet's rule (Go's strings.TrimSpace and Rust's
+                // trim agree on what whitespace is); one inside the name is
+                // the image pull's to refuse, as on the kubelet.
+                Some(image) if image.trim() != image => errors.push(err(
+                    &format!("{path}.image"),
+                    format!("{image:?} has leading or trailing whitespace; remove it"),
+                )),
                 Some(_) => {}
             }
             check_one_of(
@@ -723,7 +728,7 @@ mod tests {
         let mut p = pod();
         p["metadata"]["name"] = json!("Web_1");
         p["spec"]["containers"] =
-            json!([{"name": "a", "image": ""}, {"name": "a", "image": "x y"}, {"image": "z"}]);
+            json!([{"name": "a", "image": ""}, {"name": "a", "image": "x "}, {"image": "z y"}]);
         let e = validate_pod(&p).unwrap_err();
         assert_eq!(
             e.0.iter().map(|e| e.field.as_str()).collect::<Vec<_>>(),
@@ -736,6 +741,12 @@ mod tests {
             ]
         );
         assert!(e.0[2].message.contains("duplicate container name"));
+        // Whitespace inside a name is the image pull's to refuse, as on the kubelet.
+        assert!(
+            e.0[3].message.contains("leading or trailing whitespace"),
+            "{}",
+            e.0[3]
+        );
     }
 
     #[test]

@@ -101,6 +101,18 @@ pub fn pass_cases(group: &str, args: &[&str]) -> String {
     stdout(&out)
 }
 
+/// podstamp's pod check, built by tests/harness/build-kubecheck.sh into
+/// target/kubecheck (where podstamp finds it from target/*/podstamp).
+pub fn kubecheck() -> PathBuf {
+    let path = repo().join("target/kubecheck/podstamp-kubecheck");
+    assert!(
+        path.is_file(),
+        "{} is missing: build it with `bash tests/harness/build-kubecheck.sh` (the test command `bash tests/run.sh` does it)",
+        path.display()
+    );
+    path
+}
+
 /// A binary of the Go test harness, built by tests/harness/build.sh.
 pub fn harness_bin(name: &str) -> PathBuf {
     let dir = std::env::var_os("PODSTAMP_HARNESS_BIN")
@@ -237,4 +249,44 @@ pub async fn wait_for_grants(
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// The kubelet's verdict on every file of `dir`, by file name, from its own
+/// static pod file source (the harness's podstamp-manifestcheck) run once
+/// over the directory as the kubelet of node `node`: Ok, or its error text.
+/// Panics when the harness itself fails (exit 3, or output it cannot read).
+pub fn kubelet_verdicts(
+    dir: &Path,
+    node: &str,
+) -> std::collections::BTreeMap<String, Result<(), String>> {
+    let out = Command::new(harness_bin("podstamp-manifestcheck"))
+        .arg("--node-name")
+        .arg(node)
+        .arg(dir)
+        .output()
+        .expect("run podstamp-manifestcheck");
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "podstamp-manifestcheck failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut verdicts = std::collections::BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let result: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("podstamp-manifestcheck printed {line:?}: {e}"));
+        let file = Path::new(result["file"].as_str().expect("a file"))
+            .file_name()
+            .expect("a file name")
+            .to_string_lossy()
+            .into_owned();
+        let verdict = if result["ok"] == serde_json::Value::Bool(true) {
+            Ok(())
+        } else {
+            Err(result["error"].as_str().unwrap_or_default().to_string())
+        };
+        verdicts.insert(file, verdict);
+    }
+    verdicts
 }

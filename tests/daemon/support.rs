@@ -239,12 +239,36 @@ impl Daemon {
         )
     }
 
+    /// [`Daemon::start`] with these environment variables added.
+    pub fn start_with_env(args: &[&str], log: PathBuf, env: &[(&str, &str)]) -> Daemon {
+        let filter = std::env::var("PODSTAMP_TEST_LOG").unwrap_or_else(|_| "info,kube=warn".into());
+        Daemon::start_in(
+            Path::new(env!("CARGO_BIN_EXE_podstamp")),
+            args,
+            log,
+            &filter,
+            None,
+            env,
+        )
+    }
+
     fn start_limited(
         binary: &Path,
         args: &[&str],
         log: PathBuf,
         filter: &str,
         nofile: Option<(u64, u64)>,
+    ) -> Daemon {
+        Daemon::start_in(binary, args, log, filter, nofile, &[])
+    }
+
+    fn start_in(
+        binary: &Path,
+        args: &[&str],
+        log: PathBuf,
+        filter: &str,
+        nofile: Option<(u64, u64)>,
+        env: &[(&str, &str)],
     ) -> Daemon {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
@@ -269,6 +293,7 @@ impl Daemon {
                     .join("target/test-revisions")
                     .join(log.to_string_lossy().replace('/', "_")),
             )
+            .envs(env.iter().copied())
             .current_dir(repo())
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -8,7 +8,9 @@ use crate::READY_LIMIT;
 use crate::bench::Bench;
 use crate::objects::private_dir;
 use crate::observe::{Renames, time_to_ready};
-use crate::procfs::{clock_ticks, group_rss_kib, observe, proc_status_kib, proc_ticks};
+use crate::procfs::{
+    children_rss_kib, clock_ticks, group_rss_kib, observe, proc_status_kib, proc_ticks,
+};
 use crate::report::{mib, ms, verdict};
 
 impl Bench {
@@ -26,10 +28,22 @@ impl Bench {
         std::thread::sleep(Duration::from_secs(2));
         let pid = daemon.pid();
         let idle = (proc_status_kib(pid, "VmRSS"), proc_status_kib(pid, "VmHWM"));
+        // The pod check's helper, a child while renders need it.
+        let helper_at_ready = children_rss_kib(pid);
         let (podstamp_cpu, podstamp_peak) = observe(
             Duration::from_secs(10),
             || proc_ticks(pid, false),
             || proc_status_kib(pid, "VmRSS").unwrap_or(0),
+        );
+        // Past its 10 s without a call (the reaper looks every 5 s).
+        std::thread::sleep(Duration::from_secs(4));
+        let helper_idle = children_rss_kib(pid);
+        println!(
+            "  the pod check (podstamp-kubecheck, a child of podstamp): 2 s after ready {} process(es), RSS {:.1} MiB; 16 s after {} process(es), RSS {:.1} MiB",
+            helper_at_ready.1,
+            helper_at_ready.0 as f64 / 1024.0,
+            helper_idle.1,
+            helper_idle.0 as f64 / 1024.0
         );
         drop(daemon);
 

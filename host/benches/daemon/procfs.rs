@@ -34,6 +34,28 @@ pub fn proc_ticks(pid: u32, children: bool) -> Option<u64> {
     Some(utime + stime + if children { cutime + cstime } else { 0 })
 }
 
+/// The RSS of the children of `pid` (podstamp's pod check helper), in KiB,
+/// and how many there are.
+pub fn children_rss_kib(pid: u32) -> (u64, usize) {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return (0, 0);
+    };
+    let children: Vec<u32> = tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|text| {
+            text.split_whitespace()
+                .filter_map(|c| c.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect();
+    let rss = children
+        .iter()
+        .filter_map(|&c| proc_status_kib(c, "VmRSS"))
+        .sum();
+    (rss, children.len())
+}
+
 /// The RSS of every process in process group `pgid`, in KiB.
 pub fn group_rss_kib(pgid: u32) -> u64 {
     let Ok(entries) = fs::read_dir("/proc") else {

@@ -17,7 +17,7 @@ use crate::bench::Bench;
 use crate::objects::template;
 use crate::observe::Renames;
 use crate::poller::Poller;
-use crate::procfs::proc_status_kib;
+use crate::procfs::{children_rss_kib, proc_status_kib};
 use crate::report::{mib, ms, verdict};
 use crate::{READY_LIMIT, SELECTOR};
 
@@ -121,6 +121,7 @@ impl Bench {
         if let (Some(rss), Some(hwm)) = rss {
             self.after_sync_rss = Some((rss, hwm));
         }
+        let helper = children_rss_kib(daemon.pid());
         let initial_sync = daemon_metric("podstamp_initial_sync_seconds");
         let show = |d: Option<Duration>| d.map_or("timed out".to_string(), ms);
         println!("  podstamp (3 plugins, warm code cache, log level warn):");
@@ -188,6 +189,11 @@ impl Bench {
                 "    RSS after the sync                     {:>12}   (peak {})",
                 mib(rss),
                 mib(hwm)
+            );
+            println!(
+                "    + the pod check's helper after the sync {:>9.1} MiB   ({} process, stopped 10 s after the last render)",
+                helper.0 as f64 / 1024.0,
+                helper.1
             );
         }
         println!(

@@ -458,6 +458,18 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
+            "# HELP podstamp_kubelet_newer_fields_total Manifests checked for writing with fields newer than the node's kubelet, which runs the pod without them, by node (docs/daemon.md, \"What the kubelet refuses\").\n\
+             # TYPE podstamp_kubelet_newer_fields_total counter"
+        );
+        for (node, n) in crate::kube_check::KubeCheck::shared().newer_counts() {
+            let _ = writeln!(
+                out,
+                "podstamp_kubelet_newer_fields_total{{node=\"{}\"}} {n}",
+                escape(&node)
+            );
+        }
+        let _ = writeln!(
+            out,
             "# HELP podstamp_ready Whether the first full sync is done.\n# TYPE podstamp_ready gauge\npodstamp_ready {}",
             u8::from(self.is_ready())
         );

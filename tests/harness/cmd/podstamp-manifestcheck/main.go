@@ -46,6 +46,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/capabilities"
 	"k8s.io/kubernetes/pkg/kubelet/config"
 	kubetypes "k8s.io/kubernetes/pkg/kubelet/types"
 )
@@ -460,6 +461,10 @@ func main() {
 		fs.Usage()
 		os.Exit(exitUsage)
 	}
+	// What the kubelet sets at its start (cmd/kubelet/app/server.go), before its
+	// file source runs: without it, ValidatePodCreate refuses every privileged
+	// container, which the real kubelet runs.
+	capabilities.Initialize(capabilities.Capabilities{AllowPrivileged: true})
 	// The kubelet code logs through klog in a few places that do not take our logger.
 	klog.SetLogger(logr.New(&sink{c: newCapture()}))
 
