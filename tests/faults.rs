@@ -1629,6 +1629,11 @@ fn env() -> Env {
 
 impl Env {
     fn start(&self, extra: &[&str], log: &str) -> Daemon {
+        self.start_with_env(extra, log, &[])
+    }
+
+    /// [`Env::start`], with `env` set for the daemon.
+    fn start_with_env(&self, extra: &[&str], log: &str, env: &[(&str, &str)]) -> Daemon {
         let source = format!("dir:{}", self.templates.display());
         let mut args = vec![
             "--config",
@@ -1643,7 +1648,7 @@ impl Env {
             self.manifests.to_str().unwrap(),
         ];
         args.extend_from_slice(extra);
-        Daemon::start(&args, self.tmp.path().join(log))
+        Daemon::start_with_env(&args, self.tmp.path().join(log), env)
     }
 
     /// Writes templates/`file` by rename, as an editor would.
@@ -2347,22 +2352,9 @@ fn a_pod_check_that_cannot_run_writes_nothing() {
     wait_content(&daemon, &e.manifest("web"), "image: good:1");
     assert!(daemon.stop().success());
     let was = identity(&e.manifest("web"));
-    let source = format!("dir:{}", e.templates.display());
-    let args = [
-        "--config",
-        e.config.to_str().unwrap(),
-        "--source",
-        &source,
-        "--node-name",
-        "n1",
-        "--node-file",
-        e.node_file.to_str().unwrap(),
-        "--manifest-dir",
-        e.manifests.to_str().unwrap(),
-    ];
-    let daemon = Daemon::start_with_env(
-        &args,
-        e.tmp.path().join("unchecked.log"),
+    let daemon = e.start_with_env(
+        &[],
+        "unchecked.log",
         &[("PODSTAMP_KUBECHECK", missing.to_str().unwrap())],
     );
     daemon.wait_ready(CONVERGE);
@@ -2409,22 +2401,9 @@ fn fields_newer_than_the_nodes_kubelet_are_a_warning_or_a_refusal() {
     let was = identity(&e.manifest("newer"));
 
     // Refused by the setting: the last good manifest stays.
-    let source = format!("dir:{}", e.templates.display());
-    let args = [
-        "--config",
-        e.config.to_str().unwrap(),
-        "--source",
-        &source,
-        "--node-name",
-        "n1",
-        "--node-file",
-        e.node_file.to_str().unwrap(),
-        "--manifest-dir",
-        e.manifests.to_str().unwrap(),
-    ];
-    let daemon = Daemon::start_with_env(
-        &args,
-        e.tmp.path().join("refuse.log"),
+    let daemon = e.start_with_env(
+        &[],
+        "refuse.log",
         &[("PODSTAMP_REFUSE_NEWER_FIELDS", "true")],
     );
     daemon.wait_ready(CONVERGE);
