@@ -162,8 +162,14 @@ fn rollouts(ns: &str) -> String {
 
 /// `podstamp status -o json`, parsed.
 fn status(server: &ApiServer, ns: &str) -> Value {
+    status_in(server, ns, &rollouts(ns))
+}
+
+/// `podstamp status -o json` of templates in `ns` whose Leases are in
+/// `leases`, parsed.
+fn status_in(server: &ApiServer, ns: &str, leases: &str) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_podstamp"))
-        .args(["status", "-n", ns, "--rollout-namespace", &rollouts(ns)])
+        .args(["status", "-n", ns, "--rollout-namespace", leases])
         .args(["-o", "json", "--kubeconfig"])
         .arg(server.kubeconfig("admin"))
         .output()
@@ -677,7 +683,7 @@ fn status_shows_records_it_cannot_trust_as_such_not_as_the_newest() {
     create("podstamp-node.n2", "n2", record("evil", i64::MAX));
     create("podstamp-node.n3", "n1", record("evil", 3));
 
-    let view = status(server, &ns);
+    let view = status_in(server, &ns, &ns);
     let t = &view["templates"][0];
     assert_eq!(
         (
@@ -708,7 +714,14 @@ fn status_shows_records_it_cannot_trust_as_such_not_as_the_newest() {
         "{view:#}"
     );
     let table = Command::new(env!("CARGO_BIN_EXE_podstamp"))
-        .args(["status", "-n", &ns, "--kubeconfig"])
+        .args([
+            "status",
+            "-n",
+            &ns,
+            "--rollout-namespace",
+            &ns,
+            "--kubeconfig",
+        ])
         .arg(server.kubeconfig("admin"))
         .output()
         .unwrap();
@@ -729,7 +742,7 @@ fn a_node_whose_record_was_remade_by_someone_else_writes_its_own_again() {
     let server = shared_server();
     let scene = scene(server, "remade", 1, "1");
     let node = &scene.nodes[0];
-    let leases: Api<Lease> = Api::namespaced(scene.kube.client.clone(), &scene.ns);
+    let leases: Api<Lease> = Api::namespaced(scene.kube.client.clone(), &rollouts(&scene.ns));
     let name = format!("podstamp-node.{}", node.name);
     let rt = &scene.kube.rt;
     let forged: Lease = serde_json::from_value(json!({
