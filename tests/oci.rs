@@ -847,6 +847,19 @@ struct Measured {
 /// from none, and the test says so rather than pass.
 const MEASURABLE_KIB: i64 = 256 << 10;
 
+impl Measured {
+    /// A baseline: refused (exit 1) saying `says`, and measurable.
+    fn assert_small_refusal(&self, says: &str) {
+        assert!(
+            self.peak_kib < MEASURABLE_KIB,
+            "the baseline's peak RSS is {} KiB: this test process's own peak swamps the measure",
+            self.peak_kib
+        );
+        assert_eq!(self.code, Some(1), "{}", self.stderr);
+        assert!(self.stderr.contains(says), "{}", self.stderr);
+    }
+}
+
 fn render_measured(template: &Path, config: &Path) -> Measured {
     measured(&[
         "render",
@@ -976,17 +989,7 @@ fn a_registry_sending_a_gigabyte_is_refused_at_the_cap_in_the_memory_of_a_small_
     };
 
     let (baseline, _) = run("small-404");
-    assert!(
-        baseline.peak_kib < MEASURABLE_KIB,
-        "the baseline's peak RSS is {} KiB: this test process's own peak swamps the measure",
-        baseline.peak_kib
-    );
-    assert_eq!(baseline.code, Some(1), "{}", baseline.stderr);
-    assert!(
-        baseline.stderr.contains("not in the registry"),
-        "{}",
-        baseline.stderr
-    );
+    baseline.assert_small_refusal("not in the registry");
     println!(
         "peak RSS of `podstamp render` (ru_maxrss), each refused:\n  {:<52} {:>8} KiB",
         "baseline: a small 404", baseline.peak_kib
@@ -1109,17 +1112,7 @@ fn a_registry_answering_a_push_with_a_gigabyte_is_refused_at_the_cap() {
         (measured, written)
     };
     let (baseline, _) = push("small-500");
-    assert!(
-        baseline.peak_kib < MEASURABLE_KIB,
-        "the baseline's peak RSS is {} KiB: this test process's own peak swamps the measure",
-        baseline.peak_kib
-    );
-    assert_eq!(baseline.code, Some(1), "{}", baseline.stderr);
-    assert!(
-        baseline.stderr.contains("storage is down"),
-        "{}",
-        baseline.stderr
-    );
+    baseline.assert_small_refusal("storage is down");
     println!(
         "peak RSS of `podstamp plugin push` (ru_maxrss), each refused:\n  {:<30} {:>8} KiB",
         "baseline: a small 500", baseline.peak_kib

@@ -20,19 +20,8 @@ REPO_DIR="$(cd "$HARNESS_DIR/../.." && pwd)"
 TARGET_DIR="${CARGO_TARGET_DIR:-$REPO_DIR/target}"
 OUT_DIR="${PODSTAMP_KUBECHECK_OUT:-$TARGET_DIR/kubecheck}"
 
-GO="${GO:-}"
-if [[ -z "$GO" ]]; then
-  if command -v go >/dev/null 2>&1; then
-    GO="$(command -v go)"
-  elif [[ -x /usr/local/go/bin/go ]]; then
-    GO=/usr/local/go/bin/go
-  else
-    echo "build-kubecheck.sh: error: 'go' not found (need Go >= 1.26 on PATH, or at /usr/local/go/bin/go, or set GO=/path/to/go)" >&2
-    exit 1
-  fi
-fi
-export GOTOOLCHAIN=local
-export GOFLAGS="${GOFLAGS:-} -mod=readonly"
+# shellcheck source=go-env.sh
+source "$HARNESS_DIR/go-env.sh" build-kubecheck.sh
 export CGO_ENABLED=0
 
 mkdir -p "$OUT_DIR"

@@ -13,23 +13,8 @@ HARNESS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$HARNESS_DIR/../.." && pwd)"
 BIN_DIR="${PODSTAMP_HARNESS_BIN:-$REPO_DIR/target/harness}"
 
-GO="${GO:-}"
-if [[ -z "$GO" ]]; then
-  if command -v go >/dev/null 2>&1; then
-    GO="$(command -v go)"
-  elif [[ -x /usr/local/go/bin/go ]]; then
-    GO=/usr/local/go/bin/go
-  else
-    echo "build.sh: error: 'go' not found (need Go >= 1.26 on PATH, or at /usr/local/go/bin/go, or set GO=/path/to/go)" >&2
-    exit 1
-  fi
-fi
-
-# Never switch toolchains behind our back: the module needs go >= 1.26.0 and
-# must build with the installed one.
-export GOTOOLCHAIN=local
-# Reproducible module resolution: go.mod/go.sum are authoritative.
-export GOFLAGS="${GOFLAGS:-} -mod=readonly"
+# shellcheck source=go-env.sh
+source "$HARNESS_DIR/go-env.sh" build.sh
 
 mkdir -p "$BIN_DIR"
 cd "$HARNESS_DIR"
