@@ -1320,6 +1320,15 @@ const FAULTS: &[Fault] = &[
         test: "host/src/daemon/coordinator/ledger.rs: a_record_its_own_node_cannot_have_written_halts_nothing",
     },
     Fault {
+        id: "rollout-records-flood",
+        area: "rollouts",
+        fault: "a thousand status Leases of 236 KiB each in the rollout namespace (written by anyone who may write Leases there, named and held as honest nodes' records), listed by a daemon as it starts",
+        kept: "the daemon's memory: the Leases are listed 32 a page and each record is cut to its failures on the watch's task, before it is queued for the ledger (peak RSS 89 MiB, where pages of 500 and whole records queued took it to 545 MiB, over the DaemonSet's 256 MiB limit); the rollout goes on",
+        reported: "nothing of its own: the records count as their first 16 failures",
+        says: "peak RSS",
+        test: "tests/rollouts.rs: a_thousand_forged_records_leave_a_starting_daemon_within_its_memory",
+    },
+    Fault {
         id: "rollout-record-oversized",
         area: "rollouts",
         fault: "another node's status record of hundreds of KiB, or of a thousand failed templates",

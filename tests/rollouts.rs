@@ -776,3 +776,97 @@ fn a_node_whose_record_was_remade_by_someone_else_writes_its_own_again() {
         (holder == node.name && labelled && record.contains(&node.revision())).then_some(())
     });
 }
+
+/// Finding 5 of the second security review, against a real API server of
+/// its own: a thousand status Leases of 200 KiB each, written by someone
+/// who may write Leases in the rollout namespace (named and held as honest
+/// nodes' records, each listing hundreds of failed templates of other
+/// namespaces), are listed by a daemon that starts among them. The list is
+/// read in small pages and each record cut to what the halt rule needs,
+/// so the daemon's peak memory stays far under the DaemonSet's 256 MiB
+/// limit, and its rollout goes on (none of the forged failures is for its
+/// template).
+#[test]
+fn a_thousand_forged_records_leave_a_starting_daemon_within_its_memory() {
+    use futures::{StreamExt, stream};
+    use k8s_openapi::api::coordination::v1::Lease;
+    const RECORDS: usize = 1000;
+    const FAILURES: usize = 700;
+    const LIMIT_MIB: u64 = 256;
+
+    let state = tempfile::tempdir().unwrap();
+    let server = ApiServer::start(&state.path().join("apiserver"));
+    let mut scene = scene(&server, "flood", 1, "1");
+    let node = scene.nodes.remove(0);
+    let (name, dir) = (node.name.clone(), node.dir.clone());
+    let baseline = peak_rss_mib(node.daemon.pid());
+
+    let failure = |i: usize| {
+        json!({"target": format!("t{i}"), "revision": format!("r{i}"), "reason": "CrashLoopBackOff",
+            "message": "x".repeat(200), "at": "2026-12-06T00:00:00Z"})
+    };
+    let record = json!({"version": 1, "templates": (0..FAILURES)
+        .map(|i| (format!("other/t{i}"), json!({"phase": "halted", "failed": failure(i)})))
+        .collect::<serde_json::Map<_, _>>()})
+    .to_string();
+    assert!(
+        (200 << 10..256 << 10).contains(&record.len()),
+        "{}",
+        record.len()
+    );
+    let leases: Api<Lease> = Api::namespaced(scene.kube.client.clone(), &rollouts(&scene.ns));
+    let made: Vec<bool> = scene.kube.rt.block_on(
+        stream::iter(0..RECORDS)
+            .map(|i| {
+                let (leases, record) = (leases.clone(), record.clone());
+                async move {
+                    let holder = format!("forged-{i}");
+                    let lease: Lease = serde_json::from_value(json!({
+                        "metadata": {"name": format!("podstamp-node.{holder}"),
+                            "labels": {"podstamp.io/lease": "node-status"},
+                            "annotations": {"podstamp.io/status": record}},
+                        "spec": {"holderIdentity": holder}}))
+                    .unwrap();
+                    leases.create(&PostParams::default(), &lease).await.is_ok()
+                }
+            })
+            .buffer_unordered(8)
+            .collect(),
+    );
+    assert!(made.iter().all(|ok| *ok), "not every forged Lease was made");
+
+    // Started among them: its first list reads them all.
+    node.daemon.stop();
+    let node = start_again(
+        &server,
+        &scene.ns,
+        scene.tmp.path(),
+        &scene.config,
+        &name,
+        dir,
+    );
+    scene.kube.set_image("web:2");
+    // A slot is taken only after the first complete list of the Leases.
+    let nodes = [node];
+    wait_written(&nodes, "web:2", 1);
+    let peak = peak_rss_mib(nodes[0].daemon.pid());
+    println!(
+        "peak RSS: {baseline} MiB before the forged records, {peak} MiB after listing {RECORDS} of {} KiB",
+        record.len() >> 10
+    );
+    assert!(
+        peak < LIMIT_MIB / 2,
+        "the daemon peaked at {peak} MiB listing {RECORDS} forged records (limit {LIMIT_MIB} MiB; {baseline} MiB before)"
+    );
+}
+
+/// The peak resident memory of process `pid` (VmHWM), in MiB.
+fn peak_rss_mib(pid: u32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmHWM in /proc/{pid}/status"));
+    kib >> 10
+}

@@ -62,6 +62,9 @@ pub struct Spec {
     pub field_selector: Option<String>,
     /// How long one watch call lasts, in seconds (None: [`DEFAULT_TIMEOUT`]).
     pub timeout: Option<u32>,
+    /// Objects per list page: a page is read whole before any of it is
+    /// used, so this times the largest object bounds a list's memory.
+    pub page: u32,
 }
 
 impl Spec {
@@ -72,7 +75,14 @@ impl Spec {
             label_selector: None,
             field_selector: None,
             timeout,
+            page: PAGE,
         }
+    }
+
+    /// Lists `objects` a page: for objects that others may make large.
+    pub fn page(mut self, objects: u32) -> Spec {
+        self.page = objects.max(1);
+        self
     }
 
     pub fn labels(mut self, selector: &str) -> Spec {
@@ -89,7 +99,7 @@ impl Spec {
         ListParams {
             label_selector: self.label_selector.clone(),
             field_selector: self.field_selector.clone(),
-            limit: Some(PAGE),
+            limit: Some(self.page),
             ..ListParams::default()
         }
     }
