@@ -26,6 +26,9 @@ bash tests/harness/build.sh
 step "building podstamp's pod check: the kubelet's own validation (tests/harness/build-kubecheck.sh)"
 bash tests/harness/build-kubecheck.sh
 
+step "kustomize's own command, for \`kustomize edit\` (tests/harness/build-kustomize.sh)"
+bash tests/harness/build-kustomize.sh
+
 step "the test node's host packages (tests/harness/node-deps.sh)"
 bash tests/harness/node-deps.sh
 
