@@ -2,9 +2,9 @@
 # The whole test suite, from a fresh clone: builds the plugins and the Go
 # harness (API server, kubelet, test node; installing their toolchains when
 # missing), installs the node's Debian packages (containerd, runc,
-# busybox-static), the test registry's and the image build's (buildah,
-# skopeo) when missing, then runs every test. The README and .ci/run
-# both use this command.
+# busybox-static), the test registry's, the image build's (buildah,
+# skopeo) and promtool (Debian's prometheus) when missing, then runs every
+# test. The README and .ci/run both use this command.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -37,6 +37,9 @@ bash tests/harness/registry-deps.sh
 
 step "the image build's host packages: buildah, skopeo (tests/harness/image-deps.sh)"
 bash tests/harness/image-deps.sh
+
+step "the alerting rules' checker: promtool (tests/harness/monitoring-deps.sh)"
+bash tests/harness/monitoring-deps.sh
 
 step "host tests (cargo test --workspace)"
 cargo test --workspace --locked
