@@ -1440,7 +1440,7 @@ const FAULTS: &[Fault] = &[
         id: "deploy-static-pod-own-source",
         area: "deploy",
         fault: "podstamp's own static pod manifest (from `podstamp render`) whose `podstamp.io/source` names a PodTemplate of the namespace `podstamp run` serves, with no such template in it",
-        kept: "nothing: after the first complete list podstamp removes it as its template's manifest, and the kubelet stops podstamp. Rendered from a PodTemplate of another namespace (tests/fixtures/podstamp-static-pod.yaml: `podstamp-static`, as deploy/static-pod.yaml), it is not podstamp's and stays (same inode and mtime)",
+        kept: "nothing: after the first complete list podstamp removes it as its template's manifest, and the kubelet stops podstamp. Rendered from a PodTemplate of another namespace (deploy/static-pod/podstamp.yaml: `podstamp-static`, as deploy/static-pod.yaml), it is not podstamp's and stays (same inode and mtime)",
         reported: "`podstamp_manifests_removed_total` and an info line in the log",
         says: "removed manifest: its template is gone",
         test: "podstamp_removes_its_own_static_pod_manifest_when_its_source_is_in_its_namespace",
@@ -4125,7 +4125,7 @@ fn podstamp_removes_its_own_static_pod_manifest_when_its_source_is_in_its_namesp
         ]);
         assert!(out.status.success(), "{}", common::stderr(&out));
     };
-    let fixture = common::repo().join("tests/fixtures/podstamp-static-pod.yaml");
+    let fixture = common::repo().join("deploy/static-pod/podstamp.yaml");
     let kept = env.manifests.join("podstamp.yaml");
     render(&fixture, &kept);
     // The same, from a template of the namespace podstamp serves.

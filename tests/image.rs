@@ -166,9 +166,12 @@ fn daemonset_plugin_paths() -> Vec<String> {
         }
     }
     let image = image.expect("deploy/daemonset.yaml has no DaemonSet container image");
-    assert!(
-        image.ends_with(&format!("/podstamp:{VERSION}")),
-        "deploy/daemonset.yaml's image {image} is not the name deploy/image/build.sh gives (REGISTRY/podstamp:{VERSION})"
+    // The name build.sh gives, which `kustomize edit set image podstamp=…`
+    // (deploy/image/kustomization.yaml) points at a registry.
+    assert_eq!(
+        image,
+        format!("podstamp:{VERSION}"),
+        "deploy/daemonset.yaml's image is not the name deploy/image/build.sh gives"
     );
     assert!(!paths.is_empty());
     paths
@@ -380,6 +383,15 @@ fn push_puts_the_image_into_a_registry_with_tls_and_auth_under_the_same_digest()
     assert_eq!(
         reference.trim(),
         format!("{}/podstamp@{}", registry.host, built.digest)
+    );
+    // And the command that points deploy/ at it (tests/kustomize.rs runs it).
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!(
+            "\npush.sh:   kustomize edit set image podstamp={}\n",
+            reference.trim()
+        )),
+        "push.sh did not print the kustomize command: {said}"
     );
 
     // The registry holds the layout's manifest, byte for byte, under the

@@ -2,9 +2,9 @@
 # The whole test suite, from a fresh clone: builds the plugins and the Go
 # harness (API server, kubelet, test node; installing their toolchains when
 # missing), installs the node's Debian packages (containerd, runc,
-# busybox-static), the test registry's and the image build's (buildah,
-# skopeo) when missing, then runs every test. The README and .ci/run
-# both use this command.
+# busybox-static), the test registry's, the image build's (buildah,
+# skopeo) and promtool (Debian's prometheus) when missing, then runs every
+# test. The README and .ci/run both use this command.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -26,6 +26,9 @@ bash tests/harness/build.sh
 step "building podstamp's pod check: the kubelet's own validation (tests/harness/build-kubecheck.sh)"
 bash tests/harness/build-kubecheck.sh
 
+step "kustomize's own command, for \`kustomize edit\` (tests/harness/build-kustomize.sh)"
+bash tests/harness/build-kustomize.sh
+
 step "the test node's host packages (tests/harness/node-deps.sh)"
 bash tests/harness/node-deps.sh
 
@@ -34,6 +37,9 @@ bash tests/harness/registry-deps.sh
 
 step "the image build's host packages: buildah, skopeo (tests/harness/image-deps.sh)"
 bash tests/harness/image-deps.sh
+
+step "the alerting rules' checker: promtool (tests/harness/monitoring-deps.sh)"
+bash tests/harness/monitoring-deps.sh
 
 step "host tests (cargo test --workspace)"
 cargo test --workspace --locked

@@ -8,7 +8,7 @@
 //!    from it through a `hosts.toml` naming the CA and carrying the
 //!    credentials as an Authorization header (a static pod cannot have
 //!    imagePullSecrets);
-//! 3. `podstamp render` turns tests/fixtures/podstamp-static-pod.yaml into a
+//! 3. `podstamp render` turns deploy/static-pod/podstamp.yaml into a
 //!    static pod running that image by digest, with the node's manifest
 //!    directory, a kubeconfig file (the harness API server, reached over the
 //!    host network) and the configuration mounted from the host, and the
@@ -312,11 +312,11 @@ fn checkpointer_template(ns: &str, host: &Path) -> Value {
 
 #[test]
 fn deploy_static_pod_is_the_fixture_rendered() {
-    // deploy/static-pod.yaml is tests/fixtures/podstamp-static-pod.yaml
+    // deploy/static-pod.yaml is deploy/static-pod/podstamp.yaml
     // rendered with deploy/static-pod-render.yaml (the command is in it).
     let out = common::podstamp(&[
         "render",
-        "tests/fixtures/podstamp-static-pod.yaml",
+        "deploy/static-pod/podstamp.yaml",
         "--node-name",
         "any",
         "--node-arch",
@@ -449,7 +449,7 @@ fn podstamp_runs_as_a_static_pod_from_its_own_image_on_a_real_kubelet() {
     let own = node.manifests().join("podstamp.yaml");
     let out = common::podstamp(&[
         "render",
-        "tests/fixtures/podstamp-static-pod.yaml",
+        "deploy/static-pod/podstamp.yaml",
         "--node-name",
         NODE,
         "--no-cache",

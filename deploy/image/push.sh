@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Pushes the image that deploy/image/build.sh wrote (an OCI layout) to a
 # registry with skopeo, keeping its digest, and prints the pushed reference
-# pinned by digest: REGISTRY/REPO@sha256:…
+# pinned by digest: REGISTRY/REPO@sha256:… (on stdout), and on stderr the
+# command that points deploy/ at it (run in deploy/image/):
+#   kustomize edit set image podstamp=REGISTRY/REPO@sha256:…
 #
 # Usage: bash deploy/image/push.sh [--layout DIR] REGISTRY/REPO[:TAG] [SKOPEO-COPY-OPTIONS…]
 #
@@ -71,4 +73,8 @@ skopeo --policy "$work/policy.json" copy --quiet --preserve-digests \
 pushed="$(cat "$work/digest")"
 [[ "$pushed" == "$digest" ]] || die "the registry has $pushed, not the layout's $digest"
 say "pushed $dest"
+# deploy/'s manifests name the image `podstamp`: one kustomize edit in the
+# component both deploy/ and deploy/static-pod/ include points them at it.
+say "point deploy/ (and deploy/static-pod/) at it, in deploy/image/:"
+say "  kustomize edit set image podstamp=$repository@$pushed"
 echo "$repository@$pushed"

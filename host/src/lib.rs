@@ -8,6 +8,7 @@
 //! [`settings`] resolves flags, environment, file and defaults for both;
 //! [`kube_client`] finds the API server the same way for every command.
 
+pub mod age;
 pub mod catalog;
 pub mod chain;
 pub mod config;

@@ -18,9 +18,9 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
-use cli::{oci, plugin_new, render, run, status, test};
+use cli::{completion, examples, oci, plugin_new, render, run, status, test};
 
 use podstamp::catalog::gzip;
 use podstamp::config;
@@ -53,16 +53,22 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Render one PodTemplate for one node, offline, and print the manifest.
+    #[command(after_help = examples::RENDER)]
     Render(render::RenderArgs),
     /// Run the node daemon: keep this node's static pod manifests in step with its PodTemplates.
+    #[command(after_help = examples::RUN)]
     Run(run::RunArgs),
     /// Work with plugin components.
     #[command(subcommand)]
     Plugin(PluginCommand),
     /// Run golden test cases: render each case's template for its node through its chain and compare with its expected manifest or error.
+    #[command(after_help = examples::TEST)]
     Test(test::TestArgs),
     /// Show how each template's update rolls across the nodes, as their daemons report it.
+    #[command(after_help = examples::STATUS)]
     Status(status::StatusArgs),
+    /// Print the shell completion script for bash, zsh or fish.
+    Completion(completion::CompletionArgs),
 }
 
 #[derive(Subcommand)]
@@ -117,7 +123,7 @@ impl From<(u8, String)> for Failure {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse();
     init_logging(cli.log_format, &cli.log_level);
     let result = match cli.command {
         Command::Render(args) => render::run_render(args),
@@ -128,6 +134,17 @@ fn main() -> ExitCode {
         Command::Plugin(PluginCommand::Pull(args)) => oci::pull(args).map_err(Failure::from),
         Command::Test(args) => test::run(args),
         Command::Run(args) => return run_daemon(&args),
+        Command::Completion(args) => {
+            let script = completion::script(&args, &mut Cli::command());
+            match std::io::stdout().write_all(&script) {
+                Ok(()) => Ok(()),
+                // Whoever reads it stopped reading: nothing to say.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+                Err(e) => Err(Failure::Render(format!(
+                    "cannot write the completion script: {e}"
+                ))),
+            }
+        }
         Command::Status(args) => {
             return match status::run(args) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -150,6 +167,15 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
+}
+
+/// The command line. Run as `kubectl-podstamp` (kubectl's plugin, as
+/// `kubectl podstamp …` runs it), the same commands, with usage and help
+/// saying `kubectl podstamp`.
+fn parse() -> Cli {
+    let name = completion::bin_name(std::env::args_os().next().as_deref());
+    let matches = Cli::command().bin_name(name).get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
 /// `podstamp run`: the settings resolved, then the daemon until it stops.
@@ -339,5 +365,73 @@ fn list_or_none(items: &[String]) -> String {
         "none".to_string()
     } else {
         items.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every example of `--help` that runs podstamp parses: its flags and
+    /// arguments are the command line's.
+    #[test]
+    fn the_help_examples_are_commands_podstamp_takes() {
+        let mut parsed = 0;
+        for text in [
+            examples::RENDER,
+            examples::RUN,
+            examples::STATUS,
+            examples::TEST,
+        ] {
+            assert!(text.starts_with("Examples:\n"), "{text}");
+            for line in text.lines().map(str::trim) {
+                // The podstamp part of a pipeline; kubectl's plugin name.
+                let line = line.rsplit("| ").next().unwrap();
+                let line = line.replace("kubectl podstamp ", "podstamp ");
+                if !line.starts_with("podstamp ") {
+                    continue;
+                }
+                let words: Vec<&str> = line.split_whitespace().collect();
+                if let Err(e) = Cli::try_parse_from(&words) {
+                    panic!("the example `{line}` does not parse: {e}");
+                }
+                parsed += 1;
+            }
+        }
+        assert!(parsed >= 12, "{parsed}");
+    }
+
+    /// The examples are in the help of their command.
+    #[test]
+    fn each_command_shows_its_examples() {
+        let mut command = Cli::command();
+        for (name, text) in [
+            ("render", examples::RENDER),
+            ("run", examples::RUN),
+            ("status", examples::STATUS),
+            ("test", examples::TEST),
+        ] {
+            let help = command
+                .find_subcommand_mut(name)
+                .unwrap()
+                .render_help()
+                .to_string();
+            assert!(help.trim_end().ends_with(text), "{name}: {help}");
+        }
+    }
+
+    /// Run as kubectl's plugin, the usage says `kubectl podstamp`.
+    #[test]
+    fn the_kubectl_plugin_name_shows_in_usage() {
+        use std::ffi::OsStr;
+        assert_eq!(
+            completion::bin_name(Some(OsStr::new("/usr/local/bin/kubectl-podstamp"))),
+            "kubectl podstamp"
+        );
+        assert_eq!(
+            completion::bin_name(Some(OsStr::new("podstamp"))),
+            "podstamp"
+        );
+        assert_eq!(completion::bin_name(None), "podstamp");
     }
 }

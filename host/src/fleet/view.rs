@@ -159,8 +159,14 @@ pub fn from_leases(leases: &[Value], namespace: &str, only: Option<&str>) -> Vie
     View { templates }
 }
 
-/// A kubectl-style table: one line per template, then one per node.
+/// A kubectl-style table: one line per template, then one per node; a
+/// node's `AGE` is how long its phase has lasted, as kubectl prints ages.
 pub fn table(view: &View) -> String {
+    table_at(view, k8s_openapi::jiff::Timestamp::now())
+}
+
+/// [`table`], the ages taken at `now`.
+pub fn table_at(view: &View, now: k8s_openapi::jiff::Timestamp) -> String {
     let mut out = String::new();
     if view.templates.is_empty() {
         out.push_str("No rollouts reported: no podstamp daemon has reported a template here.\n");
@@ -198,7 +204,7 @@ pub fn table(view: &View) -> String {
                 "REVISION",
                 "TARGET",
                 "PHASE",
-                "SINCE",
+                "AGE",
                 "LAST FAILED",
                 "MESSAGE",
             ]
@@ -212,11 +218,7 @@ pub fn table(view: &View) -> String {
                 s.revision.clone().unwrap_or("-".into()),
                 s.target.clone().unwrap_or("-".into()),
                 s.phase.clone(),
-                if s.since.is_empty() {
-                    "-".into()
-                } else {
-                    s.since.clone()
-                },
+                age(&s.since, now),
                 s.failed
                     .as_ref()
                     .map_or("-".into(), |f| format!("{} ({})", f.target, f.reason)),
@@ -229,6 +231,19 @@ pub fn table(view: &View) -> String {
         columns(&mut out, &rows);
     }
     out
+}
+
+/// How long ago the RFC 3339 time `since` was, as kubectl prints an age;
+/// `-` when there is none, `?` when it is not a time.
+fn age(since: &str, now: k8s_openapi::jiff::Timestamp) -> String {
+    if since.is_empty() {
+        return "-".into();
+    }
+    match since.parse::<k8s_openapi::jiff::Timestamp>() {
+        // Whole seconds, cut toward zero as kubectl's are.
+        Ok(then) => crate::age::human_seconds(now.duration_since(then).as_secs()),
+        Err(_) => "?".into(),
+    }
 }
 
 /// Left-aligned columns, three spaces apart; the last one unpadded.
@@ -319,9 +334,32 @@ mod tests {
         );
         let text = table(&view);
         assert!(text.starts_with("TEMPLATE"), "{text}");
-        assert!(text.contains("ns/web") && text.contains("1/3"), "{text}");
-        assert!(text.contains("t2 (CrashLoopBackOff)"), "{text}");
-        assert!(text.contains("target t2 failed on node n2"), "{text}");
+        // Each node's phase began at 10:00:0<generation>: its age, as
+        // kubectl prints one, in the AGE column.
+        let now: k8s_openapi::jiff::Timestamp = "2026-12-03T12:03:04Z".parse().unwrap();
+        let age_of = |text: &str, node: &str| -> String {
+            let head = text.lines().find(|l| l.starts_with("  NODE")).unwrap();
+            let at = head.find("   AGE").unwrap() + 3;
+            let row = text
+                .lines()
+                .find(|l| l.starts_with(&format!("  {node} ")))
+                .unwrap();
+            row[at..].split_whitespace().next().unwrap().to_string()
+        };
+        let aged = table_at(&view, now);
+        assert_eq!(age_of(&aged, "n1"), "123m", "{aged}");
+        let mut young = view.clone();
+        for n in &mut young.templates[0].nodes {
+            n.status.since = match n.node.as_str() {
+                "n1" => "2026-12-03T12:00:02Z".into(),
+                "n2" => "not a time".into(),
+                _ => String::new(),
+            };
+        }
+        let young = table_at(&young, now);
+        assert_eq!(age_of(&young, "n1"), "3m2s", "{young}");
+        assert_eq!(age_of(&young, "n2"), "?", "{young}");
+        assert_eq!(age_of(&young, "n3"), "-", "{young}");
         let only = from_leases(&leases, "ns", Some("other/x"));
         assert_eq!(only.templates[0].template, "other/x");
         assert!(table(&from_leases(&[], "ns", None)).contains("No rollouts"));
