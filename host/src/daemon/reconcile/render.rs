@@ -193,7 +193,7 @@ impl Reconciler {
         *selected = Some(selector.as_ref().is_none_or(|s| s.matches(&node.labels)));
         if *selected == Some(false) {
             return Ok(Placed::NotForNode {
-                selector: selector.map(|s| s.to_string()).unwrap_or_default(),
+                selector: template.annotations[selector::NODE_SELECTOR_ANNOTATION].clone(),
             });
         }
         let deadline = match template.annotations.get(rollout::DEADLINE_ANNOTATION) {
