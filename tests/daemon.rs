@@ -2173,3 +2173,234 @@ fn with_the_api_down_at_start_the_daemon_runs_the_remembered_catalog() {
     assert_ne!(catalog_in_use(&daemon), digest);
     assert!(daemon.stop().success());
 }
+
+/// `podstamp status -n ns -o json` with the Leases in `ns`, as the admin.
+fn status_json(server: &ApiServer, ns: &str) -> Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_podstamp"))
+        .args(["status", "-n", ns, "--rollout-namespace", ns, "-o", "json"])
+        .arg("--kubeconfig")
+        .arg(server.kubeconfig("admin"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "podstamp status: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Each node of template `name` in a status view, with its phase.
+fn status_nodes(view: &Value, ns: &str, name: &str) -> Vec<(String, String)> {
+    let id = format!("{ns}/{name}");
+    view["templates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| t["template"] == id.as_str())
+        .flat_map(|t| t["nodes"].as_array().cloned().unwrap_or_default())
+        .map(|n| {
+            (
+                n["node"].as_str().unwrap_or_default().to_string(),
+                n["phase"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Issue 27, Deliver 0: two daemons on nodes with different labels; a
+/// template with `podstamp.io/node-selector` is written on the node it
+/// selects only; relabelled, the node that leaves removes it and the one
+/// that joins installs it; a bad selector is an `InvalidTemplate` Event
+/// and nothing is written; `podstamp status` counts the selected nodes and
+/// lists one that never reported (no daemon there) as pending.
+#[test]
+fn a_template_is_written_only_on_the_nodes_its_node_selector_selects() {
+    let server = shared_server();
+    let ns = unique("target");
+    let kube = Kube::admin(server, &ns);
+    let s = setup();
+    // Labels of this test's own: the shared server has other tests' nodes.
+    let scene = "test.podstamp.io/scene";
+    let labels = |role: Option<&str>| {
+        let mut labels = json!({"zone": "zone-a", scene: ns});
+        if let Some(role) = role {
+            labels["role"] = json!(role);
+        }
+        labels
+    };
+    let (cp, worker, silent) = (unique("cp"), unique("worker"), unique("silent"));
+    for (name, role) in [(&cp, Some("cp")), (&worker, None), (&silent, Some("cp"))] {
+        kube.create_cluster::<Node>(json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": labels(role)}}));
+    }
+    let with_selector = |name: &str, selector: &str| {
+        let mut t = template(name, &format!("{name}:1"));
+        t["metadata"]["annotations"] = json!({"podstamp.io/node-selector": selector});
+        t
+    };
+    let selector = format!("{scene}={ns},role in (cp)");
+    kube.create::<PodTemplate>(with_selector("api", &selector));
+    kube.create::<PodTemplate>(template("all", "all:1"));
+    let dir_of = |name: &str| {
+        let dir = s.tmp.path().join(format!("manifests-{name}"));
+        fs::create_dir(&dir).unwrap();
+        dir
+    };
+    let (cp_dir, worker_dir) = (dir_of(&cp), dir_of(&worker));
+    let kubeconfig = server.kubeconfig("admin");
+    let cp_daemon = start_daemon(&s, &kubeconfig, &ns, &cp, &cp_dir);
+    let worker_daemon = start_daemon(&s, &kubeconfig, &ns, &worker, &worker_dir);
+    wait_content(&cp_daemon, &cp_dir.join("api.yaml"), &["image: api:1"]);
+    wait_content(&cp_daemon, &cp_dir.join("all.yaml"), &["image: all:1"]);
+    wait_content(
+        &worker_daemon,
+        &worker_dir.join("all.yaml"),
+        &["image: all:1"],
+    );
+    worker_daemon.wait_ready(CONVERGE);
+    // Both templates are rendered in the worker's first pass: `all` is
+    // there, so `api` was judged, and not written.
+    assert!(!worker_dir.join("api.yaml").exists());
+    assert!(
+        worker_daemon.logs().contains("not for this node"),
+        "{}",
+        worker_daemon.logs()
+    );
+    kubelet_accepts(&[&cp_dir, &worker_dir], &cp);
+
+    // Status: the selected nodes only; the one without a daemon pending.
+    let view = wait_for("api reported by the control-plane node", CONVERGE, || {
+        let view = status_json(server, &ns);
+        status_nodes(&view, &ns, "api")
+            .iter()
+            .any(|(n, _)| n == &cp)
+            .then_some(view)
+    });
+    let mut nodes = status_nodes(&view, &ns, "api");
+    nodes.retain(|(n, _)| n != &cp);
+    assert_eq!(nodes, [(silent.clone(), "pending".to_string())], "{view:#}");
+    let api = view["templates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["template"] == format!("{ns}/api").as_str())
+        .unwrap();
+    assert_eq!(
+        (&api["updated"], &api["pending"]),
+        (&json!(1), &json!(1)),
+        "{view:#}"
+    );
+    let table = std::process::Command::new(env!("CARGO_BIN_EXE_podstamp"))
+        .args([
+            "status",
+            "api",
+            "-n",
+            &ns,
+            "--rollout-namespace",
+            &ns,
+            "--kubeconfig",
+        ])
+        .arg(&kubeconfig)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("1/2") && table.contains(&silent) && table.contains("never reported"),
+        "{table}"
+    );
+
+    // A bad selector: an Event naming the annotation, nothing written.
+    kube.create::<PodTemplate>(with_selector("bad", "role in (cp"));
+    let event = wait_for("the InvalidTemplate Event", CONVERGE, || {
+        kube.events().into_iter().find(|e| {
+            e.reason.as_deref() == Some("InvalidTemplate")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("bad")
+        })
+    });
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains(
+            "metadata.annotations.podstamp.io/node-selector: \"role in (cp\" at character 12"
+        ) && note.contains("give a label selector as kubectl takes it"),
+        "{note}"
+    );
+    assert!(!cp_dir.join("bad.yaml").exists() && !worker_dir.join("bad.yaml").exists());
+
+    // Relabelled: the worker joins, the control-plane node leaves.
+    kube.patch_node(&worker, json!({"metadata": {"labels": {"role": "cp"}}}));
+    wait_content(
+        &worker_daemon,
+        &worker_dir.join("api.yaml"),
+        &["image: api:1"],
+    );
+    let kept = identity(&cp_dir.join("all.yaml"));
+    kube.patch_node(&cp, json!({"metadata": {"labels": {"role": null}}}));
+    wait_gone(&cp_daemon, &cp_dir.join("api.yaml"));
+    assert_eq!(
+        identity(&cp_dir.join("all.yaml")),
+        kept,
+        "the rest untouched"
+    );
+    assert!(cp_daemon.logs().contains("not for this node"));
+    // Its record of the template goes with it; the joiner's comes.
+    let view = wait_for("status after the relabel", CONVERGE, || {
+        let view = status_json(server, &ns);
+        let mut nodes: Vec<String> = status_nodes(&view, &ns, "api")
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        nodes.sort();
+        let mut want = vec![worker.clone(), silent.clone()];
+        want.sort();
+        (nodes == want).then_some(view)
+    });
+    assert_eq!(
+        status_nodes(&view, &ns, "api")
+            .iter()
+            .filter(|(_, p)| p == "pending")
+            .count(),
+        1,
+        "{view:#}"
+    );
+    kubelet_accepts(&[&worker_dir], &worker);
+}
+
+/// The Node watch down (the API server gone): the manifests of templates
+/// for this node stay, and the daemon says its labels as last seen decide.
+#[test]
+fn the_node_watch_down_keeps_what_the_selector_wrote_and_says_so() {
+    let state = tempfile::tempdir().unwrap();
+    let mut server = ApiServer::start(&state.path().join("apiserver"));
+    let ns = unique("nodewatch");
+    let node_name = unique("node");
+    let s = setup();
+    let kube = Kube::admin(&server, &ns);
+    kube.create_cluster::<Node>(json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": node_name, "labels": {"zone": "zone-a", "role": "cp"}}}));
+    let mut api = template("api", "api:1");
+    api["metadata"]["annotations"] = json!({"podstamp.io/node-selector": "role=cp"});
+    kube.create::<PodTemplate>(api);
+    let daemon = start_daemon(
+        &s,
+        &server.kubeconfig("admin"),
+        &ns,
+        &node_name,
+        &s.manifests,
+    );
+    let file = s.manifests.join("api.yaml");
+    wait_content(&daemon, &file, &["image: api:1"]);
+    daemon.wait_ready(CONVERGE);
+    let before = identity(&file);
+    drop(kube);
+    server.kill();
+    let says = "the Node cannot be watched: its labels as last seen decide which templates are for this node";
+    wait_for("the Node watch down, said", CONVERGE, || {
+        daemon.assert_running();
+        daemon.logs().contains(says).then_some(())
+    });
+    assert!(daemon.metric("podstamp_watch_restarts_total{watch=\"node\"}") >= 1.0);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(identity(&file), before, "kept as it was");
+    daemon.assert_running();
+}

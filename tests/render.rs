@@ -1758,3 +1758,58 @@ fn settings_a_plugin_refuses_are_refused_at_load_naming_the_field() {
         "{err}"
     );
 }
+
+/// A template whose `podstamp.io/node-selector` does not select the node
+/// renders nothing (exit 3, one line naming the template, the node and the
+/// selector); one that does renders as without it; a bad selector is the
+/// template's error (exit 1) naming the annotation and the fix.
+#[test]
+fn a_template_not_for_this_node_renders_nothing_and_says_so() {
+    let template = |selector: &str| {
+        format!(
+            "apiVersion: v1\nkind: PodTemplate\nmetadata:\n  name: cp\n  namespace: kube-system\n  annotations:\n    podstamp.io/node-selector: {selector:?}\ntemplate:\n  spec:\n    containers:\n    - name: c\n      image: x:1\n"
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("cp.yaml");
+    let selector = "node-role.kubernetes.io/control-plane,zone notin (b)";
+    let args = |extra: &[&str]| {
+        let mut args = vec!["render", "-", "--node-name", "n1", "-o"];
+        args.push(out.to_str().unwrap());
+        args.extend_from_slice(extra);
+        args.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    fn refs(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    let worker = args(&["--node-label", "zone=a"]);
+    let e = fails(&refs(&worker), Some(&template(selector)), 3);
+    assert_eq!(
+        e,
+        format!(
+            "PodTemplate kube-system/cp is not for node n1: its podstamp.io/node-selector {selector:?} does not select the node's labels; nothing is rendered (exit code 3). Give the node's labels with --node or --node-label"
+        )
+    );
+    assert!(!out.exists(), "nothing written");
+
+    let cp = args(&[
+        "--node-label",
+        "node-role.kubernetes.io/control-plane=",
+        "--node-label",
+        "zone=a",
+    ]);
+    let rendered = podstamp_in(&refs(&cp), Some(template(selector).as_bytes()));
+    assert!(rendered.status.success(), "{}", stderr(&rendered));
+    assert!(
+        std::fs::read_to_string(&out)
+            .unwrap()
+            .contains("image: x:1")
+    );
+
+    let e = fails(&refs(&cp), Some(&template("zone in (a")), 1);
+    assert!(
+        e.starts_with("PodTemplate kube-system/cp: metadata.annotations.podstamp.io/node-selector: \"zone in (a\" at character 11: expected ',' or ')'")
+            && e.contains("give a label selector as kubectl takes it"),
+        "{e}"
+    );
+}

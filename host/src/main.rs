@@ -2,7 +2,10 @@
 //!
 //! Exit codes: 0 success; 1 the render failed (the template, a plugin or the
 //! rendered pod is wrong); 2 usage error (the command line, configuration,
-//! settings or node description is wrong). Every error is one line on stderr.
+//! settings or node description is wrong); 3 (`podstamp render`) the
+//! template is not for this node: its `podstamp.io/node-selector` does not
+//! select the node's labels, and nothing is printed or written. Every error
+//! is one line on stderr.
 //! `podstamp run`: 2 when it cannot start (a usage or configuration error,
 //! or what it needs is unusable), 0 after SIGTERM or SIGINT, 70 when its
 //! reconciler panicked (better restarted by the kubelet than alive and
@@ -110,6 +113,8 @@ struct ConfigMapArgs {
 enum Failure {
     Usage(String),
     Render(String),
+    /// The template's node selector does not select the node (exit 3).
+    NotForNode(String),
 }
 
 impl From<(u8, String)> for Failure {
@@ -161,6 +166,7 @@ fn main() -> ExitCode {
             let (code, message) = match failure {
                 Failure::Usage(m) => (2, m),
                 Failure::Render(m) => (1, m),
+                Failure::NotForNode(m) => (3, m),
             };
             // One line per error, whatever a library put in its message.
             eprintln!("podstamp: error: {}", message.replace('\n', " "));

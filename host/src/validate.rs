@@ -639,7 +639,7 @@ fn check_label_chars(s: &str) -> Result<(), &'static str> {
 }
 
 /// A label or annotation key: an optional DNS subdomain prefix and a name.
-fn check_qualified_name(key: &str) -> Result<(), String> {
+pub fn check_qualified_name(key: &str) -> Result<(), String> {
     let (prefix, name) = match key.split_once('/') {
         Some((prefix, name)) => (Some(prefix), name),
         None => (None, key),
@@ -653,7 +653,9 @@ fn check_qualified_name(key: &str) -> Result<(), String> {
     check_name_chars(name).map_err(|why| format!("{key:?}: {why}"))
 }
 
-fn check_label_value(value: &str) -> Result<(), String> {
+/// A label value (empty, or up to 63 letters, digits, `-`, `_`, `.`,
+/// starting and ending with a letter or digit), as Kubernetes requires.
+pub fn check_label_value(value: &str) -> Result<(), String> {
     if value.is_empty() {
         return Ok(());
     }

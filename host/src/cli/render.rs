@@ -175,6 +175,20 @@ pub(crate) fn render_job(job: Job<'_>) -> Result<Output, Failure> {
             Template::from_value(&value).map_err(|e| Failure::Render(format!("{origin}: {e}")))
         })?;
     let warnings = template.ignored(&namespace).into_iter().collect();
+    // As the daemon: a template not for this node renders nothing here.
+    let selector = podstamp::selector::from_annotations(&template.annotations)
+        .map_err(|e| Failure::Render(format!("PodTemplate {}: {e}", template.id())))?;
+    if let Some(selector) = selector
+        && !selector.matches(&job.node.labels)
+    {
+        return Err(Failure::NotForNode(format!(
+            "PodTemplate {} is not for node {}: its {} {:?} does not select the node's labels; nothing is rendered (exit code 3). Give the node's labels with --node or --node-label",
+            template.id(),
+            job.node.name,
+            podstamp::selector::NODE_SELECTOR_ANNOTATION,
+            template.annotations[podstamp::selector::NODE_SELECTOR_ANNOTATION],
+        )));
+    }
 
     let max_manifest = limits.max_output_bytes;
     // Without --configmap, a ConfigMap source says where it would come from.

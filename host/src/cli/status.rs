@@ -1,16 +1,22 @@
 //! `podstamp status`: the rollouts of a namespace's templates across nodes,
 //! as the daemons report them (see `podstamp::fleet`). Read-only: it needs
-//! `list` on Leases in the rollout namespace, nothing else.
+//! `list` on Leases in the rollout namespace; and, to count only the nodes
+//! a template with a `podstamp.io/node-selector` is for (and list those
+//! that never reported it), `list` on Nodes and on the namespace's
+//! PodTemplates (their metadata only, one LIST each). Without those it says
+//! so on stderr and counts the nodes that reported.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, PodTemplate};
 use kube::Api;
 use kube::api::ListParams;
 use podstamp::daemon::raw::Raw;
 use podstamp::fleet::{ROLE_LABEL, ROLE_STATUS, view};
+use podstamp::selector::NODE_SELECTOR_ANNOTATION;
 
 #[derive(Args)]
 pub struct StatusArgs {
@@ -68,9 +74,10 @@ pub fn run(args: StatusArgs) -> Result<(), (u8, String)> {
         let client = podstamp::kube_client::client(args.kubeconfig.as_deref())
             .await
             .map_err(|e| (2, e.to_string()))?;
-        let api: Api<Raw<Lease>> = Api::namespaced(client, &leases_ns);
+        let api: Api<Raw<Lease>> = Api::namespaced(client.clone(), &leases_ns);
         let params = ListParams::default().labels(&format!("{ROLE_LABEL}={ROLE_STATUS}"));
         let mut last = None;
+        let mut warned = false;
         loop {
             let listed = api.list(&params).await.map_err(|e| {
                 let why = match &e {
@@ -84,7 +91,16 @@ pub fn run(args: StatusArgs) -> Result<(), (u8, String)> {
             })?;
             let values: Vec<serde_json::Value> =
                 listed.items.iter().map(|l| l.value().clone()).collect();
-            let view = view::from_leases(&values, &namespace, only.as_deref());
+            let targeting = match targeting(&client, &namespace).await {
+                Ok(t) => Some(t),
+                Err(why) => {
+                    if !std::mem::replace(&mut warned, true) {
+                        eprintln!("podstamp: warning: {why}; counting the nodes that reported, not the nodes each template's podstamp.io/node-selector selects");
+                    }
+                    None
+                }
+            };
+            let view = view::targeted(&values, &namespace, only.as_deref(), targeting.as_ref());
             if let Some(one) = &only
                 && view.templates.is_empty()
                 && !args.watch
@@ -115,5 +131,45 @@ pub fn run(args: StatusArgs) -> Result<(), (u8, String)> {
             }
             tokio::time::sleep(WATCH_EVERY).await;
         }
+    })
+}
+
+/// Which nodes each template is for: every Node's labels and the node
+/// selectors of the namespace's PodTemplates, their metadata only.
+async fn targeting(client: &kube::Client, namespace: &str) -> Result<view::Targeting, String> {
+    let why = |what: &str, e: kube::Error| match e {
+        kube::Error::Api(s) if s.is_forbidden() => {
+            format!(
+                "cannot list {what}: {}; `podstamp status` needs list on {what}",
+                s.message
+            )
+        }
+        other => format!("cannot list {what}: {other}"),
+    };
+    let nodes: Api<Node> = Api::all(client.clone());
+    let nodes = nodes
+        .list_metadata(&ListParams::default())
+        .await
+        .map_err(|e| why("nodes", e))?;
+    let templates: Api<PodTemplate> = Api::namespaced(client.clone(), namespace);
+    let templates = templates
+        .list_metadata(&ListParams::default())
+        .await
+        .map_err(|e| why(&format!("podtemplates in namespace {namespace}"), e))?;
+    let selector = NODE_SELECTOR_ANNOTATION;
+    Ok(view::Targeting {
+        nodes: nodes
+            .items
+            .into_iter()
+            .filter_map(|n| Some((n.metadata.name?, n.metadata.labels.unwrap_or_default())))
+            .collect(),
+        selectors: templates
+            .items
+            .into_iter()
+            .filter_map(|t| {
+                let text = t.metadata.annotations?.remove(selector)?;
+                Some((format!("{namespace}/{}", t.metadata.name?), text))
+            })
+            .collect(),
     })
 }

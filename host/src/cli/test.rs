@@ -318,9 +318,9 @@ impl Inputs {
                 }
                 Outcome::Manifest(output.bytes)
             }
-            Err(Failure::Usage(message) | Failure::Render(message)) => {
-                Outcome::Error(self.relative_paths(root, &message.replace('\n', " ")))
-            }
+            Err(
+                Failure::Usage(message) | Failure::Render(message) | Failure::NotForNode(message),
+            ) => Outcome::Error(self.relative_paths(root, &message.replace('\n', " "))),
         })
     }
 

@@ -98,7 +98,23 @@ pub async fn watch_node(
     // The last problem reported for the Node, to report each one once (the
     // Node changes with every status update).
     let mut reported = None;
+    // The watch failed and has not listed or resumed since: said once per
+    // outage, since which templates are for this node now rests on labels
+    // that may be stale.
+    let mut down = false;
     watch::run(api, spec, metrics, Backoff::new(), |event| {
+        match &event {
+            Event::Failed(_) if !down => {
+                down = true;
+                tracing::warn!(node = %node_name,
+                    "the Node cannot be watched: its labels as last seen decide which templates are for this node (podstamp.io/node-selector), and nothing is installed or removed for a label change until it is watched again");
+            }
+            Event::ListDone | Event::Resumed if down => {
+                down = false;
+                tracing::info!(node = %node_name, "the Node is watched again");
+            }
+            _ => {}
+        }
         match event {
             Event::Listing => seen = false,
             Event::Listed(node) | Event::Applied(node) => {

@@ -5,7 +5,10 @@
 //! A template's target is the one wanted by the node that read the newest
 //! template (`metadata.generation`; a tie goes to the latest phase change):
 //! nodes that have not seen the newest template yet are pending. A node
-//! appears once its daemon reported the template.
+//! appears once its daemon reported the template, or, for a template with
+//! a `podstamp.io/node-selector`, when the selector selects its labels
+//! ([`Targeting`]): such a template counts the nodes it is for, and one that
+//! never reported it is pending.
 //!
 //! Invariant: a record [`super::trust`] does not take at its word (not
 //! written by its own node, or a generation no PodTemplate has) is listed
@@ -58,10 +61,43 @@ pub struct NodeView {
     pub status: TemplateStatus,
 }
 
+/// Which nodes each template is for, as `podstamp status` reads them from
+/// the API: every Node's labels (one LIST) and the node selector of each
+/// template that has one ([`crate::selector`]).
+#[derive(Debug, Clone, Default)]
+pub struct Targeting {
+    /// Node name → labels.
+    pub nodes: BTreeMap<String, BTreeMap<String, String>>,
+    /// `namespace/name` → its `podstamp.io/node-selector`, as written.
+    pub selectors: BTreeMap<String, String>,
+}
+
+/// The phase shown for a node a template is for that never reported it.
+pub const NOT_REPORTED: &str = "pending";
+
 /// Reads the node status Leases (as JSON, the way the API lists them);
 /// `only`: one template's `namespace/name`, or every template of
 /// `namespace`.
 pub fn from_leases(leases: &[Value], namespace: &str, only: Option<&str>) -> View {
+    targeted(leases, namespace, only, None)
+}
+
+/// The same, counting for a template with a node selector only the nodes
+/// it selects (`targeting`): a record of a node outside it is left out, and
+/// a node inside it that never reported the template is listed, pending. A
+/// template without a selector is for every node that runs podstamp, which
+/// the API cannot tell: it counts the nodes that reported. A selector that
+/// does not parse changes nothing (the daemons report it, InvalidTemplate).
+pub fn targeted(
+    leases: &[Value],
+    namespace: &str,
+    only: Option<&str>,
+    targeting: Option<&Targeting>,
+) -> View {
+    let wanted = |id: &str| match only {
+        Some(one) => id == one,
+        None => id.split('/').next() == Some(namespace),
+    };
     let mut per_template: BTreeMap<String, Vec<NodeView>> = BTreeMap::new();
     for lease in leases {
         let label = lease
@@ -100,11 +136,7 @@ pub fn from_leases(leases: &[Value], namespace: &str, only: Option<&str>) -> Vie
             .and_then(Value::as_str);
         let (record, _) = NodeStatus::parse(text);
         for (id, status) in record.templates {
-            let wanted = match only {
-                Some(one) => id == one,
-                None => id.split('/').next() == Some(namespace),
-            };
-            if wanted {
+            if wanted(&id) {
                 let untrusted = distrust.clone().or_else(|| {
                     check_generation(&node, &id, status.generation)
                         .err()
@@ -114,6 +146,44 @@ pub fn from_leases(leases: &[Value], namespace: &str, only: Option<&str>) -> Vie
                     node: node.clone(),
                     untrusted,
                     status,
+                });
+            }
+        }
+    }
+    for (id, text) in targeting.iter().flat_map(|t| &t.selectors) {
+        let Ok(selector) = crate::selector::Selector::parse(text) else {
+            continue;
+        };
+        if !wanted(id) {
+            continue;
+        }
+        let targeting = targeting.expect("iterated");
+        let selected: Vec<&String> = targeting
+            .nodes
+            .iter()
+            .filter(|(_, labels)| selector.matches(labels))
+            .map(|(name, _)| name)
+            .collect();
+        let nodes = per_template.entry(id.clone()).or_default();
+        // A trusted record of a node the template is not for does not
+        // count (its daemon removes it once it sees its labels).
+        nodes.retain(|n| n.untrusted.is_some() || selected.contains(&&n.node));
+        for name in selected {
+            if !nodes
+                .iter()
+                .any(|n| n.untrusted.is_none() && &n.node == name)
+            {
+                nodes.push(NodeView {
+                    node: name.clone(),
+                    untrusted: None,
+                    status: TemplateStatus {
+                        phase: NOT_REPORTED.into(),
+                        message: Some(format!(
+                            "never reported: the node's labels match {} {text:?}; is podstamp running there?",
+                            crate::selector::NODE_SELECTOR_ANNOTATION
+                        )),
+                        ..TemplateStatus::default()
+                    },
                 });
             }
         }
@@ -363,6 +433,80 @@ mod tests {
         let only = from_leases(&leases, "ns", Some("other/x"));
         assert_eq!(only.templates[0].template, "other/x");
         assert!(table(&from_leases(&[], "ns", None)).contains("No rollouts"));
+    }
+
+    /// A template with a node selector counts the nodes it selects: a node
+    /// that never reported it is pending, a record of a node it is not
+    /// for is left out; a template without one counts what reported.
+    #[test]
+    fn a_selector_counts_the_nodes_it_selects_and_lists_the_silent_ones() {
+        let leases = vec![
+            lease(
+                "cp1",
+                &[
+                    ("ns/api", status("t1", "t1", 1, Phase::Ready)),
+                    ("ns/web", status("w", "w", 1, Phase::Ready)),
+                ],
+            ),
+            // Relabelled: its daemon has not forgotten the template yet.
+            lease("w1", &[("ns/api", status("t1", "t1", 1, Phase::Ready))]),
+        ];
+        let labels = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let cp = labels(&[("node-role.kubernetes.io/control-plane", "")]);
+        let targeting = Targeting {
+            nodes: [
+                ("cp1".to_string(), cp.clone()),
+                ("cp2".to_string(), cp),
+                ("w1".to_string(), labels(&[("zone", "a")])),
+            ]
+            .into(),
+            selectors: [
+                (
+                    "ns/api".to_string(),
+                    "node-role.kubernetes.io/control-plane".to_string(),
+                ),
+                // Never reported by any node, and for none of them.
+                ("ns/gpu".to_string(), "gpu".to_string()),
+                ("ns/bad".to_string(), "zone in (".to_string()),
+                ("other/x".to_string(), "zone".to_string()),
+            ]
+            .into(),
+        };
+        let view = targeted(&leases, "ns", None, Some(&targeting));
+        let names: Vec<&str> = view.templates.iter().map(|t| t.template.as_str()).collect();
+        assert_eq!(names, ["ns/api", "ns/gpu", "ns/web"]);
+        let api = &view.templates[0];
+        assert_eq!((api.updated, api.ready, api.pending), (1, 1, 1), "{api:#?}");
+        assert_eq!(phases_of(api), [("cp1", "ready"), ("cp2", NOT_REPORTED)]);
+        assert!(
+            api.nodes[1]
+                .status
+                .message
+                .as_deref()
+                .unwrap()
+                .starts_with("never reported: the node's labels match podstamp.io/node-selector")
+        );
+        let gpu = &view.templates[1];
+        assert_eq!((gpu.updated, gpu.pending, gpu.nodes.len()), (0, 0, 0));
+        let web = &view.templates[2];
+        assert_eq!((web.updated, web.pending, web.nodes.len()), (1, 0, 1));
+        let text = table(&view);
+        assert!(text.contains("1/2") && text.contains("  cp2"), "{text}");
+        // Without the Nodes: as before.
+        let plain = from_leases(&leases, "ns", None);
+        assert_eq!(plain.templates[0].nodes.len(), 2);
+    }
+
+    fn phases_of(t: &TemplateView) -> Vec<(&str, &str)> {
+        t.nodes
+            .iter()
+            .map(|n| (n.node.as_str(), n.status.phase.as_str()))
+            .collect()
     }
 
     /// Finding 9 of the second security review: a record with generation

@@ -64,7 +64,7 @@ impl Reconciler {
         }
     }
 
-    /// Removes our manifests whose template is gone.
+    /// Removes our manifests whose template is gone (or not for this node).
     pub(super) fn collect_garbage(&mut self) {
         // A template file that could not be read, and was never read, may be
         // any template: removing a manifest now could remove its.
@@ -77,9 +77,11 @@ impl Reconciler {
             self.gc_due = true;
             return;
         }
+        // A template that is not for this node is as good as gone here.
         let live: BTreeSet<&str> = self
             .entries
             .values()
+            .filter(|e| !e.off_node)
             .filter_map(|e| e.id.as_deref())
             .collect();
         // (template, file) each template wrote; a template that wrote its
@@ -111,7 +113,7 @@ impl Reconciler {
                 match fs::remove_file(&path) {
                     Ok(()) => {
                         self.dir_unsynced = true;
-                        tracing::info!(file = %file, template = %source, "removed manifest: its template is gone, or wrote its manifest under another name");
+                        tracing::info!(file = %file, template = %source, "removed manifest: its template is gone, is not for this node, or wrote its manifest under another name");
                         self.metrics.removed();
                     }
                     Err(e) => {

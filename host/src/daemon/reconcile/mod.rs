@@ -15,8 +15,11 @@
 //! * Only files whose `podstamp.io/source` annotation names a template in the
 //!   daemon's namespace are podstamp's; every other file is never touched.
 //! * A manifest is removed only because a template is gone, and that is known
-//!   only after a complete, successful list (or a watch event saying so). An
-//!   unreachable API server changes nothing on disk.
+//!   only after a complete, successful list (or a watch event saying so), or
+//!   because its `podstamp.io/node-selector` ([`crate::selector`]) does not
+//!   select the Node's labels as last known (then its rollout state goes
+//!   too, as for a deleted template). An unreachable API server changes
+//!   nothing on disk: the last known labels stay in force.
 //! * A failed render keeps the last good manifest and is reported (log,
 //!   metrics, an Event when the template came from the API).
 //! * Two templates producing the same pod name: the first one keeps it, the
@@ -79,6 +82,9 @@ struct Entry {
     /// the catalog gave none); None when its render stopped before the chain
     /// mattered. A new catalog renders the entry again only if it differs.
     chain: Option<ChainKey>,
+    /// Its `podstamp.io/node-selector` did not select this node at its
+    /// last render: nothing of it is kept here (its manifest is garbage).
+    off_node: bool,
 }
 
 /// What a template's render depends on in the catalog.
@@ -334,6 +340,7 @@ impl Reconciler {
                         claims: None,
                         last_error: None,
                         chain: None,
+                        off_node: false,
                     },
                 );
             }

@@ -21,6 +21,7 @@ use crate::manifest;
 use crate::node::NodeContext;
 use crate::reason::Reason;
 use crate::render::{RenderError, Rendered, Stage, check_size, render_unverified};
+use crate::selector;
 use crate::template::Template;
 use crate::write::{self, Outcome};
 
@@ -46,6 +47,15 @@ struct Done {
     target: Option<String>,
 }
 
+/// How a render ended without a failure.
+enum Placed {
+    /// The manifest is in place (written, unchanged, held or gated).
+    Done(Done),
+    /// The template's `podstamp.io/node-selector` does not select this
+    /// node: nothing is rendered, and what it had here goes.
+    NotForNode { selector: String },
+}
+
 /// A failed render, as reported.
 struct Failure {
     reason: Reason,
@@ -57,12 +67,31 @@ impl Reconciler {
     pub(super) fn render_one(&mut self, key: &str) {
         let node = self.node.clone().expect("checked by reconcile");
         let mut chain_seen = None;
-        let result = self.try_render(key, &node, &mut chain_seen);
+        let mut selected = None;
+        let result = self.try_render(key, &node, &mut chain_seen, &mut selected);
         let entry = self.entries.get_mut(key).expect("dirty keys exist");
         entry.chain = chain_seen;
         let id = entry.id.clone().unwrap_or_else(|| key.to_string());
+        let was_off_node = entry.off_node;
+        if let Some(selected) = selected {
+            entry.off_node = !selected;
+        }
         match result {
-            Ok(done) => {
+            Ok(Placed::NotForNode { selector }) => {
+                entry.claims = None;
+                entry.last_error = None;
+                if !was_off_node {
+                    tracing::info!(template = %id, node = %node.name, selector = %selector,
+                        "not for this node: its {} does not select the node's labels; its manifest and rollout state, if any, are removed",
+                        crate::selector::NODE_SELECTOR_ANNOTATION);
+                    // As when the template is deleted: its slot, its
+                    // record, its state and its metrics go; the collector
+                    // removes its manifest.
+                    self.rollouts.forget(&id);
+                    self.gc_due = true;
+                }
+            }
+            Ok(Placed::Done(done)) => {
                 let Done { file, outcome, .. } = &done;
                 let (file, outcome) = (file.clone(), *outcome);
                 entry.claims = Some(file.clone());
@@ -130,13 +159,16 @@ impl Reconciler {
     }
 
     /// Renders and writes one template; `chain_seen` gets the chain it was
-    /// rendered with, once the catalog gave one (or refused to).
+    /// rendered with, once the catalog gave one (or refused to), and
+    /// `selected` whether its node selector selects this node, once that is
+    /// known.
     fn try_render(
         &mut self,
         key: &str,
         node: &NodeContext,
         chain_seen: &mut Option<ChainKey>,
-    ) -> Result<Done, Failure> {
+        selected: &mut Option<bool>,
+    ) -> Result<Placed, Failure> {
         let entry = &self.entries[key];
         let invalid = |message: String| Failure {
             reason: Reason::InvalidTemplate,
@@ -155,6 +187,14 @@ impl Reconciler {
                 template.namespace,
                 self.namespace
             )));
+        }
+        let selector = selector::from_annotations(&template.annotations)
+            .map_err(|e| invalid(format!("PodTemplate {}: {e}", template.id())))?;
+        *selected = Some(selector.as_ref().is_none_or(|s| s.matches(&node.labels)));
+        if *selected == Some(false) {
+            return Ok(Placed::NotForNode {
+                selector: template.annotations[selector::NODE_SELECTOR_ANNOTATION].clone(),
+            });
         }
         let deadline = match template.annotations.get(rollout::DEADLINE_ANNOTATION) {
             None => rollout::DEFAULT_DEADLINE,
@@ -291,7 +331,7 @@ impl Reconciler {
         if held {
             tracing::debug!(template = %source, revision = %revision, "revision held: it failed and was rolled back");
             self.owned.insert(file.clone(), source);
-            return Ok(Done {
+            return Ok(Placed::Done(Done {
                 file,
                 outcome: Outcome::Unchanged,
                 source: done_source,
@@ -300,7 +340,7 @@ impl Reconciler {
                 held: true,
                 gated: None,
                 target,
-            });
+            }));
         }
         // Bytes already on disk were read back when they were written; only
         // new bytes are read back, just before they replace the file.
@@ -312,7 +352,7 @@ impl Reconciler {
                 // An update of a manifest in place: it may have to wait.
                 if let Some(gated) = self.rollouts.gate(&source, target, policy) {
                     self.owned.insert(file.clone(), source);
-                    return Ok(Done {
+                    return Ok(Placed::Done(Done {
                         file,
                         outcome: Outcome::Unchanged,
                         source: done_source,
@@ -321,7 +361,7 @@ impl Reconciler {
                         held: false,
                         gated: Some(gated),
                         target: Some(target.clone()),
-                    });
+                    }));
                 }
             }
         }
@@ -347,7 +387,7 @@ impl Reconciler {
             self.dir_unsynced = true;
         }
         self.owned.insert(file.clone(), source);
-        Ok(Done {
+        Ok(Placed::Done(Done {
             file,
             outcome,
             source: done_source,
@@ -356,7 +396,7 @@ impl Reconciler {
             held: false,
             gated: None,
             target,
-        })
+        }))
     }
 }
 

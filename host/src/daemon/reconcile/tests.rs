@@ -358,3 +358,81 @@ fn a_held_revision_is_not_written_again_after_a_restart() {
     assert_eq!(state.held, None);
     assert_eq!(state.pending, Some(next));
 }
+
+fn with_selector(mut incoming: Incoming, selector: &str) -> Incoming {
+    if let Ok(template) = &mut incoming.template {
+        template.annotations.insert(
+            crate::selector::NODE_SELECTOR_ANNOTATION.into(),
+            selector.into(),
+        );
+    }
+    incoming
+}
+
+fn node(labels: &[(&str, &str)]) -> Input {
+    let mut node = NodeContext::named("n1");
+    node.labels = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Input::Node(node)
+}
+
+/// A template is written only on the nodes its selector selects; a node
+/// that leaves the set removes the manifest and the rollout state, one
+/// that joins installs it; a bad selector is the template's error and
+/// changes nothing on disk.
+#[test]
+fn a_template_is_kept_only_where_its_node_selector_selects() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("manifests");
+    fs::create_dir(&dir).unwrap();
+    let mut r = reconciler(&dir);
+    r.set_revisions(Store::open(root.path().join("revisions"), 3, &dir).unwrap());
+    r.apply(node(&[("zone", "b")]));
+    let cp = || with_selector(incoming("cp", "cp", "x:1"), "zone in (a),!drain");
+    list(&mut r, vec![cp(), incoming("any", "any", "x:1")]);
+    assert!(!dir.join("cp.yaml").exists(), "zone b is not selected");
+    assert!(dir.join("any.yaml").exists(), "no selector: every node");
+
+    // Joins: installed, its rollout state kept.
+    r.apply(node(&[("zone", "a")]));
+    r.reconcile();
+    assert!(dir.join("cp.yaml").exists(), "zone a is selected");
+    let store = || r.revisions.as_ref().unwrap();
+    assert!(store().state("kube-system/cp").unwrap().pending.is_some());
+
+    // Leaves: its manifest and its rollout state go; the other stays.
+    r.apply(node(&[("zone", "a"), ("drain", "")]));
+    r.reconcile();
+    assert!(!dir.join("cp.yaml").exists(), "drain is not selected");
+    assert!(dir.join("any.yaml").exists());
+    let store = r.revisions.as_ref().unwrap();
+    assert_eq!(
+        store.state("kube-system/cp").unwrap(),
+        RolloutState::default()
+    );
+
+    // Back in the set, then a bad selector: the last good manifest stays,
+    // and the error names the template, the annotation and the fix.
+    r.apply(node(&[("zone", "a")]));
+    r.reconcile();
+    let before = fs::read(dir.join("cp.yaml")).unwrap();
+    r.apply(Input::Applied(with_selector(
+        incoming("cp", "cp", "x:2"),
+        "zone in (a",
+    )));
+    r.reconcile();
+    assert_eq!(fs::read(dir.join("cp.yaml")).unwrap(), before);
+    let error = r.entries["cp"].last_error.clone().unwrap();
+    assert!(
+        error.starts_with("PodTemplate kube-system/cp: metadata.annotations.podstamp.io/node-selector: \"zone in (a\" at character 11")
+            && error.contains("give a label selector"),
+        "{error}"
+    );
+    // A node outside a bad selector's set is not judged either: nothing
+    // is removed for a selector nobody can read.
+    r.apply(node(&[("zone", "b")]));
+    r.reconcile();
+    assert_eq!(fs::read(dir.join("cp.yaml")).unwrap(), before);
+}

@@ -10,9 +10,12 @@
 //!
 //! Invariants (each has a table test below):
 //! * A rollout is followed only while the pods watch follows (it listed and
-//!   has not failed since): without it no deadline runs and nothing is
-//!   rolled back; a revision written meanwhile is followed as this daemon's
-//!   own once it can be (not as one found in place).
+//!   has not failed since), or while local evidence is available
+//!   ([`Machine::local_available`], [`super::local`]): without either no
+//!   deadline runs and nothing is rolled back; a revision written meanwhile
+//!   is followed as this daemon's own once it can be (not as one found in
+//!   place). Local evidence judges only while the mirror pod cannot be
+//!   followed: when it can, the mirror pod decides.
 //! * One verdict per rollout ([`super::tracker`]); a failed revision with a
 //!   revision to fall back to is rolled back ([`Effect::RollBack`]) and, once
 //!   the good one is back in place, held: not written again while the
@@ -28,7 +31,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::ObjectReference;
+
 use super::effect::Effect;
+use super::local::{LocalPodState, judge};
 use super::slots::{Decision, Slots, phase_of};
 use super::state::RolloutState;
 use super::tracker::{Phase, Rollout, Tracker, Verdict};
@@ -89,6 +95,9 @@ pub struct Machine {
     tracker: Tracker,
     /// The pods watch has listed and not failed since.
     confirming: bool,
+    /// Local evidence of what the kubelet runs can be read
+    /// ([`Machine::local`]): rollouts are followed without the pods watch.
+    local: bool,
     /// Revisions this daemon wrote while it could not follow rollouts, per
     /// template: once it can, they are followed as its own writes. Which
     /// comes first, the first render or the pods watch's list, is a race the
@@ -117,6 +126,7 @@ impl Machine {
             node: node.to_string(),
             tracker: Tracker::default(),
             confirming: false,
+            local: false,
             written_unfollowed: BTreeMap::new(),
             slots: coordinated.then(Slots::default),
             fleet_failed: BTreeMap::new(),
@@ -273,10 +283,16 @@ impl Machine {
         self.report(id);
     }
 
+    /// Whether rollouts are followed: through the mirror pods, or the
+    /// node's own evidence.
+    fn judging(&self) -> bool {
+        self.confirming || self.local
+    }
+
     /// Follows the revision now in place for `done`'s template.
     fn track(&mut self, done: &InPlace, history: impl FnOnce() -> Option<String>, now: Instant) {
         let id = done.id.as_str();
-        if !self.confirming {
+        if !self.judging() {
             if done.written {
                 self.written_unfollowed
                     .insert(id.to_string(), done.revision.clone());
@@ -333,12 +349,45 @@ impl Machine {
         !std::mem::replace(&mut self.confirming, true)
     }
 
-    /// The pods watch failed: nothing is judged until it follows again; the
-    /// rollouts without a verdict are followed anew then.
+    /// The pods watch failed: nothing is judged until it follows again (or,
+    /// with local evidence, the rollouts go on, judged by it); the rollouts
+    /// without a verdict are followed anew then.
     pub fn mirror_lost(&mut self) {
-        if std::mem::replace(&mut self.confirming, false) {
+        if std::mem::replace(&mut self.confirming, false) && !self.local {
             self.written_unfollowed.extend(self.tracker.drop_pending());
         }
+    }
+
+    /// Whether local evidence can be read now ([`super::local`]); true when
+    /// that is news and rollouts are followed from now on (every template's
+    /// revision in place is to be followed: the shell renders them all
+    /// again). Without it, and without the pods watch, the rollouts without
+    /// a verdict are followed anew once either is back.
+    pub fn local_available(&mut self, available: bool) -> bool {
+        let was = self.judging();
+        self.local = available;
+        if was && !self.judging() {
+            self.written_unfollowed.extend(self.tracker.drop_pending());
+        }
+        !was && self.judging()
+    }
+
+    /// What the node itself shows of `revision` of template `id`, judged by
+    /// [`super::local::judge`]. Taken only while the mirror pod cannot be
+    /// followed: when it can, it decides.
+    pub fn local(&mut self, id: &str, revision: &str, pod: &LocalPodState, now: Instant) {
+        if self.confirming || !self.local {
+            return;
+        }
+        self.observe(
+            Observation {
+                source: id.to_string(),
+                revision: revision.to_string(),
+                state: judge(pod),
+                pod: ObjectReference::default(),
+            },
+            now,
+        );
     }
 
     /// The coordinator answers; the templates it concerns render again.

@@ -502,3 +502,286 @@ fn a_status_seen_before_the_rollout_applies_to_it() {
     m.tick(now + STABLE);
     assert_eq!(results(&m.take_effects()), vec!["succeeded"]);
 }
+
+mod local_evidence {
+    //! Local evidence (issue 27, Deliver 2's groundwork): the verdict
+    //! rules of [`crate::daemon::rollout::local`] as a table, and the
+    //! machine following a rollout through them without the pods watch.
+
+    use super::*;
+    use crate::daemon::rollout::local::{
+        CRASH_LOOP_RESTARTS, ContainerState, LocalContainer, LocalPodState, LocalProbe, judge,
+    };
+
+    fn container(state: ContainerState, restarts: u32) -> LocalContainer {
+        LocalContainer {
+            name: "main".into(),
+            state,
+            restart_count: restarts,
+            image_missing: None,
+        }
+    }
+
+    fn pod(containers: Vec<LocalContainer>, probes: Vec<LocalProbe>) -> LocalPodState {
+        LocalPodState {
+            sandbox: true,
+            containers,
+            probes,
+        }
+    }
+
+    fn probe(passing: bool, failures: u32) -> LocalProbe {
+        LocalProbe {
+            what: "readiness probe of main".into(),
+            passing,
+            failures,
+            failure_threshold: 3,
+            message: "GET https://127.0.0.1:6443/readyz: 500".into(),
+        }
+    }
+
+    fn running() -> LocalPodState {
+        pod(vec![container(ContainerState::Running, 0)], vec![])
+    }
+
+    /// The phase (and failure reason) of a judged state.
+    fn phase(state: &PodState) -> &str {
+        match state {
+            PodState::Pending => "written",
+            PodState::Running => "running",
+            PodState::Ready => "ready",
+            PodState::Failed { reason, .. } => reason,
+        }
+    }
+
+    #[test]
+    fn the_rules_judge_what_the_node_shows() {
+        use ContainerState::*;
+        let missing = LocalContainer {
+            image_missing: Some("ErrImageNeverPull: image \"api:9\" is not present".into()),
+            ..container(Created, 0)
+        };
+        let exited = |code, restarts| container(Exited { code }, restarts);
+        let n = CRASH_LOOP_RESTARTS;
+        let table: Vec<(&str, LocalPodState, &str)> = vec![
+            (
+                "no sandbox: the kubelet did not act",
+                LocalPodState::default(),
+                "written",
+            ),
+            (
+                "no sandbox, whatever else is said",
+                LocalPodState {
+                    sandbox: false,
+                    ..running()
+                },
+                "written",
+            ),
+            (
+                "a sandbox, no container yet",
+                pod(vec![], vec![]),
+                "running",
+            ),
+            (
+                "created",
+                pod(vec![container(Created, 0)], vec![]),
+                "running",
+            ),
+            (
+                "running without probes: Ready, as the kubelet says",
+                running(),
+                "ready",
+            ),
+            (
+                "the image not present",
+                pod(vec![missing.clone()], vec![]),
+                "ImageNotPresent",
+            ),
+            (
+                "the image not present, beside a running container",
+                pod(vec![container(Running, 0), missing], vec![]),
+                "ImageNotPresent",
+            ),
+            (
+                "exited 1 once: not yet a loop",
+                pod(vec![exited(1, n - 1)], vec![]),
+                "running",
+            ),
+            (
+                "exited 1, restarted enough: a crash loop",
+                pod(vec![exited(1, n)], vec![]),
+                "CrashLoopBackOff",
+            ),
+            (
+                "exited 0, restarted: not a crash",
+                pod(vec![exited(0, n + 3)], vec![]),
+                "running",
+            ),
+            (
+                "a probe passing",
+                pod(vec![container(Running, 0)], vec![probe(true, 0)]),
+                "ready",
+            ),
+            (
+                "a probe failing, under its threshold",
+                pod(vec![container(Running, 0)], vec![probe(false, 2)]),
+                "running",
+            ),
+            (
+                "a probe failing its threshold",
+                pod(vec![container(Running, 0)], vec![probe(false, 3)]),
+                "ProbeFailed",
+            ),
+            (
+                "one probe of two passing",
+                pod(
+                    vec![container(Running, 0)],
+                    vec![probe(true, 0), probe(false, 1)],
+                ),
+                "running",
+            ),
+            (
+                "one container of two running",
+                pod(vec![container(Running, 0), container(Created, 0)], vec![]),
+                "running",
+            ),
+        ];
+        for (what, state, want) in table {
+            assert_eq!(phase(&judge(&state)), want, "{what}: {state:?}");
+        }
+        let PodState::Failed { message, .. } = judge(&pod(vec![exited(137, 4)], vec![])) else {
+            panic!("a crash loop");
+        };
+        assert_eq!(
+            message,
+            "container main exited with code 137, restarted 4 times (seen on the node)"
+        );
+        let PodState::Failed { message, .. } =
+            judge(&pod(vec![container(Running, 0)], vec![probe(false, 3)]))
+        else {
+            panic!("a failed probe");
+        };
+        assert!(message.contains("failureThreshold 3") && message.contains("/readyz: 500"));
+    }
+
+    /// `r1` good, then `r2` written while the pods watch is down and only
+    /// local evidence is available.
+    fn r2_with_the_api_down(now: Instant) -> Machine {
+        let mut m = machine(false);
+        with_good(&mut m, now);
+        m.mirror_lost();
+        assert!(m.local_available(true), "news: rollouts followed again");
+        m.writing(ID, "r2");
+        m.in_place(placed("r2", true), || None, now);
+        m.take_effects();
+        m
+    }
+
+    #[test]
+    fn a_crash_loop_seen_on_the_node_is_rolled_back_without_the_api() {
+        let now = Instant::now();
+        let mut m = r2_with_the_api_down(now);
+        // What the old revision shows never judges the new one.
+        let crashing = pod(
+            vec![container(
+                ContainerState::Exited { code: 1 },
+                CRASH_LOOP_RESTARTS,
+            )],
+            vec![],
+        );
+        m.local(ID, "r1", &crashing, now);
+        assert!(m.take_effects().is_empty());
+        m.local(ID, "r2", &LocalPodState::default(), now);
+        m.local(ID, "r2", &crashing, now);
+        let effects = m.take_effects();
+        assert_eq!(results(&effects), vec!["failed"]);
+        assert_eq!(
+            effects.last(),
+            Some(&Effect::RollBack {
+                id: ID.into(),
+                revision: "r1".into(),
+                failed: "r2".into()
+            })
+        );
+        m.rolled_back(ID, "r1", Ok(()), now);
+        let effects = m.take_effects();
+        assert_eq!(results(&effects), vec!["rolled_back"]);
+        let events = events(&effects);
+        assert_eq!(events[0].0, Reason::RolloutFailed, "{events:?}");
+        assert!(events[0].1.contains("CrashLoopBackOff"), "{events:?}");
+        assert!(m.is_held(ID, "r2"));
+    }
+
+    #[test]
+    fn ready_on_the_node_for_a_while_succeeds_and_not_ready_by_the_deadline_fails() {
+        let now = Instant::now();
+        let mut m = r2_with_the_api_down(now);
+        m.local(ID, "r2", &running(), now);
+        m.tick(now + STABLE);
+        let effects = m.take_effects();
+        assert_eq!(results(&effects), vec!["succeeded"]);
+
+        let mut m = r2_with_the_api_down(now);
+        let starting = pod(
+            vec![container(ContainerState::Running, 0)],
+            vec![probe(false, 1)],
+        );
+        m.local(ID, "r2", &starting, now);
+        m.tick(now + MINUTE);
+        let effects = m.take_effects();
+        assert_eq!(results(&effects), vec!["failed"]);
+        assert_eq!(
+            effects.last(),
+            Some(&Effect::RollBack {
+                id: ID.into(),
+                revision: "r1".into(),
+                failed: "r2".into()
+            })
+        );
+        m.rolled_back(ID, "r1", Ok(()), now + MINUTE);
+        let effects = m.take_effects();
+        assert!(
+            events(&effects)
+                .iter()
+                .any(|(r, note)| *r == Reason::RolloutFailed && note.contains(DEADLINE_EXCEEDED)),
+            "{effects:?}"
+        );
+    }
+
+    #[test]
+    fn without_local_evidence_or_with_the_mirror_pod_followed_it_judges_nothing() {
+        let now = Instant::now();
+        let crashing = pod(
+            vec![container(ContainerState::Exited { code: 1 }, 5)],
+            vec![],
+        );
+        // The pods watch down, no local evidence: nothing is followed.
+        let mut m = machine(false);
+        with_good(&mut m, now);
+        m.mirror_lost();
+        m.in_place(placed("r2", true), || None, now);
+        m.take_effects();
+        m.local(ID, "r2", &crashing, now);
+        m.tick(now + 10 * MINUTE);
+        assert!(results(&m.take_effects()).is_empty());
+
+        // The mirror pod followed: it decides, the node's word is ignored.
+        let mut m = machine(false);
+        with_good(&mut m, now);
+        m.local_available(true);
+        m.in_place(placed("r2", true), || None, now);
+        m.take_effects();
+        m.local(ID, "r2", &crashing, now);
+        assert!(results(&m.take_effects()).is_empty());
+        m.observe(seen("r2", PodState::Ready), now);
+        m.tick(now + STABLE);
+        assert_eq!(results(&m.take_effects()), vec!["succeeded"]);
+
+        // Local evidence lost too: the rollout without a verdict is
+        // followed anew once either is back.
+        let mut m = r2_with_the_api_down(now);
+        assert!(!m.local_available(false));
+        m.tick(now + 10 * MINUTE);
+        assert!(results(&m.take_effects()).is_empty());
+    }
+}

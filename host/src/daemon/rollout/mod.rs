@@ -8,13 +8,16 @@
 //! One concern per file: `machine` (the rules), `effect` (what it asks
 //! for), `tracker` (one template's rollout: written → running → ready, or
 //! failed, with its deadline), `slots` (rollouts across nodes, as this node
-//! sees them), `state` (what a restart must know).
+//! sees them), `state` (what a restart must know), `local` (what the node
+//! itself shows of a pod, and the rules that judge it, for when the mirror
+//! pod cannot be followed).
 //!
 //! A new source of evidence about what the kubelet runs (say, the container
 //! runtime while the API server is down) is one more input method of the
 //! machine, tested in `machine_tests.rs` without an API server or files.
 
 mod effect;
+pub mod local;
 mod machine;
 mod slots;
 mod state;
