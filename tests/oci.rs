@@ -577,7 +577,9 @@ fn a_javascript_plugin_from_the_registry_renders_its_golden_manifest() {
     fs::write(
         &config,
         format!(
-            "plugins:\n  node-env:\n    oci: {reference}\n    settingsFile: {}\nchain: [node-env]\nlimits: {{timeout: 10s}}\ndaemon: {{registry: {{config: {}, ca: {}}}}}\n",
+            // The checkpointer (host network, host paths): granted Pod
+            // Security level privileged, deliberately.
+            "plugins:\n  node-env:\n    oci: {reference}\n    settingsFile: {}\nchain: [node-env]\nlimits: {{timeout: 10s}}\ndaemon: {{registry: {{config: {}, ca: {}}}}}\npodSecurity: privileged\n",
             common::repo().join("tests/fixtures/node-env.yaml").display(),
             auth.display(),
             registry.ca.display()

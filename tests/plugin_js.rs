@@ -73,7 +73,16 @@ fn cache_dir() -> String {
 /// `--plugin` specs; the output, or the stderr when it fails.
 fn render(node_args: &[&str], plugins: &[String]) -> Result<String, String> {
     let cache = cache_dir();
-    let mut args = vec!["render", CHECKPOINTER, "--cache-dir", &cache];
+    // The checkpointer is a control-plane pod (host network, host paths):
+    // granted Pod Security level privileged, deliberately.
+    let mut args = vec![
+        "render",
+        CHECKPOINTER,
+        "--cache-dir",
+        &cache,
+        "--pod-security",
+        "privileged",
+    ];
     args.extend_from_slice(node_args);
     for p in plugins {
         args.extend(["--plugin", p]);
@@ -82,8 +91,8 @@ fn render(node_args: &[&str], plugins: &[String]) -> Result<String, String> {
     if out.status.success() {
         assert_eq!(
             stderr(&out),
-            "",
-            "a successful render prints nothing on stderr"
+            "podstamp: checked against Pod Security level privileged:latest (from --pod-security)\n",
+            "a successful render prints nothing on stderr but the level it checked against"
         );
         Ok(stdout(&out))
     } else {
@@ -189,6 +198,8 @@ fn a_js_plugin_renders_the_same_bytes_on_every_run() {
         "--node",
         NODE,
         "--no-cache",
+        "--pod-security",
+        "privileged",
         "--plugin",
         &clock,
     ]);

@@ -86,6 +86,10 @@ fn render(
         cache.to_str().unwrap(),
         "--timeout",
         "10s",
+        // The checkpointer is a control-plane pod (host network, host
+        // paths): granted Pod Security level privileged, deliberately.
+        "--pod-security",
+        "privileged",
     ];
     args.extend_from_slice(node);
     for p in plugins {
@@ -98,7 +102,14 @@ fn render(
 /// Renders the checkpointer for the example node, expecting success.
 fn render_ok(plugins: &[String]) -> String {
     let (code, out, err) = render(CHECKPOINTER, None, &["--node", NODE], plugins);
-    assert_eq!((code, err.as_str()), (0, ""), "render failed");
+    assert_eq!(
+        (code, err.as_str()),
+        (
+            0,
+            "podstamp: checked against Pod Security level privileged:latest (from --pod-security)\n"
+        ),
+        "render failed"
+    );
     out
 }
 

@@ -11,7 +11,37 @@ mod support;
 #[path = "faults/wat.rs"]
 mod wat_plugins;
 
-use common::{expected, plugin, podstamp, podstamp_in, stderr, stdout};
+use common::{expected, plugin, stderr, stdout};
+
+/// Every template rendered here is a control-plane example (host network,
+/// host paths), so each `render` is granted Pod Security level privileged
+/// with the flag, deliberately, as its operator would grant it
+/// (tests/pod_security.rs holds the levels themselves). The one line saying
+/// which level was checked is asserted and taken off stderr, so that what
+/// these tests say of stderr ("nothing else") still holds.
+fn podstamp(args: &[&str]) -> std::process::Output {
+    podstamp_in(args, None)
+}
+
+/// [`podstamp`] with `stdin`.
+fn podstamp_in(args: &[&str], stdin: Option<&[u8]>) -> std::process::Output {
+    let render = args.first() == Some(&"render");
+    let mut args = args.to_vec();
+    if render && !args.contains(&"--pod-security") {
+        args.extend(["--pod-security", "privileged"]);
+    }
+    let mut out = common::podstamp_in(&args, stdin);
+    if render && out.status.success() {
+        let text = String::from_utf8(out.stderr).unwrap();
+        let line = "podstamp: checked against Pod Security level ";
+        let (said, rest): (Vec<&str>, Vec<&str>) = text
+            .split_inclusive('\n')
+            .partition(|l| l.starts_with(line));
+        assert_eq!(said.len(), 1, "one line names the level: {text}");
+        out.stderr = rest.concat().into_bytes();
+    }
+    out
+}
 
 const CHECKPOINTER: &str = "examples/pod-checkpointer.yaml";
 const NODE: &str = "examples/node.yaml";
@@ -443,7 +473,7 @@ fn the_kubelet_accepts_every_golden_manifest() {
 fn the_bootkube_discussion_template_renders_and_says_what_it_drops() {
     let fixture = common::repo().join("tests/fixtures/bootkube-206-podtemplate.yaml");
     let fixture = fixture.to_str().unwrap();
-    let out = common::podstamp(&["render", fixture, "--node-name", "n1"]);
+    let out = podstamp(&["render", fixture, "--node-name", "n1"]);
     assert!(out.status.success(), "{}", common::stderr(&out));
     // The name and a namespace equal to the manifest's are not worth a word.
     assert_eq!(common::stderr(&out), "");
@@ -456,7 +486,7 @@ fn the_bootkube_discussion_template_renders_and_says_what_it_drops() {
     common::kubelet_accepts(&[&file], "n1");
 
     // Written for another namespace, the template's own is dropped, and said so.
-    let out = common::podstamp(&[
+    let out = podstamp(&[
         "render",
         fixture,
         "--node-name",
@@ -779,6 +809,7 @@ fn render_env(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
         "PODSTAMP_NAMESPACE",
         "PODSTAMP_MAX_MANIFEST_SIZE",
         "PODSTAMP_CACHE_DIR",
+        "PODSTAMP_POD_SECURITY",
     ] {
         command.env_remove(name);
     }
@@ -798,7 +829,7 @@ fn settings_come_from_flag_then_environment_then_file_then_default() {
         std::fs::write(
             &config,
             format!(
-                "namespace: from-file\ncacheDir: {}\nplugins:\n  identity: {{path: {}}}\nchain: [identity]\nlimits: {{maxManifestSize: '{limit}'}}\n",
+                "namespace: from-file\ncacheDir: {}\nplugins:\n  identity: {{path: {}}}\nchain: [identity]\nlimits: {{maxManifestSize: '{limit}'}}\npodSecurity: privileged\n",
                 file_cache.display(),
                 plugin("identity").display()
             ),
@@ -819,7 +850,8 @@ fn settings_come_from_flag_then_environment_then_file_then_default() {
     // The namespace, and the cache directory PODSTAMP_CACHE_DIR names over
     // the file's cacheDir.
     write_config("1Mi");
-    assert_eq!(namespace_of(&render_env(&base, &[])), "kube-system");
+    let granted = [&base[..], &["--pod-security", "privileged"]].concat();
+    assert_eq!(namespace_of(&render_env(&granted, &[])), "kube-system");
     let out = render_env(
         &with_config,
         &[("PODSTAMP_CACHE_DIR", env_cache.to_str().unwrap())],
@@ -854,6 +886,45 @@ fn settings_come_from_flag_then_environment_then_file_then_default() {
     over(render_env(&flag, &env), "300");
     let flag = [&with_config[..], &["--max-manifest-size", "1Mi"]].concat();
     assert_eq!(namespace_of(&render_env(&flag, &env)), "from-file");
+
+    // The Pod Security level (the checkpointer needs privileged): the file
+    // grants it, the environment takes it back, the flag grants it again;
+    // with none of them, the default (baseline) refuses it.
+    write_config("1Mi");
+    let level = |out: &std::process::Output| {
+        let err = stderr(out);
+        let at = err
+            .find("Pod Security level ")
+            .unwrap_or_else(|| panic!("{err}"));
+        err[at..].lines().next().unwrap().to_string()
+    };
+    let out = render_env(&with_config, &[]);
+    assert_eq!(namespace_of(&out), "from-file");
+    assert!(level(&out).ends_with(": podSecurity)"), "{}", level(&out));
+    let env = [("PODSTAMP_POD_SECURITY", "baseline")];
+    let out = render_env(&with_config, &env);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        level(&out).starts_with("Pod Security level baseline:latest (from PODSTAMP_POD_SECURITY): forbidden: host namespaces"),
+        "{}",
+        level(&out)
+    );
+    let flag = [&with_config[..], &["--pod-security", "privileged"]].concat();
+    let out = render_env(&flag, &env);
+    assert_eq!(namespace_of(&out), "from-file");
+    assert_eq!(
+        level(&out),
+        "Pod Security level privileged:latest (from --pod-security)"
+    );
+    let out = render_env(&base, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        level(&out).starts_with(
+            "Pod Security level baseline:latest (from podstamp's default (podSecurity))"
+        ),
+        "{}",
+        level(&out)
+    );
 }
 
 // ------------------------------------------- plugins and catalogs from ConfigMaps

@@ -49,7 +49,9 @@ fn cases() -> tempfile::TempDir {
     write(
         &root.join("podstamp.yaml"),
         &format!(
-            "plugins:\n  arch-image:\n    path: {}\n    settingsFile: settings.yaml\nchain: [arch-image]\n",
+            // The checkpointer runs on the host network, with host paths:
+            // granted Pod Security level privileged, as a case must.
+            "plugins:\n  arch-image:\n    path: {}\n    settingsFile: settings.yaml\nchain: [arch-image]\npodSecurity: privileged\n",
             plugin("arch-image").display()
         ),
     );
@@ -215,7 +217,7 @@ fn an_expected_error_reads_the_same_from_any_directory_and_any_environment() {
     write(
         &root.join("missing/podstamp.yaml"),
         &format!(
-            "plugins:\n  arch-image:\n    path: {}\n    settingsFile: ../settings-gone.yaml\nchain: [arch-image]\n",
+            "plugins:\n  arch-image:\n    path: {}\n    settingsFile: ../settings-gone.yaml\nchain: [arch-image]\npodSecurity: privileged\n",
             plugin("arch-image").display()
         ),
     );

@@ -53,6 +53,10 @@ pub struct ConfigFile {
     #[serde(default)]
     pub limits: LimitsEntry,
     pub cache_dir: Option<PathBuf>,
+    /// The Pod Security level (`LEVEL` or `LEVEL:VERSION`) of a template
+    /// whose namespace has no `pod-security.kubernetes.io/enforce` label
+    /// (crate::security_level).
+    pub pod_security: Option<String>,
     /// `podstamp run` only; its flags and environment override these.
     #[serde(default)]
     pub daemon: DaemonEntry,

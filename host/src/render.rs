@@ -4,7 +4,12 @@
 //! The manifest's bytes are checked as the node's kubelet would read them
 //! ([`crate::kube_check`]) when they are about to be written
 //! ([`Rendered::verify`]): a manifest equal to the file on disk is not
-//! checked again, and nothing the kubelet refuses is ever written.
+//! checked again, and nothing the kubelet refuses is ever written. A render
+//! given a Pod Security level ([`Rendered::held_to`], from
+//! [`crate::security_level`]) is also held to it there, by Kubernetes' own
+//! checks: a pod that fails one is refused like an invalid pod. The daemon
+//! and the CLI always give one; a library caller that gives none gets the
+//! kubelet's check alone.
 //!
 //! Its time is bounded: the chain by its budget, the native stages by the
 //! template's size, which [`check_size`] caps at the largest manifest
@@ -15,10 +20,11 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::chain::{Chain, ChainFailure, Step};
-use crate::kube_check::{CheckError, KubeCheck, Refusal, Unavailable};
+use crate::kube_check::{CheckError, KubeCheck, PodSecurityError, Refusal, Unavailable, Violation};
 use crate::manifest::{self, Manifest};
 use crate::node::NodeContext;
 use crate::plugin::WitNode;
+use crate::security_level::{BadLevel, Held};
 use crate::template::Template;
 use crate::validate::{self, Invalid};
 
@@ -49,6 +55,17 @@ pub enum Stage {
     },
     /// The kubelet's check could not be run, so nothing is written.
     Unchecked(Unavailable),
+    /// The pod does not meet the Pod Security level it is held to.
+    PodSecurity {
+        after_plugins: bool,
+        held: Box<Held>,
+        violation: Box<Violation>,
+    },
+    /// The Pod Security check could not be run, so nothing is written.
+    PodSecurityUnchecked(Unavailable),
+    /// The level the template is held to cannot be read (a namespace label
+    /// or the template's annotation that is no level or version).
+    Level(BadLevel),
     /// The manifest written for the pod does not read back as the pod: a
     /// bug in podstamp's writer, caught before anything is written. The same
     /// template fails the same way every time, so it is a render failure (the
@@ -87,6 +104,27 @@ impl fmt::Display for RenderError {
                 refusal,
             } => write!(f, "the template's pod is invalid: {refusal}"),
             Stage::Unchecked(e) => write!(f, "{}", CheckError::Unavailable(e.clone())),
+            Stage::PodSecurity {
+                after_plugins,
+                held,
+                violation,
+            } => write!(
+                f,
+                "{} does not meet Pod Security level {}: {violation}",
+                if *after_plugins {
+                    "the pod returned by the plugin chain"
+                } else {
+                    "the template's pod"
+                },
+                held
+            ),
+            Stage::PodSecurityUnchecked(e) => {
+                write!(f, "{}", PodSecurityError::Unavailable(e.clone()))
+            }
+            Stage::Level(e) => write!(
+                f,
+                "its Pod Security level cannot be read, so it is not rendered: {e}"
+            ),
             Stage::Manifest(e) => write!(
                 f,
                 "podstamp cannot read back the manifest it made for the pod, so it is not written: {e} (a bug in podstamp; please report it with the template)"
@@ -151,17 +189,32 @@ pub struct Rendered {
     node: String,
     kubelet_version: Option<String>,
     after_plugins: bool,
+    /// The Pod Security level the pod is held to; None: not checked.
+    pod_security: Option<Held>,
 }
 
 impl Rendered {
+    /// Holds the pod to the Pod Security level `held` when it is verified.
+    pub fn held_to(mut self, held: Held) -> Rendered {
+        self.pod_security = Some(held);
+        self
+    }
+
+    /// The level given to [`Rendered::held_to`].
+    pub fn pod_security(&self) -> Option<&Held> {
+        self.pod_security.as_ref()
+    }
+
     /// The manifest, for its name, source and bytes; not to be written.
     pub fn peek(&self) -> &Manifest {
         self.manifest.peek()
     }
 
     /// Reads the bytes back, then asks the process's kubelet check
-    /// ([`KubeCheck::shared`]) about them; a failure is the render's
-    /// ([`Stage::Manifest`], [`Stage::Refused`], [`Stage::Unchecked`]).
+    /// ([`KubeCheck::shared`]) about them, and the Pod Security check when
+    /// held to a level; a failure is the render's ([`Stage::Manifest`],
+    /// [`Stage::Refused`], [`Stage::Unchecked`], [`Stage::PodSecurity`],
+    /// [`Stage::PodSecurityUnchecked`]).
     pub fn verify(self) -> Result<Manifest, RenderError> {
         self.verify_with(KubeCheck::shared())
     }
@@ -186,6 +239,18 @@ impl Rendered {
                 }),
                 CheckError::Unavailable(e) => fail(Stage::Unchecked(e)),
             })?;
+        if let Some(held) = self.pod_security {
+            check
+                .pod_security(&held.policy, &manifest.bytes)
+                .map_err(|e| match e {
+                    PodSecurityError::Violated(violation) => fail(Stage::PodSecurity {
+                        after_plugins: self.after_plugins,
+                        held: Box::new(held.clone()),
+                        violation: Box::new(violation),
+                    }),
+                    PodSecurityError::Unavailable(e) => fail(Stage::PodSecurityUnchecked(e)),
+                })?;
+        }
         Ok(manifest)
     }
 }
@@ -247,5 +312,6 @@ pub fn render_unverified(
         node: node.name.clone(),
         kubelet_version: node.kubelet_version.clone(),
         after_plugins: !chain.is_empty(),
+        pod_security: None,
     })
 }

@@ -25,6 +25,7 @@
 //! | `limits.timeout` | `--timeout` (render) | | `100ms` |
 //! | `limits.memory` | `--memory` (render) | | `64Mi` |
 //! | `cacheDir` | `--cache-dir`, `--no-cache` | `PODSTAMP_CACHE_DIR` | [`default_cache_dir`] when safe |
+//! | `podSecurity` | `--pod-security` | `PODSTAMP_POD_SECURITY` | `baseline` ([`crate::security_level`]) |
 //! | `daemon.source` | `--source` | `PODSTAMP_SOURCE` | `api` |
 //! | `daemon.kubeconfig` | `--kubeconfig` | (`KUBECONFIG`, kube-rs) | kube-rs's inference |
 //! | `daemon.selector` | `--selector` | `PODSTAMP_SELECTOR` | `podstamp.io/enabled=true` |
@@ -67,7 +68,9 @@ use crate::config::{
     ConfigError, ConfigFile, DEFAULT_NAMESPACE, DEFAULT_ROLLOUT_NAMESPACE, parse_duration,
     parse_size,
 };
+use crate::kube_check::Policy;
 use crate::plugin::{Limits, choose_cache_dir};
+use crate::security_level::Held;
 
 pub const DEFAULT_SELECTOR: &str = "podstamp.io/enabled=true";
 pub const DEFAULT_MANIFEST_DIR: &str = "/etc/kubernetes/manifests";
@@ -102,6 +105,9 @@ pub struct Layer {
     pub timeout: Option<String>,
     pub memory: Option<String>,
     pub cache_dir: Option<PathBuf>,
+    /// `LEVEL` or `LEVEL:VERSION`: the Pod Security level of a template
+    /// whose namespace has none.
+    pub pod_security: Option<String>,
     /// `--no-cache` (flags only): no code cache, whatever the lower layers say.
     pub no_cache: bool,
     pub source: Option<String>,
@@ -146,6 +152,11 @@ const MAX_MANIFEST_SIZE: Key = key(
 const TIMEOUT: Key = key("--timeout", None, "limits.timeout");
 const MEMORY: Key = key("--memory", None, "limits.memory");
 const CACHE_DIR: Key = key("--cache-dir", Some("PODSTAMP_CACHE_DIR"), "cacheDir");
+const POD_SECURITY: Key = key(
+    "--pod-security",
+    Some("PODSTAMP_POD_SECURITY"),
+    "podSecurity",
+);
 const SOURCE: Key = key("--source", Some("PODSTAMP_SOURCE"), "daemon.source");
 const KUBECONFIG: Key = key("--kubeconfig", None, "daemon.kubeconfig");
 const SELECTOR: Key = key("--selector", Some("PODSTAMP_SELECTOR"), "daemon.selector");
@@ -209,6 +220,7 @@ impl Layer {
             namespace: text(&NAMESPACE),
             max_manifest_size: text(&MAX_MANIFEST_SIZE),
             cache_dir: path(&CACHE_DIR),
+            pod_security: text(&POD_SECURITY),
             source: text(&SOURCE),
             selector: text(&SELECTOR),
             node_name: text(&NODE_NAME),
@@ -239,6 +251,7 @@ impl Layer {
             timeout: l.timeout.clone(),
             memory: l.memory.clone(),
             cache_dir: config.cache_dir.clone(),
+            pod_security: config.pod_security.clone(),
             no_cache: false,
             source: d.source.clone(),
             kubeconfig: d.kubeconfig.clone(),
@@ -381,6 +394,20 @@ impl<'a> Layers<'a> {
         Ok(limits)
     }
 
+    /// The Pod Security level of a template whose namespace has none, and
+    /// where it was given.
+    fn pod_security(&self) -> Result<Held, SettingsError> {
+        match self.pick(&POD_SECURITY, |l| l.pod_security.as_deref()) {
+            Some((text, at)) => {
+                let policy = Policy::parse(text).map_err(|e| {
+                    Layers::invalid(at.clone(), format!("{e} (as LEVEL or LEVEL:VERSION)"))
+                })?;
+                Ok(Held { policy, from: at })
+            }
+            None => Ok(Held::default_level()),
+        }
+    }
+
     /// The cache directory given (None: the default, if safe), or none at
     /// all with `--no-cache`.
     fn cache_dir(&self) -> Option<PathBuf> {
@@ -406,6 +433,9 @@ pub struct RenderSettings {
     /// configuration's `daemon.registry` (and its variables), as the daemon
     /// would; a Secret is read through the default kubeconfig.
     pub registry: crate::oci::RegistryOptions,
+    /// The Pod Security level every render is held to (offline, no
+    /// namespace is read), before the template's annotation.
+    pub pod_security: Held,
 }
 
 /// Resolves `podstamp render`'s settings. Its configuration file is the
@@ -429,6 +459,7 @@ pub fn render(flags: &Layer, env: &Layer) -> Result<RenderSettings, SettingsErro
         namespace,
         limits: layers.limits()?,
         cache_dir: layers.cache_dir(),
+        pod_security: layers.pod_security()?,
         config,
     })
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The pod check's helper on its own: start to first verdict, warm calls on a
-small pod and on the full-field fixture, the memory it holds. Prints figures,
+small pod and on the full-field fixture (the kubelet's check, and beside it
+the Pod Security request at baseline and restricted), the memory it holds. Prints figures,
 asserts nothing (docs/performance.md, "The kubelet's check").
 
 Usage: python3 tests/bench/kubecheck.py [target/kubecheck/podstamp-kubecheck]
@@ -61,6 +62,13 @@ def call(p, manifest, node=b"n1", kubelet=b""):
     return read(p)
 
 
+def pod_security(p, manifest, level, version=b"latest"):
+    request = b"\x01pod-security\0" + level + b"\0" + version + b"\0" + manifest
+    p.stdin.write(struct.pack("<I", len(request)) + request)
+    p.stdin.flush()
+    return read(p)
+
+
 def status_kib(pid, key):
     for line in open(f"/proc/{pid}/status"):
         if line.startswith(key + ":"):
@@ -100,6 +108,24 @@ def main():
             assert verdict["ok"], verdict
         times.sort()
         print(f"  warm call, {label:<32} p50 {times[500]:6.0f} µs   p99 {times[990]:6.0f} µs  (1000 calls)")
+    # The Pod Security request on the same process, side by side with the
+    # kubelet's check of the same bytes (both refuse or allow: timed alike).
+    for label, manifest in [(f"small pod ({len(SMALL)} B)", SMALL), (f"full-field pod ({len(full)} B)", full)]:
+        for name, ask in [
+            ("kubelet check", lambda m: call(p, m)),
+            ("Pod Security baseline", lambda m: pod_security(p, m, b"baseline")),
+            ("Pod Security restricted", lambda m: pod_security(p, m, b"restricted")),
+        ]:
+            for _ in range(50):
+                ask(manifest)
+            times = []
+            for _ in range(1000):
+                began = time.perf_counter()
+                verdict = ask(manifest)
+                times.append((time.perf_counter() - began) * 1e6)
+                assert "bad" not in verdict, verdict
+            times.sort()
+            print(f"  {name:<24} {label:<26} p50 {times[500]:6.0f} µs   p99 {times[990]:6.0f} µs  (1000 calls)")
     print(f"  helper RSS after them       {status_kib(p.pid, 'VmRSS') / 1024:6.1f} MiB   (peak {status_kib(p.pid, 'VmHWM') / 1024:.1f} MiB)")
     p.stdin.close()
     p.wait()

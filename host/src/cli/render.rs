@@ -17,7 +17,8 @@ use podstamp::chain::Step;
 use podstamp::config::ConfigFile;
 use podstamp::node::{NodeAddress, NodeContext};
 use podstamp::plugin::{Limits, Runtime};
-use podstamp::render::{check_size, render};
+use podstamp::render::{RenderError, Stage, check_size, render_unverified};
+use podstamp::security_level::{self, Held};
 use podstamp::settings::Layer;
 use podstamp::template::{Template, parse_document};
 
@@ -83,6 +84,9 @@ pub(crate) struct RenderArgs {
     /// Compile plugins every time instead of using the cache.
     #[arg(long, conflicts_with = "cache_dir")]
     no_cache: bool,
+    /// The Pod Security level the rendered pod is held to, LEVEL or LEVEL:VERSION (privileged, baseline, restricted; latest or v1.N); the template's podstamp.io/pod-security annotation may only make it stricter [env: PODSTAMP_POD_SECURITY] [default: the config's podSecurity, else baseline].
+    #[arg(long, value_name = "LEVEL")]
+    pod_security: Option<String>,
 }
 
 /// What one render is given, by the command line or by a test case.
@@ -105,6 +109,8 @@ pub(crate) struct Job<'a> {
 pub(crate) struct Output {
     pub bytes: Vec<u8>,
     pub warnings: Vec<String>,
+    /// The Pod Security level the pod was checked against.
+    pub pod_security: Held,
 }
 
 pub(crate) fn run_render(args: RenderArgs) -> Result<(), Failure> {
@@ -117,6 +123,7 @@ pub(crate) fn run_render(args: RenderArgs) -> Result<(), Failure> {
         max_manifest_size: args.max_manifest_size.clone(),
         cache_dir: args.cache_dir.clone(),
         no_cache: args.no_cache,
+        pod_security: args.pod_security.clone(),
         ..Layer::default()
     };
     let node = node_context(&args)?;
@@ -132,6 +139,12 @@ pub(crate) fn run_render(args: RenderArgs) -> Result<(), Failure> {
     for warning in &output.warnings {
         eprintln!("podstamp: warning: {warning}");
     }
+    // Static pods bypass Pod Security Admission: say which level this one
+    // met, so that the author knows what was checked.
+    eprintln!(
+        "podstamp: checked against Pod Security level {}",
+        output.pod_security
+    );
     let manifest = output.bytes;
 
     match &args.output {
@@ -167,6 +180,7 @@ pub(crate) fn render_job(job: Job<'_>) -> Result<Output, Failure> {
         limits,
         cache_dir,
         registry,
+        pod_security,
     } = podstamp::settings::render(&job.flags, &job.env).map_err(|e| usage(e.to_string()))?;
     let (template_text, origin) = job.template;
     let template = parse_document(template_text, origin)
@@ -211,8 +225,23 @@ pub(crate) fn render_job(job: Job<'_>) -> Result<Output, Failure> {
     let chain = catalog
         .chain_for(&template.annotations)
         .map_err(|e| Failure::Render(format!("PodTemplate {}: {e}", template.id())))?;
+    // Offline, no Namespace is read: the configured level, then the
+    // template's annotation (which may only make it stricter).
+    let held = security_level::resolve(&pod_security, None, &template.id(), &template.annotations)
+        .map_err(|e| {
+            Failure::Render(
+                RenderError {
+                    template: template.id(),
+                    stage: Stage::Level(e),
+                }
+                .to_string(),
+            )
+        })?;
     let manifest = check_size(&template, max_manifest)
-        .and_then(|()| render(&template, &job.node, &chain, &namespace))
+        .and_then(|()| {
+            render_unverified(&template, &job.node, &chain, &namespace, &mut |_, _, _| {})
+        })
+        .and_then(|rendered| rendered.held_to(held.clone()).verify())
         .map_err(|e| Failure::Render(e.to_string()))?;
     // The plugins' output limit alone would let a template without plugins through.
     if manifest.bytes.len() > max_manifest {
@@ -225,6 +254,7 @@ pub(crate) fn render_job(job: Job<'_>) -> Result<Output, Failure> {
     Ok(Output {
         bytes: manifest.bytes,
         warnings,
+        pod_security: held,
     })
 }
 

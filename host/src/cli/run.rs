@@ -96,6 +96,9 @@ impl RunArgs {
             timeout: None,
             memory: None,
             cache_dir: self.cache_dir.clone(),
+            // The daemon does not hold renders to a Pod Security level yet
+            // (issue 26, in progress): no flag, so none is taken for one.
+            pod_security: None,
             no_cache: self.no_cache,
             source: self.source.clone(),
             kubeconfig: self.kubeconfig.clone(),

@@ -126,6 +126,13 @@ fn read_node_file(path: &Path, node_name: &str) -> Result<NodeContext, DaemonErr
 /// Runs the daemon with resolved `settings` ([`crate::settings::daemon`])
 /// until SIGTERM or SIGINT (Ok), or until it cannot go on.
 pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
+    if let Some(level) = &settings.config.pod_security {
+        // Said, not silently dropped: the configuration reads as if the
+        // daemon held renders to it (docs/daemon.md, "Pod Security").
+        tracing::warn!(
+            "podSecurity ({level}) is applied by `podstamp render` and `podstamp test` only: this daemon does not check Pod Security yet, only the kubelet's checks"
+        );
+    }
     let nofile = match rlimit::raise_open_file_limit() {
         Ok(limit) if limit.now > limit.before => {
             tracing::info!(

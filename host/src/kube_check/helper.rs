@@ -3,7 +3,9 @@
 //! Frames are a little-endian u32 length and that many bytes. The helper
 //! speaks first (hello: `{"protocol":1,"kubernetes":"v1.37.2"}`); then each
 //! request (node name, NUL, the node's kubelet version or nothing, NUL, the
-//! manifest's bytes) gets one verdict (JSON, see `verdict`).
+//! manifest's bytes) gets one verdict (JSON, see `verdict`). A Pod Security
+//! request (`pod_security`) is another frame on the same process: the hello
+//! says whether the helper knows it (`podSecurity`, the library's version).
 //!
 //! Every wait is bounded: the helper's stdin and stdout are served by a
 //! thread each, so a helper that stops reading or answering makes the call
@@ -35,6 +37,8 @@ pub struct Helper {
     requests: Option<Sender<Vec<u8>>>,
     answers: Receiver<Result<Vec<u8>, String>>,
     kubernetes: String,
+    /// The Pod Security library's version, when the helper has the check.
+    pod_security: Option<String>,
     last_used: Instant,
 }
 
@@ -75,6 +79,7 @@ impl Helper {
             requests: Some(requests),
             answers,
             kubernetes: String::new(),
+            pod_security: None,
             last_used: Instant::now(),
         };
         if let Err(e) = spawned {
@@ -93,7 +98,10 @@ impl Helper {
             }
         };
         match parse_hello(&hello) {
-            Ok(kubernetes) => helper.kubernetes = kubernetes,
+            Ok((kubernetes, pod_security)) => {
+                helper.kubernetes = kubernetes;
+                helper.pod_security = pod_security;
+            }
             Err(e) => {
                 helper.stop();
                 return Err(Unavailable(format!("{}: {e}", path.display())));
@@ -107,26 +115,31 @@ impl Helper {
         &self.kubernetes
     }
 
+    /// The version of Kubernetes' Pod Security library in the helper; None:
+    /// a helper older than the Pod Security request.
+    pub fn pod_security(&self) -> Option<&str> {
+        self.pod_security.as_deref()
+    }
+
     pub fn idle_for(&self) -> Duration {
         self.last_used.elapsed()
     }
 
-    /// One request; its answer within `timeout`.
-    pub fn call(
+    /// One request of `parts`, a NUL between each; its answer within `timeout`.
+    pub fn call_parts(
         &mut self,
-        node: &str,
-        kubelet: &str,
-        manifest: &[u8],
+        parts: &[&[u8]],
         timeout: Duration,
     ) -> Result<Vec<u8>, Unavailable> {
-        let len = node.len() + 1 + kubelet.len() + 1 + manifest.len();
+        let len = parts.iter().map(|p| p.len()).sum::<usize>() + parts.len().saturating_sub(1);
         let mut request = Vec::with_capacity(4 + len);
         request.extend_from_slice(&(len as u32).to_le_bytes());
-        request.extend_from_slice(node.as_bytes());
-        request.push(0);
-        request.extend_from_slice(kubelet.as_bytes());
-        request.push(0);
-        request.extend_from_slice(manifest);
+        for (i, part) in parts.iter().enumerate() {
+            if i > 0 {
+                request.push(0);
+            }
+            request.extend_from_slice(part);
+        }
         let sent = self
             .requests
             .as_ref()
@@ -222,11 +235,14 @@ fn log_lines(stderr: impl Read) {
     }
 }
 
-fn parse_hello(hello: &[u8]) -> Result<String, String> {
+/// The Kubernetes release, and the Pod Security library's version if any.
+fn parse_hello(hello: &[u8]) -> Result<(String, Option<String>), String> {
     #[derive(serde::Deserialize)]
     struct Hello {
         protocol: u64,
         kubernetes: String,
+        #[serde(rename = "podSecurity")]
+        pod_security: Option<String>,
     }
     let hello: Hello = serde_json::from_slice(hello).map_err(|e| {
         format!(
@@ -241,5 +257,5 @@ fn parse_hello(hello: &[u8]) -> Result<String, String> {
             super::HELPER_NAME
         ));
     }
-    Ok(hello.kubernetes)
+    Ok((hello.kubernetes, hello.pod_security))
 }

@@ -6,12 +6,14 @@
 //! so a memoized answer is the helper's answer. The memo is bounded: when
 //! full it is emptied (a resync of every template asks each once again),
 //! which keeps it at most [`CAPACITY`] entries of a few hundred bytes.
+//!
+//! The Pod Security verdicts have a memo of their own (the same type, another
+//! verdict), keyed by [`pod_security_key`]: the level, the version and the
+//! bytes, so that a changed label or annotation is a new question.
 
 use std::collections::HashMap;
 
 use sha2::{Digest, Sha256};
-
-use super::Refusal;
 
 /// At most this many verdicts are kept.
 pub const CAPACITY: usize = 4096;
@@ -28,15 +30,37 @@ pub fn key(node: &str, kubelet: &str, manifest: &[u8]) -> Key {
     hash.finalize().into()
 }
 
-#[derive(Default)]
-pub struct Memo {
-    verdicts: HashMap<Key, Result<Vec<String>, Refusal>>,
+/// The key of a Pod Security verdict: level and version (each
+/// length-prefixed, after a tag no kubelet question starts with) and the bytes.
+pub fn pod_security_key(level: &str, version: &str, manifest: &[u8]) -> Key {
+    let mut hash = Sha256::new();
+    hash.update(b"\x01pod-security");
+    for part in [level, version] {
+        hash.update((part.len() as u64).to_le_bytes());
+        hash.update(part.as_bytes());
+    }
+    hash.update(manifest);
+    hash.finalize().into()
+}
+
+pub struct Memo<V> {
+    verdicts: HashMap<Key, V>,
     hits: u64,
     misses: u64,
 }
 
-impl Memo {
-    pub fn get(&mut self, key: &Key) -> Option<Result<Vec<String>, Refusal>> {
+impl<V> Default for Memo<V> {
+    fn default() -> Self {
+        Memo {
+            verdicts: HashMap::new(),
+            hits: 0,
+            misses: 0,
+        }
+    }
+}
+
+impl<V: Clone> Memo<V> {
+    pub fn get(&mut self, key: &Key) -> Option<V> {
         let found = self.verdicts.get(key).cloned();
         match found {
             Some(_) => self.hits += 1,
@@ -45,7 +69,7 @@ impl Memo {
         found
     }
 
-    pub fn insert(&mut self, key: Key, verdict: Result<Vec<String>, Refusal>) {
+    pub fn insert(&mut self, key: Key, verdict: V) {
         if self.verdicts.len() >= CAPACITY {
             self.verdicts.clear();
         }
@@ -76,8 +100,18 @@ mod tests {
     }
 
     #[test]
+    fn the_level_the_version_and_the_bytes_are_the_pod_security_question() {
+        let k = pod_security_key("restricted", "latest", b"a");
+        assert_ne!(k, pod_security_key("baseline", "latest", b"a"));
+        assert_ne!(k, pod_security_key("restricted", "v1.30", b"a"));
+        assert_ne!(k, pod_security_key("restricted", "latest", b"b"));
+        // Never the kubelet question's key for the same strings.
+        assert_ne!(k, key("restricted", "latest", b"a"));
+    }
+
+    #[test]
     fn a_full_memo_starts_again() {
-        let mut memo = Memo::default();
+        let mut memo: Memo<Result<Vec<String>, ()>> = Memo::default();
         for i in 0..CAPACITY + 1 {
             memo.insert(key("n", "", &i.to_le_bytes()), Ok(Vec::new()));
         }

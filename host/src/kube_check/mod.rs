@@ -30,10 +30,16 @@
 //!   release); each write of such a manifest is a warning naming them and
 //!   counts in [`KubeCheck::newer_counts`], and with
 //!   `PODSTAMP_REFUSE_NEWER_FIELDS=true` a refusal.
+//! - The same helper answers the Pod Security request ([`pod_security`],
+//!   [`KubeCheck::pod_security`]): Kubernetes' own Pod Security checks at a
+//!   level and version, memoized by the sha256 of both and the bytes. A
+//!   helper that predates the request (its hello has no `podSecurity`) is
+//!   never sent one: the check is [`Unavailable`], nothing is written.
 //!
 //! One concern per file: `locate` (where the helper is), `helper` (the child
 //! process and its protocol), `verdict` (its answer → podstamp's messages),
-//! `memo` (verdicts by digest).
+//! `pod_security` (the Pod Security request and verdict), `memo` (verdicts
+//! by digest).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -43,9 +49,11 @@ use std::time::Duration;
 mod helper;
 mod locate;
 mod memo;
+pub mod pod_security;
 mod verdict;
 
 pub use locate::{ENV_VAR, HELPER_NAME, IMAGE_PATH};
+pub use pod_security::{Level, Policy, Violation};
 pub use verdict::Refusal;
 
 use helper::Helper;
@@ -110,6 +118,17 @@ pub enum CheckError {
     Unavailable(#[from] Unavailable),
 }
 
+/// What a Pod Security check found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PodSecurityError {
+    #[error(transparent)]
+    Violated(#[from] Violation),
+    #[error(
+        "podstamp cannot check the pod against its Pod Security level, so it is not written: {0}"
+    )]
+    Unavailable(#[from] Unavailable),
+}
+
 /// The check, shared by every render of a process.
 pub struct KubeCheck {
     settings: Settings,
@@ -124,7 +143,9 @@ struct State {
     helper: Option<Helper>,
     /// Counts helpers started, so that a reaper stops only its own.
     generation: u64,
-    memo: Memo,
+    memo: Memo<Result<Vec<String>, Refusal>>,
+    /// Pod Security verdicts, by [`memo::pod_security_key`].
+    pod_security_memo: Memo<Result<(), Violation>>,
     /// The Kubernetes release the last helper said it checks for.
     kubernetes: Option<String>,
 }
@@ -138,6 +159,7 @@ impl KubeCheck {
                 helper: None,
                 generation: 0,
                 memo: Memo::default(),
+                pod_security_memo: Memo::default(),
                 kubernetes: None,
             })),
             newer: Mutex::new(BTreeMap::new()),
@@ -225,6 +247,39 @@ impl KubeCheck {
         Ok(())
     }
 
+    /// How many Pod Security verdicts came from the memo, and how many from
+    /// the helper.
+    pub fn pod_security_counts(&self) -> (u64, u64) {
+        let state = self.lock();
+        (
+            state.pod_security_memo.hits(),
+            state.pod_security_memo.misses(),
+        )
+    }
+
+    /// Does `manifest` meet `policy`? Kubernetes' own Pod Security checks
+    /// decide (the helper), once per level, version and bytes.
+    pub fn pod_security(&self, policy: &Policy, manifest: &[u8]) -> Result<(), PodSecurityError> {
+        if manifest.len() > KUBELET_MAX_FILE {
+            // Refused by the kubelet's check first; never sent.
+            return Err(Unavailable(format!(
+                "the manifest is {} bytes, over the kubelet's {KUBELET_MAX_FILE}",
+                manifest.len()
+            ))
+            .into());
+        }
+        let key = memo::pod_security_key(policy.level.as_str(), policy.version(), manifest);
+        let mut state = self.lock();
+        if let Some(known) = state.pod_security_memo.get(&key) {
+            return Ok(known?);
+        }
+        let parts = pod_security::request(policy, manifest);
+        let answer = self.ask_parts(&mut state, &parts, true)?;
+        let verdict = pod_security::parse(&answer, policy).map_err(Unavailable)?;
+        state.pod_security_memo.insert(key, verdict.clone());
+        Ok(verdict?)
+    }
+
     /// One request to the helper, started if it is not running; a helper
     /// that fails is stopped, and the next call starts a new one.
     fn ask(
@@ -233,6 +288,21 @@ impl KubeCheck {
         node: &str,
         kubelet: &str,
         manifest: &[u8],
+    ) -> Result<Vec<u8>, Unavailable> {
+        self.ask_parts(
+            state,
+            &[node.as_bytes(), kubelet.as_bytes(), manifest],
+            false,
+        )
+    }
+
+    /// [`KubeCheck::ask`] for any request; `pod_security`: a Pod Security
+    /// request, which a helper without the check is never sent.
+    fn ask_parts(
+        &self,
+        state: &mut State,
+        parts: &[&[u8]],
+        pod_security: bool,
     ) -> Result<Vec<u8>, Unavailable> {
         // Found once; a helper not found is looked for again at the next
         // call, so that installing it is enough (no restart).
@@ -252,7 +322,13 @@ impl KubeCheck {
             self.reap_when_idle(state.generation);
         }
         let helper = state.helper.as_mut().expect("started above");
-        match helper.call(node, kubelet, manifest, self.settings.call_timeout) {
+        if pod_security && helper.pod_security().is_none() {
+            return Err(Unavailable(format!(
+                "{} is older than this podstamp and has no Pod Security check: install the one built with it (`bash tests/harness/build-kubecheck.sh`)",
+                path.display()
+            )));
+        }
+        match helper.call_parts(parts, self.settings.call_timeout) {
             Ok(answer) => Ok(answer),
             Err(e) => {
                 if let Some(helper) = state.helper.take() {

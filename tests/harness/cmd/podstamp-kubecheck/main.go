@@ -22,7 +22,7 @@
 //
 // Protocol (stdin/stdout, little-endian u32 length before every frame):
 //
-//	-> hello:    {"protocol":1,"kubernetes":"v1.37.2"}
+//	-> hello:    {"protocol":1,"kubernetes":"v1.37.2","podSecurity":"v0.37.2"}
 //	<- request:  node name, NUL, the node's kubelet version (may be empty),
 //	             NUL, the manifest's bytes
 //	-> verdict:  {"ok":true} or {"ok":false,"error":"<the kubelet's error text>",
@@ -30,6 +30,22 @@
 //	             and, for a pod it accepts, "newer":["spec.field", ...]: the
 //	             fields that the node's kubelet, older than this release,
 //	             would not honour (see newerFields)
+//
+// The Pod Security request (issue 26) shares the process: a request that
+// starts with the byte 0x01 (never the start of a node name) is
+//
+//	<- request:  0x01, "pod-security", NUL, level, NUL, version, NUL, the
+//	             manifest's bytes
+//	-> verdict:  {"ok":true} or {"ok":false,"error":"violates PodSecurity
+//	             \"restricted:latest\": host namespaces (hostNetwork=true), ...",
+//	             "checks":[{"id","reason","detail"}...]}, or {"ok":false,
+//	             "bad":"<why the request is not one>"} (the caller's fault)
+//
+// decided by Kubernetes' own k8s.io/pod-security-admission/policy (its
+// DefaultChecks, the evaluator the admission plugin builds) on the pod as
+// the API server would hold it (decoded with its defaults). The hello's
+// "podSecurity" is that module's version: a helper without it predates the
+// request, and podstamp does not send it one.
 //
 // It reads requests until stdin closes. It touches no file and no network.
 // Flags: --user UID (when started as root with the capability to: drop to
@@ -102,9 +118,14 @@ type verdict struct {
 
 // kubernetesVersion is the k8s.io/kubernetes module this program was built from.
 func kubernetesVersion() string {
+	return moduleVersion("k8s.io/kubernetes")
+}
+
+// moduleVersion is the version of module path this program was built from.
+func moduleVersion(path string) string {
 	if info, ok := debug.ReadBuildInfo(); ok {
 		for _, m := range info.Deps {
-			if m.Path == "k8s.io/kubernetes" {
+			if m.Path == path {
 				if m.Replace != nil {
 					return m.Replace.Version
 				}
@@ -299,6 +320,27 @@ func check(node, kubelet string, data []byte) verdict {
 	return verdict{OK: true, Newer: newer}
 }
 
+// decodePod reads a manifest as the API server holds a pod (decoded, its
+// defaults applied), in v1, for the Pod Security checks.
+func decodePod(data []byte) (*v1.Pod, error) {
+	js, err := utilyaml.ToJSON(data)
+	if err != nil {
+		return nil, err
+	}
+	obj, err := runtime.Decode(legacyscheme.Codecs.UniversalDecoder(), js)
+	if err != nil {
+		return nil, err
+	}
+	pod, ok := obj.(*api.Pod)
+	if !ok {
+		return nil, fmt.Errorf("not a pod: %T", obj)
+	}
+	out := &v1.Pod{}
+	if err := k8s_api_v1.Convert_core_Pod_To_v1_Pod(pod, out, nil); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
 func writeFrame(w *bufio.Writer, payload []byte) error {
 	var n [4]byte
 	binary.LittleEndian.PutUint32(n[:], uint32(len(payload)))
@@ -357,7 +399,8 @@ func dropTo(uid int) error {
 func serve(in io.Reader, out io.Writer) error {
 	r := bufio.NewReaderSize(in, 64<<10)
 	w := bufio.NewWriterSize(out, 64<<10)
-	hello, _ := json.Marshal(map[string]any{"protocol": protocol, "kubernetes": kubernetesVersion()})
+	hello, _ := json.Marshal(map[string]any{"protocol": protocol, "kubernetes": kubernetesVersion(),
+		"podSecurity": moduleVersion("k8s.io/pod-security-admission")})
 	if err := writeFrame(w, hello); err != nil {
 		return err
 	}
@@ -368,6 +411,16 @@ func serve(in io.Reader, out io.Writer) error {
 		}
 		if err != nil {
 			return err
+		}
+		if len(req) > 0 && req[0] == podSecurityMark {
+			reply, err := json.Marshal(podSecurityRequest(req[1:]))
+			if err != nil {
+				return err
+			}
+			if err := writeFrame(w, reply); err != nil {
+				return err
+			}
+			continue
 		}
 		node, rest, found := strings.Cut(string(req), "\x00")
 		kubelet, manifest, found2 := strings.Cut(rest, "\x00")
@@ -406,6 +459,10 @@ func main() {
 			fmt.Fprintf(os.Stderr, "podstamp-kubecheck: %v\n", err)
 			os.Exit(1)
 		}
+	}
+	if err := buildPodSecurity(); err != nil {
+		fmt.Fprintf(os.Stderr, "podstamp-kubecheck: the Pod Security checks: %v\n", err)
+		os.Exit(1)
 	}
 	if err := confine(); err != nil {
 		fmt.Fprintf(os.Stderr, "podstamp-kubecheck: %v\n", err)
