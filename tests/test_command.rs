@@ -49,7 +49,7 @@ fn cases() -> tempfile::TempDir {
     write(
         &root.join("podstamp.yaml"),
         &format!(
-            "plugins:\n  arch-image:\n    path: {}\n    settingsFile: settings.yaml\nchain: [arch-image]\n",
+            "plugins:\n  arch-image:\n    path: {}\n    settingsFile: settings.yaml\n    scope:\n    - spec.containers[*].image\nchain: [arch-image]\n",
             plugin("arch-image").display()
         ),
     );

@@ -5,11 +5,20 @@
 //! plugin for invalid JSON or a renamed pod, but builds nothing from it but
 //! the metadata; only the last step's output is parsed into a value.
 //!
+//! Each step has a [`Scope`]: the fields its plugin may change. When a
+//! step's output differs from its input (as text: an unchanged text is an
+//! unchanged pod, and costs no parse), both are compared as values and a
+//! change outside the scope fails the step, naming the first such field;
+//! only a step with no scope at all (`podstamp render --plugin`) is merely
+//! probed. The comparison also gives `render --explain` and the debug log
+//! what each plugin changed.
+//!
 //! A chain may carry a time budget for the whole of one render: each call's
 //! deadline is then the earlier of the plugin's own timeout and what is left
 //! of the budget, so no call runs past it, and a step that finds none left is
 //! not called. Running out is a failure of the step where it happened.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +27,10 @@ use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use crate::plugin::{CallFailure, Plugin, PluginInfo, WitNode};
+use crate::scope::{self, Change, Scope};
+
+/// The most changes `render --explain` lists for one plugin.
+pub const EXPLAIN_LIMIT: usize = 40;
 
 /// One configured plugin: a catalog name, the loaded component and its settings.
 #[derive(Debug)]
@@ -26,16 +39,36 @@ pub struct Step {
     pub plugin: Plugin,
     /// The settings as compact JSON, made once at load time.
     pub settings_json: String,
+    /// What the plugin may change; the default scope unless granted more.
+    pub scope: Scope,
 }
 
 impl Step {
+    /// A step with the default scope ([`scope::DEFAULT_GRANTS`]).
     pub fn new(name: String, plugin: Plugin, settings: &Value) -> Step {
         Step {
             name,
             plugin,
             settings_json: settings.to_string(),
+            scope: Scope::default(),
         }
     }
+
+    /// This step, with `scope` granted instead.
+    pub fn with_scope(mut self, scope: Scope) -> Step {
+        self.scope = scope;
+        self
+    }
+}
+
+/// What one step changed, for `podstamp render --explain`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepChanges {
+    pub step: String,
+    pub plugin: PluginInfo,
+    /// At most [`EXPLAIN_LIMIT`] changes, and how many more there were.
+    pub changes: Vec<Change>,
+    pub more: usize,
 }
 
 /// An ordered list of steps; empty is a passthrough.
@@ -71,6 +104,16 @@ pub enum StepFailure {
     OutOfTime {
         budget: Duration,
     },
+    /// The plugin changed a field its scope does not grant.
+    OutOfScope {
+        change: Change,
+        /// The grant that would allow the change.
+        needed: String,
+        /// The step's scope, as written.
+        scope: String,
+        /// The component's sha256: which build of the plugin did it.
+        sha256: String,
+    },
 }
 
 impl fmt::Display for ChainFailure {
@@ -94,6 +137,15 @@ impl fmt::Display for ChainFailure {
                 f,
                 "the render's time budget of {} ms (limits.renderTimeout) ran out at this plugin; the render was stopped",
                 budget.as_millis()
+            ),
+            StepFailure::OutOfScope {
+                change,
+                needed,
+                scope,
+                sha256,
+            } => write!(
+                f,
+                "{change}, outside the plugin's scope: {scope}; the change is refused (plugin sha256 {sha256}); if this plugin may change it, grant it in its catalog entry: scope: [{needed}]"
             ),
         }
     }
@@ -140,6 +192,8 @@ impl Chain {
             field(step.name.as_bytes());
             field(step.plugin.sha256().as_bytes());
             field(step.settings_json.as_bytes());
+            // A new scope may refuse what rendered before, or allow it.
+            field(step.scope.to_string().as_bytes());
         }
         match self.budget {
             Some(budget) => field(&budget.as_nanos().to_le_bytes()),
@@ -167,9 +221,34 @@ impl Chain {
         subject: &str,
         observe: &mut dyn FnMut(&Step, bool, Duration),
     ) -> Result<Value, Box<ChainFailure>> {
+        self.run(pod, node, subject, observe, None)
+    }
+
+    /// [`Chain::apply_observed`], adding to `explain` what each step that
+    /// ran to its end changed (a failed step has no entry).
+    pub fn apply_explained(
+        &self,
+        pod: &Value,
+        node: &WitNode,
+        subject: &str,
+        observe: &mut dyn FnMut(&Step, bool, Duration),
+        explain: &mut Vec<StepChanges>,
+    ) -> Result<Value, Box<ChainFailure>> {
+        self.run(pod, node, subject, observe, Some(explain))
+    }
+
+    fn run(
+        &self,
+        pod: &Value,
+        node: &WitNode,
+        subject: &str,
+        observe: &mut dyn FnMut(&Step, bool, Duration),
+        mut explain: Option<&mut Vec<StepChanges>>,
+    ) -> Result<Value, Box<ChainFailure>> {
         if self.steps.is_empty() {
             return Ok(pod.clone());
         }
+        let debug = tracing::enabled!(tracing::Level::DEBUG);
         // A budget too large to add to the clock is no budget.
         let deadline = self
             .budget
@@ -181,6 +260,9 @@ impl Chain {
         // The first plugin gets the pod as text: written from the borrowed
         // value, with no copy of it made.
         let mut text = pod.to_string();
+        // The pod `text` holds, when it was parsed (or is the template's):
+        // the "before" of the next step's scope check.
+        let mut known: Option<Cow<'_, Value>> = Some(Cow::Borrowed(pod));
         for (index, step) in self.steps.iter().enumerate() {
             let fail = |failure| self.failure(index, failure);
             let started = Instant::now();
@@ -198,7 +280,7 @@ impl Chain {
                 step.plugin
                     .transform_within(&text, node, &step.settings_json, subject, left);
             observe(step, output.is_ok(), started.elapsed());
-            text = output.map_err(|e| match (e, deadline) {
+            let output = output.map_err(|e| match (e, deadline) {
                 // The call was given what was left of the budget, less than
                 // its own timeout: the budget stopped it.
                 (CallFailure::DeadlineExceeded { timeout }, Some((budget, _)))
@@ -208,29 +290,102 @@ impl Chain {
                 }
                 (e, _) => fail(StepFailure::Call(e)),
             })?;
-            // The last step's output is parsed once, into the value the
-            // render goes on with; the others' are only probed.
             let last = index + 1 == self.steps.len();
-            let (new_name, pod) = if last {
-                let pod = parse_output(&text).map_err(fail)?;
-                (pod.pointer("/metadata/name").cloned(), Some(pod))
-            } else {
-                (name_in(&text).map_err(fail)?, None)
-            };
-            let new_name = new_name.unwrap_or(Value::Null);
-            if new_name != name {
-                return Err(fail(StepFailure::Renamed {
-                    from: name.as_str().unwrap_or_default().to_string(),
-                    to: new_name
-                        .as_str()
-                        .map_or_else(|| new_name.to_string(), str::to_string),
-                }));
+            // The same text is the same pod: nothing changed, nothing to
+            // parse or check (identity plugins, a substitute with nothing
+            // to substitute).
+            if output == text {
+                if let Some(explain) = explain.as_deref_mut() {
+                    explain.push(self.changes(index, Vec::new(), 0));
+                }
+                if last {
+                    return match known {
+                        Some(pod) => Ok(pod.into_owned()),
+                        None => parse_output(&text).map_err(fail),
+                    };
+                }
+                continue;
             }
-            if let Some(pod) = pod {
-                return Ok(pod);
+            let compare = !step.scope.is_unrestricted() || explain.is_some() || debug;
+            if !last && !compare {
+                // Only probed: blame the right plugin for invalid JSON or a
+                // renamed pod, and build nothing.
+                let new_name = name_in(&output).map_err(fail)?.unwrap_or(Value::Null);
+                self.check_name(index, &name, &new_name)?;
+                text = output;
+                known = None;
+                continue;
             }
+            let after = parse_output(&output).map_err(fail)?;
+            let new_name = after
+                .pointer("/metadata/name")
+                .cloned()
+                .unwrap_or(Value::Null);
+            self.check_name(index, &name, &new_name)?;
+            if compare {
+                // The input was checked as a pod when it was made.
+                let before = match known.take() {
+                    Some(pod) => pod,
+                    None => Cow::Owned(parse_output(&text).map_err(fail)?),
+                };
+                step.scope.check(&before, &after).map_err(|overstep| {
+                    fail(StepFailure::OutOfScope {
+                        change: overstep.change,
+                        needed: overstep.needed,
+                        scope: step.scope.to_string(),
+                        sha256: step.plugin.sha256().to_string(),
+                    })
+                })?;
+                if explain.is_some() || debug {
+                    let (changes, more) = scope::diff(&before, &after, EXPLAIN_LIMIT);
+                    if debug {
+                        let fields = scope::top_level_fields(&changes).join(", ");
+                        tracing::debug!(subject, plugin = %step.name, changed = %fields, "a plugin changed the pod");
+                    }
+                    if let Some(explain) = explain.as_deref_mut() {
+                        explain.push(self.changes(index, changes, more));
+                    }
+                }
+            }
+            if last {
+                return Ok(after);
+            }
+            text = output;
+            known = Some(Cow::Owned(after));
         }
         unreachable!("a chain of steps returns from its last step")
+    }
+
+    /// Fails the step at `index` when it renamed the pod.
+    fn check_name(
+        &self,
+        index: usize,
+        name: &Value,
+        new_name: &Value,
+    ) -> Result<(), Box<ChainFailure>> {
+        if new_name == name {
+            return Ok(());
+        }
+        Err(self.failure(
+            index,
+            StepFailure::Renamed {
+                from: name.as_str().unwrap_or_default().to_string(),
+                to: new_name
+                    .as_str()
+                    .map_or_else(|| new_name.to_string(), str::to_string),
+            },
+        ))
+    }
+
+    /// What the step at `index` changed.
+    fn changes(&self, index: usize, changes: Vec<Change>, more: usize) -> StepChanges {
+        let step = &self.steps[index];
+        StepChanges {
+            step: step.name.clone(),
+            plugin: step.plugin.info().clone(),
+            changes,
+            more,
+        }
     }
 
     /// How the step at `index` (0-based) failed.

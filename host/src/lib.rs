@@ -21,6 +21,7 @@ pub mod oci;
 pub mod plugin;
 pub mod reason;
 pub mod render;
+pub mod scope;
 pub mod settings;
 pub mod template;
 pub mod text;

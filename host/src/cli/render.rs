@@ -13,11 +13,12 @@ use podstamp::catalog::{
     ComponentError, ConfigMapError, ConfigMapSet, ConfigMaps, NoConfigMaps, PluginError,
     check_settings,
 };
-use podstamp::chain::Step;
+use podstamp::chain::{Step, StepChanges};
 use podstamp::config::ConfigFile;
 use podstamp::node::{NodeAddress, NodeContext};
 use podstamp::plugin::{Limits, Runtime};
-use podstamp::render::{check_size, render};
+use podstamp::render::{check_size, render, render_explained};
+use podstamp::scope::Scope;
 use podstamp::settings::Layer;
 use podstamp::template::{Template, parse_document};
 
@@ -83,6 +84,10 @@ pub(crate) struct RenderArgs {
     /// Compile plugins every time instead of using the cache.
     #[arg(long, conflicts_with = "cache_dir")]
     no_cache: bool,
+    /// Print on stderr, plugin by plugin, the fields each one changed
+    /// (path: added, removed or changed), also when the render fails.
+    #[arg(long)]
+    explain: bool,
 }
 
 /// What one render is given, by the command line or by a test case.
@@ -99,6 +104,9 @@ pub(crate) struct Job<'a> {
     pub plugins: &'a [String],
     /// `--configmap` files.
     pub configmaps: &'a [PathBuf],
+    /// Where to add what each plugin changed ([`explain_lines`]), as far
+    /// as the chain ran.
+    pub explain: Option<&'a mut Vec<String>>,
 }
 
 /// A rendered manifest, and the warnings to print with it.
@@ -121,6 +129,7 @@ pub(crate) fn run_render(args: RenderArgs) -> Result<(), Failure> {
     };
     let node = node_context(&args)?;
     let (template_text, origin) = read_input(&args.template).map_err(usage)?;
+    let mut explain = Vec::new();
     let output = render_job(Job {
         flags,
         env: Layer::from_process_env(),
@@ -128,7 +137,13 @@ pub(crate) fn run_render(args: RenderArgs) -> Result<(), Failure> {
         template: (&template_text, &origin),
         plugins: &args.plugin,
         configmaps: &args.configmap,
-    })?;
+        explain: args.explain.then_some(&mut explain),
+    });
+    // Before the error line, so that the line stays last.
+    for line in &explain {
+        eprintln!("{line}");
+    }
+    let output = output?;
     for warning in &output.warnings {
         eprintln!("podstamp: warning: {warning}");
     }
@@ -197,9 +212,16 @@ pub(crate) fn render_job(job: Job<'_>) -> Result<Output, Failure> {
     let chain = catalog
         .chain_for(&template.annotations)
         .map_err(|e| Failure::Render(format!("PodTemplate {}: {e}", template.id())))?;
-    let manifest = check_size(&template, max_manifest)
-        .and_then(|()| render(&template, &job.node, &chain, &namespace))
-        .map_err(|e| Failure::Render(e.to_string()))?;
+    // What each plugin changed is worked out only when asked for.
+    let mut changes = Vec::new();
+    let manifest = check_size(&template, max_manifest).and_then(|()| match job.explain {
+        Some(_) => render_explained(&template, &job.node, &chain, &namespace, &mut changes),
+        None => render(&template, &job.node, &chain, &namespace),
+    });
+    if let Some(explain) = job.explain {
+        explain.extend(explain_lines(&changes));
+    }
+    let manifest = manifest.map_err(|e| Failure::Render(e.to_string()))?;
     // The plugins' output limit alone would let a template without plugins through.
     if manifest.bytes.len() > max_manifest {
         return Err(Failure::Render(format!(
@@ -212,6 +234,34 @@ pub(crate) fn render_job(job: Job<'_>) -> Result<Output, Failure> {
         bytes: manifest.bytes,
         warnings,
     })
+}
+
+/// What each plugin changed, a few lines per plugin:
+/// `plugin 1 of 3 arch-image (arch-image 0.1.0): 1 change` then
+/// `  spec.containers[0].image: changed`.
+pub(crate) fn explain_lines(changes: &[StepChanges]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for (i, step) in changes.iter().enumerate() {
+        let count = step.changes.len() + step.more;
+        lines.push(format!(
+            "plugin {} `{}` ({}): {}",
+            i + 1,
+            step.step,
+            step.plugin,
+            match count {
+                0 => "no change".to_string(),
+                1 => "1 change".to_string(),
+                n => format!("{n} changes"),
+            }
+        ));
+        for change in &step.changes {
+            lines.push(format!("  {change}"));
+        }
+        if step.more > 0 {
+            lines.push(format!("  … and {} more", step.more));
+        }
+    }
+    lines
 }
 
 /// The ConfigMaps given with --configmap: each file one ConfigMap, or a v1
@@ -294,7 +344,10 @@ fn load_catalog(
             .load(Path::new(path))
             .map_err(|e| Failure::Render(e.to_string()))?;
         let name = plugin.info().name.clone();
-        let step = Step::new(name, plugin, &settings);
+        // A plugin tried out on the command line has no catalog entry to
+        // grant it a scope: it may change anything (`--explain` shows
+        // what), as nothing reaches a node but through a catalog.
+        let step = Step::new(name, plugin, &settings).with_scope(Scope::unrestricted());
         // As a catalog's entries: bad settings are refused before rendering.
         if let Err(e) = check_settings(&step) {
             let message = format!("--plugin {spec}: {e}");
