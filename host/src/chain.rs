@@ -11,7 +11,9 @@
 //! change outside the scope fails the step, naming the first such field;
 //! only a step with no scope at all (`podstamp render --plugin`) is merely
 //! probed. The comparison also gives `render --explain` and the debug log
-//! what each plugin changed.
+//! what each plugin changed. A step remembers the (input, output) pairs
+//! that passed, by keyed hashes of the texts, so that rendering a template
+//! again the same way costs two hashes, not a parse and a walk.
 //!
 //! A chain may carry a time budget for the whole of one render: each call's
 //! deadline is then the earlier of the plugin's own timeout and what is left
@@ -19,8 +21,10 @@
 //! not called. Running out is a failure of the step where it happened.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::fmt;
-use std::sync::Arc;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -41,6 +45,21 @@ pub struct Step {
     pub settings_json: String,
     /// What the plugin may change; the default scope unless granted more.
     pub scope: Scope,
+    /// The (input, output) text pairs whose scope check passed, by a keyed
+    /// hash of each text: the same pair passes again without a parse or a
+    /// walk (a resync renders every template the same way).
+    passed: Mutex<HashSet<(u64, u64)>>,
+}
+
+/// The most pairs one step remembers; past it, it starts again (a bound on
+/// memory, 16 bytes a pair, whatever the number of templates).
+const PASSED_LIMIT: usize = 4096;
+
+/// A hash of `text` keyed once per process, so that no plugin can aim at
+/// a pair the memo holds without knowing the key.
+fn text_hash(text: &str) -> u64 {
+    static KEYS: OnceLock<RandomState> = OnceLock::new();
+    KEYS.get_or_init(RandomState::new).hash_one(text)
 }
 
 impl Step {
@@ -51,13 +70,19 @@ impl Step {
             plugin,
             settings_json: settings.to_string(),
             scope: Scope::default(),
+            passed: Mutex::default(),
         }
     }
 
     /// This step, with `scope` granted instead.
     pub fn with_scope(mut self, scope: Scope) -> Step {
         self.scope = scope;
+        self.passed = Mutex::default();
         self
+    }
+
+    fn lock_passed(&self) -> std::sync::MutexGuard<'_, HashSet<(u64, u64)>> {
+        self.passed.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -307,6 +332,19 @@ impl Chain {
                 continue;
             }
             let compare = !step.scope.is_unrestricted() || explain.is_some() || debug;
+            // A pair that passed this step's check before passes again.
+            let pair = (!step.scope.is_unrestricted() && explain.is_none() && !debug)
+                .then(|| (text_hash(&text), text_hash(&output)));
+            if let Some(pair) = pair
+                && step.lock_passed().contains(&pair)
+            {
+                if last {
+                    return parse_output(&output).map_err(fail);
+                }
+                text = output;
+                known = None;
+                continue;
+            }
             if !last && !compare {
                 // Only probed: blame the right plugin for invalid JSON or a
                 // renamed pod, and build nothing.
@@ -336,6 +374,13 @@ impl Chain {
                         sha256: step.plugin.sha256().to_string(),
                     })
                 })?;
+                if let Some(pair) = pair {
+                    let mut passed = step.lock_passed();
+                    if passed.len() >= PASSED_LIMIT {
+                        passed.clear();
+                    }
+                    passed.insert(pair);
+                }
                 if explain.is_some() || debug {
                     let (changes, more) = scope::diff(&before, &after, EXPLAIN_LIMIT);
                     if debug {
