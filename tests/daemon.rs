@@ -1372,7 +1372,7 @@ const RELOAD_B: &str = "apiVersion: v1\nkind: PodTemplate\nmetadata: {name: b, a
 fn reload_config(greeting: &str, extra: &str) -> String {
     use common::plugin;
     format!(
-        "plugins:\n  substitute:\n    path: {}\n    settings: {{vars: {{greeting: {greeting}}}}}\n  node-env:\n    path: {}\n    settings: {{nodeIP: \"\", labels: {{ZONE: zone}}}}\nchain: [substitute, node-env]\nlimits: {{timeout: 2s}}\n{extra}",
+        "plugins:\n  substitute:\n    path: {}\n    settings: {{vars: {{greeting: {greeting}}}}}\n    scope: [metadata, spec]\n  node-env:\n    path: {}\n    settings: {{nodeIP: \"\", labels: {{ZONE: zone}}}}\nchain: [substitute, node-env]\nlimits: {{timeout: 2s}}\n{extra}",
         plugin("substitute").display(),
         plugin("node-env").display(),
     )
@@ -1725,7 +1725,7 @@ fn api_catalog(greeting: &str, node_env_key: Option<&str>) -> String {
     let pin = |name: &str| sha256_hex(&fs::read(common::plugin(name)).unwrap());
     let key = node_env_key.map_or(String::new(), |k| format!(", key: {k}"));
     format!(
-        "plugins:\n  substitute:\n    configMap: {{name: {SUBSTITUTE_CM}, key: substitute.wasm}}\n    sha256: {}\n    settings: {{vars: {{greeting: {greeting}}}}}\n  node-env:\n    configMap: {{name: {NODE_ENV_CM}{key}}}\n    sha256: {}\n    settings: {{nodeIP: \"\", labels: {{ZONE: zone}}}}\nchain: [substitute, node-env]\n",
+        "plugins:\n  substitute:\n    configMap: {{name: {SUBSTITUTE_CM}, key: substitute.wasm}}\n    sha256: {}\n    settings: {{vars: {{greeting: {greeting}}}}}\n    scope: [metadata, spec]\n  node-env:\n    configMap: {{name: {NODE_ENV_CM}{key}}}\n    sha256: {}\n    settings: {{nodeIP: \"\", labels: {{ZONE: zone}}}}\nchain: [substitute, node-env]\n",
         pin("substitute"),
         pin("node-env"),
     )

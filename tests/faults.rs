@@ -1535,6 +1535,51 @@ const FAULTS: &[Fault] = &[
         says: "podstamp-manifestcheck",
         test: "tests/fuzz.rs: podstamp_and_the_kubelet_agree_on_random_templates",
     },
+    Fault {
+        id: "scope-reload-overstep",
+        area: "plugin scope",
+        fault: "a reload of the configuration brings a plugin (the attacker of issue 26, built from source) that adds `hostPID` with the default scope, in the default chain",
+        kept: "the running manifest (same bytes) and the real kubelet's container (same id), the mirror pod Ready at its revision",
+        reported: "RenderFailed; an Event on the template naming the plugin, its sha256, the field and the grant that would allow it; `podstamp_plugin_scope_refusals_total{plugin}`",
+        says: "spec.hostPID: added, outside the plugin's scope",
+        test: "tests/kubelet.rs: a_reload_bringing_a_plugin_that_oversteps_its_scope_leaves_the_running_pod_alone",
+    },
+    Fault {
+        id: "scope-default-refuses-attacker",
+        area: "plugin scope",
+        fault: "a plugin without `scope:` returns a restricted pod with host namespaces, a hostPath `/` mount, a privileged container and a command (each alone, and all together)",
+        kept: "nothing written (`podstamp render` exits 1); with every field granted it renders, one grant fewer and it is refused again",
+        reported: "one line naming the plugin, its sha256, the first field changed outside the scope and `scope: [FIELD]` to grant it",
+        says: "outside the plugin's scope",
+        test: "tests/scopes.rs: each_overstep_is_refused_on_its_own_by_the_default_scope",
+    },
+    Fault {
+        id: "scope-chain-undoes-restriction",
+        area: "plugin scope",
+        fault: "the second plugin of a chain makes privileged again the container the first held to the restricted profile, outside its own grant",
+        kept: "nothing written; the first plugin alone renders",
+        reported: "one line blaming the second plugin (`plugin 2 of 2`), not the first",
+        says: "plugin 2 of 2 `undo` (attacker 0.1.0)",
+        test: "tests/scopes.rs: a_chain_whose_second_plugin_undoes_the_first_is_refused_at_the_second",
+    },
+    Fault {
+        id: "scope-template-widens",
+        area: "plugin scope",
+        fault: "a template's `podstamp.io/settings` makes a plugin do more than its catalog settings (and scope) meant",
+        kept: "nothing written: the scope is the catalog entry's, and settings from a template never change it",
+        reported: "the same refusal as without the annotation",
+        says: "outside the plugin's scope",
+        test: "tests/scopes.rs: a_template_cannot_widen_a_scope_with_its_settings_annotation",
+    },
+    Fault {
+        id: "scope-grant-invalid",
+        area: "plugin scope",
+        fault: "a catalog entry's `scope:` holds a grant that is not a field path (`spec..x`, `[*]`, `spec.containers[]`)",
+        kept: "the catalog is refused whole at load (at start: exit 2; on a reload: the catalog in use keeps serving)",
+        reported: "one line naming `plugins.NAME.scope`, the grant and examples of the syntax",
+        says: "is not a field path",
+        test: "tests/scopes.rs: a_grant_that_is_not_a_field_path_is_refused_at_load",
+    },
 ];
 
 fn row(id: &str) -> &'static Fault {
@@ -1595,6 +1640,7 @@ fn docs_reliability_md_is_the_fault_table() {
                 "tests/test_command.rs" => include_str!("test_command.rs"),
                 "tests/pod_security.rs" => include_str!("pod_security.rs"),
                 "tests/scaffold.rs" => include_str!("scaffold.rs"),
+                "tests/scopes.rs" => include_str!("scopes.rs"),
                 other => panic!("fault {}: unknown file {other}", f.id),
             };
             assert!(
@@ -1675,7 +1721,12 @@ fn env() -> Env {
         "wasi-clock",
     ] {
         let path = wat::write(&plugins, name, &wat::hostile(name));
-        catalog.push_str(&format!("  {name}:\n    path: {}\n", path.display()));
+        // Granted every field: these rows are the sandbox's faults, which
+        // must hold whatever a catalog grants (the scope's are rows of their own).
+        catalog.push_str(&format!(
+            "  {name}:\n    path: {}\n    scope: [metadata, spec]\n",
+            path.display()
+        ));
     }
     let config = tmp.path().join("podstamp.yaml");
     fs::write(
@@ -1962,7 +2013,7 @@ fn plugins_importing_wasi_beyond_the_fixed_list_are_refused_at_load() {
     fs::write(
         &e.config,
         format!(
-            "plugins:\n  wasi:\n    path: {}\nchain: [wasi]\n",
+            "plugins:\n  wasi:\n    path: {}\n    scope: [metadata, spec]\nchain: [wasi]\n",
             path.display()
         ),
     )
@@ -2326,7 +2377,7 @@ fn a_plugin_output_the_kubelet_refuses_keeps_the_last_good_manifest() {
     fs::write(
         &config,
         format!(
-            "plugins:\n  substitute:\n    path: {}\n    settings: {{vars: {{REGISTRY_IP: '10.0.0.1'}}}}\nchain: [substitute]\n",
+            "plugins:\n  substitute:\n    path: {}\n    settings: {{vars: {{REGISTRY_IP: '10.0.0.1'}}}}\n    scope: [metadata, spec]\nchain: [substitute]\n",
             common::plugin("substitute").display()
         ),
     )
@@ -2694,7 +2745,7 @@ fn mandatory_plugins_run_last_whatever_the_template_picks() {
         fs::write(
             &config,
             format!(
-                "plugins:\n  identity: {{path: {}}}\n  author: {{path: {}}}\n  policy: {{path: {}{mandatory}}}\nchain: [{chain}]\n",
+                "plugins:\n  identity: {{path: {}}}\n  author: {{path: {}, scope: [metadata, spec]}}\n  policy: {{path: {}, scope: [metadata, spec]{mandatory}}}\nchain: [{chain}]\n",
                 identity.display(),
                 author.display(),
                 policy.display()

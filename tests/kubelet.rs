@@ -128,7 +128,7 @@ fn write_config(dir: &Path) -> PathBuf {
     use common::plugin;
     let path = dir.join("podstamp.yaml");
     let text = format!(
-        "plugins:\n  substitute:\n    path: {}\n  node-env:\n    path: {}\n    settings: {{nodeIP: \"\", labels: {{HOST: kubernetes.io/hostname}}}}\nchain: [substitute, node-env]\n",
+        "plugins:\n  substitute:\n    path: {}\n    scope: [metadata, spec]\n  node-env:\n    path: {}\n    settings: {{nodeIP: \"\", labels: {{HOST: kubernetes.io/hostname}}}}\nchain: [substitute, node-env]\n",
         plugin("substitute").display(),
         plugin("node-env").display(),
     );
@@ -733,7 +733,10 @@ fn a_plugin_output_the_kubelet_would_refuse_leaves_the_running_pod_alone() {
     // The test's configuration, with that plugin in the catalog.
     let text = fs::read_to_string(write_config(&dir)).unwrap().replace(
         "plugins:\n",
-        &format!("plugins:\n  refuse:\n    path: {}\n", plugin.display()),
+        &format!(
+            "plugins:\n  refuse:\n    path: {}\n    scope: [metadata, spec]\n",
+            plugin.display()
+        ),
     );
     let config = dir.join("podstamp-refuse.yaml");
     fs::write(&config, text).unwrap();
@@ -779,6 +782,102 @@ fn a_plugin_output_the_kubelet_would_refuse_leaves_the_running_pod_alone() {
     );
     assert!(note.contains("plugin"), "{note}");
     assert!(daemon.metric("podstamp_render_failures_total{reason=\"RenderFailed\"}") >= 1.0);
+    // Five of the kubelet's re-listings later: the same file, the same container.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        fs::read(&manifest).unwrap(),
+        written,
+        "the running manifest was touched"
+    );
+    let after: Vec<String> = node.running(&mirror).into_iter().map(|c| c.id).collect();
+    assert_eq!(
+        after,
+        before,
+        "the kubelet's container changed: {:#?}",
+        node.containers()
+    );
+    let pod = kube.pod(&mirror).expect("the mirror pod");
+    assert!(is_ready(&pod), "{:?}", pod.status);
+    assert_eq!(mirror_revision(&pod), Some(revision.as_str()));
+
+    stop_all(daemon, node, &dir);
+}
+
+/// A reload of the configuration that brings a plugin overstepping its
+/// scope (the attacker of issue 26, built from source, in the default chain
+/// with the default scope) is refused at render: the running manifest stays
+/// as it was, the kubelet keeps the same container running, and the refusal
+/// is an Event on the template naming the plugin, its digest and the field,
+/// counted by plugin in `podstamp_plugin_scope_refusals_total`.
+#[test]
+fn a_reload_bringing_a_plugin_that_oversteps_its_scope_leaves_the_running_pod_alone() {
+    let fault = "spec.hostPID: added, outside the plugin's scope";
+    let attacker = common::fixture_plugin("attacker");
+    let _serial = serial();
+    let server = shared_server();
+    let ns = unique("klscope");
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    kube.create_namespace();
+    let dir = node_dir("kl-scope");
+    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-scope");
+    let config = write_config(&dir);
+    kube.create_template(template("web", "1"));
+    let kubeconfig = server.kubeconfig("admin");
+    let manifests = node.manifests();
+    let daemon = Daemon::start(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--namespace",
+            &ns,
+            "--node-name",
+            &node.name,
+            "--manifest-dir",
+            manifests.to_str().unwrap(),
+        ],
+        dir.join("podstamp.log"),
+    );
+    let revision = new_revision(&node, &daemon, None);
+    wait_ready_revision(&kube, &node, &daemon, &revision, "VERSION=1");
+    let manifest = node.manifests().join("web.yaml");
+    let written = fs::read(&manifest).unwrap();
+    let mirror = format!("web-{}", node.name);
+    let before: Vec<String> = node.running(&mirror).into_iter().map(|c| c.id).collect();
+    assert_eq!(before.len(), 1, "{:#?}", node.containers());
+
+    // The new catalog: the attacker, no scope given, at the end of the
+    // default chain; written beside and renamed into place.
+    let text = fs::read_to_string(&config)
+        .unwrap()
+        .replace(
+            "plugins:\n",
+            &format!(
+                "plugins:\n  evil:\n    path: {}\n    settings: {{only: [hostPID]}}\n",
+                attacker.display()
+            ),
+        )
+        .replace(
+            "chain: [substitute, node-env]",
+            "chain: [substitute, node-env, evil]",
+        );
+    let next = dir.join(".podstamp.yaml.next");
+    fs::write(&next, text).unwrap();
+    fs::rename(&next, &config).unwrap();
+    let note = wait_event(
+        &kube,
+        &node,
+        &daemon,
+        "RenderFailed",
+        &[
+            "plugin 3 of 3 `evil` (attacker 0.1.0)",
+            fault,
+            "plugin sha256 ",
+        ],
+    );
+    assert!(note.contains("scope: [spec.hostPID]"), "{note}");
+    assert!(daemon.metric("podstamp_plugin_scope_refusals_total{plugin=\"evil\"}") >= 1.0);
     // Five of the kubelet's re-listings later: the same file, the same container.
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(

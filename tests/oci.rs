@@ -351,7 +351,7 @@ fn oci_config(path: &Path, reference: &str, greeting: &str, registry: &str) -> P
     fs::write(
         path,
         format!(
-            "plugins:\n  substitute:\n    oci: {reference}\n    settings: {{vars: {{greeting: {greeting}}}}}\nchain: [substitute]\nlimits: {{timeout: 2s}}\ndaemon: {{registry: {registry}}}\n"
+            "plugins:\n  substitute:\n    oci: {reference}\n    settings: {{vars: {{greeting: {greeting}}}}}\n    scope: [metadata, spec]\nchain: [substitute]\nlimits: {{timeout: 2s}}\ndaemon: {{registry: {registry}}}\n"
         ),
     )
     .unwrap();
@@ -978,7 +978,7 @@ fn a_registry_sending_a_gigabyte_is_refused_at_the_cap_in_the_memory_of_a_small_
         fs::write(
             &config,
             format!(
-                "plugins:\n  p:\n    oci: {}/plugins/{case}@sha256:{pinned}\nchain: [p]\ndaemon: {{registry: {{ca: {}, timeout: 60s}}}}\n",
+                "plugins:\n  p:\n    oci: {}/plugins/{case}@sha256:{pinned}\n    scope: [metadata, spec]\nchain: [p]\ndaemon: {{registry: {{ca: {}, timeout: 60s}}}}\n",
                 registry.host,
                 registry.ca.display()
             ),

@@ -296,7 +296,7 @@ fn the_daemon_writes_the_same_manifest_with_substitute_py_as_with_substitute() {
         fs::write(
             &config,
             format!(
-                "plugins:\n  substitute:\n    path: {}\n    settings: {{vars: {{greeting: hello}}}}\n  node-env:\n    path: {}\n    settings: {{nodeIP: \"\", labels: {{ZONE: zone}}}}\nchain: [substitute, node-env]\nlimits: {{timeout: 10s}}\n",
+                "plugins:\n  substitute:\n    path: {}\n    settings: {{vars: {{greeting: hello}}}}\n    scope: [metadata, spec]\n  node-env:\n    path: {}\n    settings: {{nodeIP: \"\", labels: {{ZONE: zone}}}}\nchain: [substitute, node-env]\nlimits: {{timeout: 10s}}\n",
                 substitute.display(),
                 plugin("node-env").display()
             ),

@@ -1538,7 +1538,7 @@ fn a_bad_settings_annotation_names_the_annotation_the_plugin_and_the_field() {
     let mandatory = files.put(
         "mandatory.yaml",
         format!(
-            "plugins:\n  arch-image:\n    path: {}\n    settingsFile: {}\n  identity:\n    path: {}\n  substitute:\n    path: {}\n    mandatory: true\nchain: [arch-image, substitute]\n",
+            "plugins:\n  arch-image:\n    path: {}\n    settingsFile: {}\n    scope: [metadata, spec]\n  identity:\n    path: {}\n  substitute:\n    path: {}\n    mandatory: true\n    scope: [metadata, spec]\nchain: [arch-image, substitute]\n",
             path("arch-image"),
             common::repo().join("tests/fixtures/arch-image.yaml").display(),
             path("identity"),

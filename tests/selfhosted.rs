@@ -431,6 +431,7 @@ fn podstamp_runs_as_a_static_pod_from_its_own_image_on_a_real_kubelet() {
             "arch-image": {
                 "path": common::plugin("arch-image"),
                 "settings": {"images": {"podstamp": {"amd64": reference, "arm64": reference}}},
+                "scope": ["spec.containers[podstamp].image"],
             },
             "substitute": {
                 "path": common::plugin("substitute"),
@@ -441,6 +442,7 @@ fn podstamp_runs_as_a_static_pod_from_its_own_image_on_a_real_kubelet() {
                     "cacheDir": host.join("cache"),
                     "revisionsDir": host.join("revisions"),
                 }},
+                "scope": ["spec.volumes[*].hostPath.path"],
             },
         },
         "chain": ["arch-image", "substitute"],

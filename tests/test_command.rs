@@ -51,7 +51,7 @@ fn cases() -> tempfile::TempDir {
         &format!(
             // The checkpointer runs on the host network, with host paths:
             // granted Pod Security level privileged, as a case must.
-            "plugins:\n  arch-image:\n    path: {}\n    settingsFile: settings.yaml\nchain: [arch-image]\npodSecurity: privileged\n",
+            "plugins:\n  arch-image:\n    path: {}\n    settingsFile: settings.yaml\n    scope:\n    - spec.containers[*].image\nchain: [arch-image]\npodSecurity: privileged\n",
             plugin("arch-image").display()
         ),
     );

@@ -24,6 +24,10 @@
 //! The kubelet's check (podstamp-kubecheck) that precedes every write has
 //! two rows: a verdict from the memo, and a call to the helper.
 //!
+//! The plugin scopes' check (issue 26) has a pair of rows: the example
+//! chain with each plugin granted what it changes, and the same chain with
+//! no scope (nothing compared), timed in alternating batches.
+//!
 //! Run: `bash plugins/build.sh && bash tests/harness/build-kubecheck.sh && cargo bench --bench render`
 
 use std::hint::black_box;
@@ -35,6 +39,7 @@ use podstamp::config::ConfigFile;
 use podstamp::node::NodeContext;
 use podstamp::plugin::{Allocation, Limits, Runtime, WitNode};
 use podstamp::render::{render, render_unverified};
+use podstamp::scope::Scope;
 use podstamp::template::{Template, parse_document};
 use podstamp::{manifest, validate, write};
 use serde_json::Value;
@@ -159,10 +164,13 @@ fn main() {
     // costs (the host's work on each output included), the floor the
     // example chain is held to.
     let identities = Chain::new(vec![identity.steps()[0].clone(); 3]);
-    // The example chain, with settings for the benchmark pod's containers.
-    let step = |name: &str, settings: serde_json::Value| {
+    // The example chain, with settings for the benchmark pod's containers,
+    // each plugin granted exactly the fields it changes (as a catalog
+    // would), so that every render runs the scope check.
+    let step = |name: &str, settings: serde_json::Value, scope: &[&str]| {
         let plugin = runtime.load(&plugins.join(format!("{name}.wasm"))).unwrap();
-        std::sync::Arc::new(Step::new(name.to_string(), plugin, &settings))
+        let scope = Scope::parse(scope).unwrap();
+        std::sync::Arc::new(Step::new(name.to_string(), plugin, &settings).with_scope(scope))
     };
     let example = Chain::new(vec![
         step(
@@ -170,13 +178,40 @@ fn main() {
             serde_json::json!({"images": {"kube-apiserver": {
                 "amd64": "registry.k8s.io/kube-apiserver-amd64:v1.36.3",
                 "arm64": "registry.k8s.io/kube-apiserver-arm64:v1.36.3"}}}),
+            &["spec.containers[kube-apiserver].image"],
         ),
         step(
             "node-env",
             serde_json::json!({"labels": {"NODE_ZONE": "topology.kubernetes.io/zone"}}),
+            &["spec.containers[*].env"],
         ),
-        step("substitute", serde_json::json!({})),
+        step(
+            "substitute",
+            serde_json::json!({}),
+            &[
+                r#"metadata.annotations["kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint"]"#,
+                "spec.containers[*].command",
+                "spec.containers[*].livenessProbe.httpGet.host",
+                "spec.containers[*].readinessProbe.httpGet.host",
+                "spec.containers[*].startupProbe.httpGet.host",
+            ],
+        ),
     ]);
+    // The same chain with no scope at all: no step's output is compared
+    // with its input (only probed for its name), as before scopes existed.
+    let unscoped = Chain::new(
+        example
+            .steps()
+            .iter()
+            .map(|s| {
+                let plugin = s.plugin.clone();
+                let settings: Value = serde_json::from_str(&s.settings_json).unwrap();
+                std::sync::Arc::new(
+                    Step::new(s.name.clone(), plugin, &settings).with_scope(Scope::unrestricted()),
+                )
+            })
+            .collect(),
+    );
 
     // The examples written in other languages, each beside its Rust twin
     // with the same settings (rows left out when not built: their build
@@ -340,6 +375,9 @@ fn main() {
                 .map(|(step, d)| (step.name.clone(), d / renders))
                 .collect()
         };
+        // The scope check on and off, in alternating batches: what checking
+        // every plugin's output against its grants costs a render.
+        let (scoped, unscoped_took) = measure_pair(|| in_step(&example), || in_step(&unscoped));
         let three_verified = measure(|| {
             black_box(render(&template, &node, &example, "kube-system").unwrap());
         });
@@ -467,6 +505,18 @@ fn main() {
             true,
             "",
         );
+        let scope_cost = scoped.as_secs_f64() / unscoped_took.as_secs_f64() - 1.0;
+        row(
+            "  the same, scope check (pair)",
+            scoped,
+            true,
+            &format!(
+                "{:+.1}% vs no check, target <= +5%: {}",
+                scope_cost * 100.0,
+                verdict(scope_cost <= 0.05)
+            ),
+        );
+        row("  the same, no scope check (pair)", unscoped_took, true, "");
         // The example chain against the same render through three plugins
         // that do nothing: what the plugins' own work costs.
         let over = three.as_secs_f64() / three_identities.as_secs_f64();

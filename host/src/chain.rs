@@ -5,19 +5,36 @@
 //! plugin for invalid JSON or a renamed pod, but builds nothing from it but
 //! the metadata; only the last step's output is parsed into a value.
 //!
+//! Each step has a [`Scope`]: the fields its plugin may change. When a
+//! step's output differs from its input (as text: an unchanged text is an
+//! unchanged pod, and costs no parse), both are compared as values and a
+//! change outside the scope fails the step, naming the first such field;
+//! only a step with no scope at all (`podstamp render --plugin`) is merely
+//! probed. The comparison also gives `render --explain` and the debug log
+//! what each plugin changed. A step remembers the (input, output) pairs
+//! that passed, by keyed hashes of the texts, so that rendering a template
+//! again the same way costs two hashes, not a parse and a walk.
+//!
 //! A chain may carry a time budget for the whole of one render: each call's
 //! deadline is then the earlier of the plugin's own timeout and what is left
 //! of the budget, so no call runs past it, and a step that finds none left is
 //! not called. Running out is a failure of the step where it happened.
 
+use std::borrow::Cow;
+use std::collections::HashSet;
 use std::fmt;
-use std::sync::Arc;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use crate::plugin::{CallFailure, Plugin, PluginInfo, WitNode};
+use crate::scope::{self, Change, Scope};
+
+/// The most changes `render --explain` lists for one plugin.
+pub const EXPLAIN_LIMIT: usize = 40;
 
 /// One configured plugin: a catalog name, the loaded component and its settings.
 #[derive(Debug)]
@@ -26,16 +43,57 @@ pub struct Step {
     pub plugin: Plugin,
     /// The settings as compact JSON, made once at load time.
     pub settings_json: String,
+    /// What the plugin may change; the default scope unless granted more.
+    pub scope: Scope,
+    /// The (input, output) text pairs whose scope check passed, by a keyed
+    /// hash of each text: the same pair passes again without a parse or a
+    /// walk (a resync renders every template the same way).
+    passed: Mutex<HashSet<(u64, u64)>>,
+}
+
+/// The most pairs one step remembers; past it, it starts again (a bound on
+/// memory, 16 bytes a pair, whatever the number of templates).
+const PASSED_LIMIT: usize = 4096;
+
+/// A hash of `text` keyed once per process, so that no plugin can aim at
+/// a pair the memo holds without knowing the key.
+fn text_hash(text: &str) -> u64 {
+    static KEYS: OnceLock<RandomState> = OnceLock::new();
+    KEYS.get_or_init(RandomState::new).hash_one(text)
 }
 
 impl Step {
+    /// A step with the default scope ([`scope::DEFAULT_GRANTS`]).
     pub fn new(name: String, plugin: Plugin, settings: &Value) -> Step {
         Step {
             name,
             plugin,
             settings_json: settings.to_string(),
+            scope: Scope::default(),
+            passed: Mutex::default(),
         }
     }
+
+    /// This step, with `scope` granted instead.
+    pub fn with_scope(mut self, scope: Scope) -> Step {
+        self.scope = scope;
+        self.passed = Mutex::default();
+        self
+    }
+
+    fn lock_passed(&self) -> std::sync::MutexGuard<'_, HashSet<(u64, u64)>> {
+        self.passed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What one step changed, for `podstamp render --explain`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepChanges {
+    pub step: String,
+    pub plugin: PluginInfo,
+    /// At most [`EXPLAIN_LIMIT`] changes, and how many more there were.
+    pub changes: Vec<Change>,
+    pub more: usize,
 }
 
 /// An ordered list of steps; empty is a passthrough.
@@ -71,6 +129,16 @@ pub enum StepFailure {
     OutOfTime {
         budget: Duration,
     },
+    /// The plugin changed a field its scope does not grant.
+    OutOfScope {
+        change: Change,
+        /// The grant that would allow the change.
+        needed: String,
+        /// The step's scope, as written.
+        scope: String,
+        /// The component's sha256: which build of the plugin did it.
+        sha256: String,
+    },
 }
 
 impl fmt::Display for ChainFailure {
@@ -94,6 +162,15 @@ impl fmt::Display for ChainFailure {
                 f,
                 "the render's time budget of {} ms (limits.renderTimeout) ran out at this plugin; the render was stopped",
                 budget.as_millis()
+            ),
+            StepFailure::OutOfScope {
+                change,
+                needed,
+                scope,
+                sha256,
+            } => write!(
+                f,
+                "{change}, outside the plugin's scope: {scope}; the change is refused (plugin sha256 {sha256}); if this plugin may change it, grant it in its catalog entry: scope: [{needed}]"
             ),
         }
     }
@@ -140,6 +217,8 @@ impl Chain {
             field(step.name.as_bytes());
             field(step.plugin.sha256().as_bytes());
             field(step.settings_json.as_bytes());
+            // A new scope may refuse what rendered before, or allow it.
+            field(step.scope.to_string().as_bytes());
         }
         match self.budget {
             Some(budget) => field(&budget.as_nanos().to_le_bytes()),
@@ -167,9 +246,34 @@ impl Chain {
         subject: &str,
         observe: &mut dyn FnMut(&Step, bool, Duration),
     ) -> Result<Value, Box<ChainFailure>> {
+        self.run(pod, node, subject, observe, None)
+    }
+
+    /// [`Chain::apply_observed`], adding to `explain` what each step that
+    /// ran to its end changed (a failed step has no entry).
+    pub fn apply_explained(
+        &self,
+        pod: &Value,
+        node: &WitNode,
+        subject: &str,
+        observe: &mut dyn FnMut(&Step, bool, Duration),
+        explain: &mut Vec<StepChanges>,
+    ) -> Result<Value, Box<ChainFailure>> {
+        self.run(pod, node, subject, observe, Some(explain))
+    }
+
+    fn run(
+        &self,
+        pod: &Value,
+        node: &WitNode,
+        subject: &str,
+        observe: &mut dyn FnMut(&Step, bool, Duration),
+        mut explain: Option<&mut Vec<StepChanges>>,
+    ) -> Result<Value, Box<ChainFailure>> {
         if self.steps.is_empty() {
             return Ok(pod.clone());
         }
+        let debug = tracing::enabled!(tracing::Level::DEBUG);
         // A budget too large to add to the clock is no budget.
         let deadline = self
             .budget
@@ -181,6 +285,9 @@ impl Chain {
         // The first plugin gets the pod as text: written from the borrowed
         // value, with no copy of it made.
         let mut text = pod.to_string();
+        // The pod `text` holds, when it was parsed (or is the template's):
+        // the "before" of the next step's scope check.
+        let mut known: Option<Cow<'_, Value>> = Some(Cow::Borrowed(pod));
         for (index, step) in self.steps.iter().enumerate() {
             let fail = |failure| self.failure(index, failure);
             let started = Instant::now();
@@ -198,7 +305,7 @@ impl Chain {
                 step.plugin
                     .transform_within(&text, node, &step.settings_json, subject, left);
             observe(step, output.is_ok(), started.elapsed());
-            text = output.map_err(|e| match (e, deadline) {
+            let output = output.map_err(|e| match (e, deadline) {
                 // The call was given what was left of the budget, less than
                 // its own timeout: the budget stopped it.
                 (CallFailure::DeadlineExceeded { timeout }, Some((budget, _)))
@@ -208,29 +315,122 @@ impl Chain {
                 }
                 (e, _) => fail(StepFailure::Call(e)),
             })?;
-            // The last step's output is parsed once, into the value the
-            // render goes on with; the others' are only probed.
             let last = index + 1 == self.steps.len();
-            let (new_name, pod) = if last {
-                let pod = parse_output(&text).map_err(fail)?;
-                (pod.pointer("/metadata/name").cloned(), Some(pod))
-            } else {
-                (name_in(&text).map_err(fail)?, None)
-            };
-            let new_name = new_name.unwrap_or(Value::Null);
-            if new_name != name {
-                return Err(fail(StepFailure::Renamed {
-                    from: name.as_str().unwrap_or_default().to_string(),
-                    to: new_name
-                        .as_str()
-                        .map_or_else(|| new_name.to_string(), str::to_string),
-                }));
+            // The same text is the same pod: nothing changed, nothing to
+            // parse or check (identity plugins, a substitute with nothing
+            // to substitute).
+            if output == text {
+                if let Some(explain) = explain.as_deref_mut() {
+                    explain.push(self.changes(index, Vec::new(), 0));
+                }
+                if last {
+                    return match known {
+                        Some(pod) => Ok(pod.into_owned()),
+                        None => parse_output(&text).map_err(fail),
+                    };
+                }
+                continue;
             }
-            if let Some(pod) = pod {
-                return Ok(pod);
+            let compare = !step.scope.is_unrestricted() || explain.is_some() || debug;
+            // A pair that passed this step's check before passes again.
+            let pair = (!step.scope.is_unrestricted() && explain.is_none() && !debug)
+                .then(|| (text_hash(&text), text_hash(&output)));
+            if let Some(pair) = pair
+                && step.lock_passed().contains(&pair)
+            {
+                if last {
+                    return parse_output(&output).map_err(fail);
+                }
+                text = output;
+                known = None;
+                continue;
             }
+            if !last && !compare {
+                // Only probed: blame the right plugin for invalid JSON or a
+                // renamed pod, and build nothing.
+                let new_name = name_in(&output).map_err(fail)?.unwrap_or(Value::Null);
+                self.check_name(index, &name, &new_name)?;
+                text = output;
+                known = None;
+                continue;
+            }
+            let after = parse_output(&output).map_err(fail)?;
+            let new_name = after
+                .pointer("/metadata/name")
+                .cloned()
+                .unwrap_or(Value::Null);
+            self.check_name(index, &name, &new_name)?;
+            if compare {
+                // The input was checked as a pod when it was made.
+                let before = match known.take() {
+                    Some(pod) => pod,
+                    None => Cow::Owned(parse_output(&text).map_err(fail)?),
+                };
+                step.scope.check(&before, &after).map_err(|overstep| {
+                    fail(StepFailure::OutOfScope {
+                        change: overstep.change,
+                        needed: overstep.needed,
+                        scope: step.scope.to_string(),
+                        sha256: step.plugin.sha256().to_string(),
+                    })
+                })?;
+                if let Some(pair) = pair {
+                    let mut passed = step.lock_passed();
+                    if passed.len() >= PASSED_LIMIT {
+                        passed.clear();
+                    }
+                    passed.insert(pair);
+                }
+                if explain.is_some() || debug {
+                    let (changes, more) = scope::diff(&before, &after, EXPLAIN_LIMIT);
+                    if debug {
+                        let fields = scope::top_level_fields(&changes).join(", ");
+                        tracing::debug!(subject, plugin = %step.name, changed = %fields, "a plugin changed the pod");
+                    }
+                    if let Some(explain) = explain.as_deref_mut() {
+                        explain.push(self.changes(index, changes, more));
+                    }
+                }
+            }
+            if last {
+                return Ok(after);
+            }
+            text = output;
+            known = Some(Cow::Owned(after));
         }
         unreachable!("a chain of steps returns from its last step")
+    }
+
+    /// Fails the step at `index` when it renamed the pod.
+    fn check_name(
+        &self,
+        index: usize,
+        name: &Value,
+        new_name: &Value,
+    ) -> Result<(), Box<ChainFailure>> {
+        if new_name == name {
+            return Ok(());
+        }
+        Err(self.failure(
+            index,
+            StepFailure::Renamed {
+                from: name.as_str().unwrap_or_default().to_string(),
+                to: new_name
+                    .as_str()
+                    .map_or_else(|| new_name.to_string(), str::to_string),
+            },
+        ))
+    }
+
+    /// What the step at `index` changed.
+    fn changes(&self, index: usize, changes: Vec<Change>, more: usize) -> StepChanges {
+        let step = &self.steps[index];
+        StepChanges {
+            step: step.name.clone(),
+            plugin: step.plugin.info().clone(),
+            changes,
+            more,
+        }
     }
 
     /// How the step at `index` (0-based) failed.

@@ -22,6 +22,7 @@ pub mod oci;
 pub mod plugin;
 pub mod reason;
 pub mod render;
+pub mod scope;
 pub mod security_level;
 pub mod selector;
 pub mod settings;

@@ -19,7 +19,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::chain::{Chain, ChainFailure, Step};
+use crate::chain::{Chain, ChainFailure, Step, StepChanges};
 use crate::kube_check::{CheckError, KubeCheck, PodSecurityError, Refusal, Unavailable, Violation};
 use crate::manifest::{self, Manifest};
 use crate::node::NodeContext;
@@ -178,6 +178,26 @@ pub fn render_observed(
     render_unverified(template, node, chain, namespace, observe)?.verify()
 }
 
+/// [`render_unverified`], adding to `explain` what each plugin changed
+/// (`podstamp render --explain`): filled as far as the chain ran, also
+/// when it fails.
+pub fn render_explained(
+    template: &Template,
+    node: &NodeContext,
+    chain: &Chain,
+    namespace: &str,
+    explain: &mut Vec<StepChanges>,
+) -> Result<Rendered, RenderError> {
+    render_inner(
+        template,
+        node,
+        chain,
+        namespace,
+        &mut |_, _, _| {},
+        Some(explain),
+    )
+}
+
 /// A rendered manifest whose bytes were not read back yet: the daemon
 /// compares them with the file on disk first, and reads back only bytes
 /// that are about to be written.
@@ -263,15 +283,31 @@ pub fn render_unverified(
     namespace: &str,
     observe: &mut dyn FnMut(&Step, bool, Duration),
 ) -> Result<Rendered, RenderError> {
+    render_inner(template, node, chain, namespace, observe, None)
+}
+
+fn render_inner(
+    template: &Template,
+    node: &NodeContext,
+    chain: &Chain,
+    namespace: &str,
+    observe: &mut dyn FnMut(&Step, bool, Duration),
+    explain: Option<&mut Vec<StepChanges>>,
+) -> Result<Rendered, RenderError> {
     let id = template.id();
     let fail = |stage| RenderError {
         template: id.clone(),
         stage,
     };
     let subject = format!("{id} on {}", node.name);
-    let pod = chain
-        .apply_observed(template.pod(), &WitNode::from(node), &subject, observe)
-        .map_err(|e| fail(Stage::Plugin(e)))?;
+    let wit_node = WitNode::from(node);
+    let pod = match explain {
+        None => chain.apply_observed(template.pod(), &wit_node, &subject, observe),
+        Some(explain) => {
+            chain.apply_explained(template.pod(), &wit_node, &subject, observe, explain)
+        }
+    }
+    .map_err(|e| fail(Stage::Plugin(e)))?;
     let mut pod = pod;
     // Forced before validation, so that what is validated is what is written.
     pod["metadata"]["namespace"] = serde_json::Value::String(namespace.to_string());

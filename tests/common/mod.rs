@@ -27,6 +27,36 @@ pub fn plugin(name: &str) -> PathBuf {
     path
 }
 
+/// A plugin built from source as a test fixture, tests/fixtures/`name` (a
+/// crate using the SDK, as `podstamp plugin new` makes one), with
+/// plugins/build.sh into target/fixture-plugins; built once per test
+/// process, and not rebuilt when up to date.
+pub fn fixture_plugin(name: &str) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    let out_dir = repo().join("target/fixture-plugins");
+    let path = out_dir.join(format!("{name}.wasm"));
+    if !built.iter().any(|b| b == name) {
+        let status = Command::new("bash")
+            .arg(repo().join("plugins/build.sh"))
+            .arg("--manifest-path")
+            .arg(repo().join(format!("tests/fixtures/{name}/Cargo.toml")))
+            .arg("--out-dir")
+            .arg(&out_dir)
+            // std for wasm32, built by the examples' build already.
+            .arg("--target-dir")
+            .arg(repo().join("target/wasm32"))
+            .status()
+            .expect("run plugins/build.sh (bash is needed)");
+        assert!(
+            status.success(),
+            "plugins/build.sh could not build tests/fixtures/{name}: see its output above (it installs its toolchain when run as root)"
+        );
+        built.push(name.to_string());
+    }
+    path
+}
+
 pub fn podstamp(args: &[&str]) -> Output {
     podstamp_in(args, None)
 }

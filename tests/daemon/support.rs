@@ -439,7 +439,7 @@ pub fn write_config(dir: &Path) -> PathBuf {
     use crate::common::plugin;
     let path = dir.join("podstamp.yaml");
     let text = format!(
-        "plugins:\n  substitute:\n    path: {}\n    settings: {{vars: {{greeting: hello}}}}\n  node-env:\n    path: {}\n    settings: {{nodeIP: \"\", labels: {{ZONE: zone}}}}\n  identity:\n    path: {}\nchain: [substitute, node-env]\nlimits: {{timeout: 2s}}\n",
+        "plugins:\n  substitute:\n    path: {}\n    settings: {{vars: {{greeting: hello}}}}\n    scope: [metadata, spec]\n  node-env:\n    path: {}\n    settings: {{nodeIP: \"\", labels: {{ZONE: zone}}}}\n  identity:\n    path: {}\nchain: [substitute, node-env]\nlimits: {{timeout: 2s}}\n",
         plugin("substitute").display(),
         plugin("node-env").display(),
         plugin("identity").display(),

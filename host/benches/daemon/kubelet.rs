@@ -428,9 +428,9 @@ pub(crate) fn kubelet_config(dir: &Path) -> PathBuf {
         &path,
         format!(
             "plugins:\n\
-             \x20 arch-image:\n    path: {}\n    settings: {{images: {{main: {{{arch}: podstamp.test/busybox:1}}}}}}\n\
+             \x20 arch-image:\n    path: {}\n    settings: {{images: {{main: {{{arch}: podstamp.test/busybox:1}}}}}}\n    scope: [metadata, spec]\n\
              \x20 node-env:\n    path: {}\n    settings: {{containers: [main], nodeName: \"\", nodeIP: \"\", labels: {{HOST: kubernetes.io/hostname}}}}\n\
-             \x20 substitute:\n    path: {}\n\
+             \x20 substitute:\n    path: {}\n    scope: [metadata, spec]\n\
              chain: [arch-image, node-env, substitute]\n\
              limits: {{timeout: 100ms, memory: 64Mi, maxManifestSize: 1Mi}}\n",
             plugin("arch-image"),

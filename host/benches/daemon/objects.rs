@@ -43,9 +43,9 @@ pub fn write_bench_config(root: &Path) -> PathBuf {
     let arch = podstamp::node::host_architecture();
     let text = format!(
         "plugins:\n\
-         \x20 arch-image:\n    path: {}\n    settings: {{images: {{agent: {{{arch}: example.invalid/agent:1-{arch}, arm64: example.invalid/agent:1-arm64}}}}}}\n\
+         \x20 arch-image:\n    path: {}\n    settings: {{images: {{agent: {{{arch}: example.invalid/agent:1-{arch}, arm64: example.invalid/agent:1-arm64}}}}}}\n    scope: [metadata, spec]\n\
          \x20 node-env:\n    path: {}\n    settings: {{containers: [agent], nodeIP: \"\", labels: {{NODE_ZONE: topology.kubernetes.io/zone}}}}\n\
-         \x20 substitute:\n    path: {}\n\
+         \x20 substitute:\n    path: {}\n    scope: [metadata, spec]\n\
          chain: [arch-image, node-env, substitute]\n\
          limits: {{timeout: 100ms, memory: 64Mi, maxManifestSize: 1Mi}}\n",
         plugin("arch-image"),

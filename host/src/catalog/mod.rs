@@ -10,6 +10,8 @@
 //!   ends with the mandatory plugins, and a template's own chain is followed
 //!   by them (in the default chain's order) whether it names them or not.
 //!   They run last so that no plugin a template picks can undo what they do;
+//! * each entry's `scope:` is the most its plugin may change (the default
+//!   scope when it gives none); a template's settings never change it;
 //! * a render has a total time budget (`limits.renderTimeout`, default
 //!   [`RENDER_BUDGET_CALLS`] times the per-call timeout), enforced by the chain.
 //!
@@ -30,6 +32,7 @@ use sha2::{Digest, Sha256};
 
 use crate::chain::{Chain, Step};
 use crate::plugin::{Plugin, Runtime};
+use crate::scope::Scope;
 use crate::validate::join_key;
 
 mod annotation;
@@ -217,16 +220,21 @@ impl Catalog {
             let (source, pin) = entry
                 .source(&field)
                 .map_err(|e| config_error(e.to_string()))?;
-            checked.push((name, field, settings, source, pin));
+            let scope = match &entry.scope {
+                None => Scope::default(),
+                Some(grants) => Scope::parse(grants)
+                    .map_err(|e| config_error(format!("{}: {e}", join_key(&field, "scope"))))?,
+            };
+            checked.push((name, field, settings, source, pin, scope));
         }
         let mut steps = BTreeMap::new();
         let mut settings_by_name = BTreeMap::new();
-        for (name, field, settings, source, pin) in checked {
+        for (name, field, settings, source, pin, scope) in checked {
             let plugin = plugin(&source, pin.as_deref()).map_err(|source| PluginError {
                 entry: field.clone(),
                 source,
             })?;
-            let step = Step::new(name.clone(), plugin, &settings);
+            let step = Step::new(name.clone(), plugin, &settings).with_scope(scope);
             // Bad settings are refused here, before any render, when the
             // plugin can say so (WIT 0.1.1's `validate-settings`).
             component::check_settings(&step).map_err(|source| PluginError {
@@ -321,11 +329,16 @@ impl Catalog {
             .steps
             .iter()
             .map(|(name, step)| {
-                let entry = serde_json::json!({
+                let mut entry = serde_json::json!({
                     "sha256": step.plugin.sha256(),
                     "settings": self.settings.get(name).cloned().unwrap_or(Value::Null),
                     "mandatory": self.mandatory.iter().any(|m| m.name == *name),
                 });
+                // Only a granted scope is written: a catalog without scopes
+                // keeps the digest it had before scopes existed.
+                if step.scope != Scope::default() {
+                    entry["scope"] = Value::String(step.scope.to_string());
+                }
                 (name.clone(), entry)
             })
             .collect();
@@ -468,7 +481,10 @@ impl Catalog {
                 Some(patch) => {
                     let mut settings = self.settings.get(&step.name).cloned().unwrap_or_default();
                     merge_patch(&mut settings, patch);
-                    Arc::new(Step::new(step.name.clone(), step.plugin.clone(), &settings))
+                    // The settings are the template's to patch; the scope is not.
+                    let patched = Step::new(step.name.clone(), step.plugin.clone(), &settings)
+                        .with_scope(step.scope.clone());
+                    Arc::new(patched)
                 }
             })
             .collect();

@@ -10,6 +10,7 @@
 //!     sha256: 3f1c…        # of the uncompressed component; required for configMap
 //!     settings: {…}        # or settingsFile: (file catalog only)
 //!     mandatory: false
+//!     scope: [spec.containers[*].env]   # what it may change; see crate::scope
 //! chain: [node-env]
 //! ```
 //!
@@ -64,6 +65,9 @@ pub struct PluginEntry {
     /// Runs for every template, whatever its `podstamp.io/plugins` says.
     #[serde(default)]
     pub mandatory: bool,
+    /// The fields the plugin may change ([`crate::scope`]); None: the
+    /// default scope.
+    pub scope: Option<Vec<String>>,
 }
 
 /// `configMap: {name, key}`.

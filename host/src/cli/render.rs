@@ -13,11 +13,12 @@ use podstamp::catalog::{
     ComponentError, ConfigMapError, ConfigMapSet, ConfigMaps, NoConfigMaps, PluginError,
     check_settings,
 };
-use podstamp::chain::Step;
+use podstamp::chain::{Step, StepChanges};
 use podstamp::config::ConfigFile;
 use podstamp::node::{NodeAddress, NodeContext};
 use podstamp::plugin::{Limits, Runtime};
-use podstamp::render::{RenderError, Stage, check_size, render_unverified};
+use podstamp::render::{RenderError, Stage, check_size, render_explained, render_unverified};
+use podstamp::scope::Scope;
 use podstamp::security_level::{self, Held};
 use podstamp::settings::Layer;
 use podstamp::template::{Template, parse_document};
@@ -87,6 +88,10 @@ pub(crate) struct RenderArgs {
     /// The Pod Security level the rendered pod is held to, LEVEL or LEVEL:VERSION (privileged, baseline, restricted; latest or v1.N); the template's podstamp.io/pod-security annotation may only make it stricter [env: PODSTAMP_POD_SECURITY] [default: the config's podSecurity, else baseline].
     #[arg(long, value_name = "LEVEL")]
     pod_security: Option<String>,
+    /// Print on stderr, plugin by plugin, the fields each one changed
+    /// (path: added, removed or changed), also when the render fails.
+    #[arg(long)]
+    explain: bool,
 }
 
 /// What one render is given, by the command line or by a test case.
@@ -103,6 +108,9 @@ pub(crate) struct Job<'a> {
     pub plugins: &'a [String],
     /// `--configmap` files.
     pub configmaps: &'a [PathBuf],
+    /// Where to add what each plugin changed ([`explain_lines`]), as far
+    /// as the chain ran.
+    pub explain: Option<&'a mut Vec<String>>,
 }
 
 /// A rendered manifest, and the warnings to print with it.
@@ -128,6 +136,7 @@ pub(crate) fn run_render(args: RenderArgs) -> Result<(), Failure> {
     };
     let node = node_context(&args)?;
     let (template_text, origin) = read_input(&args.template).map_err(usage)?;
+    let mut explain = Vec::new();
     let output = render_job(Job {
         flags,
         env: Layer::from_process_env(),
@@ -135,7 +144,13 @@ pub(crate) fn run_render(args: RenderArgs) -> Result<(), Failure> {
         template: (&template_text, &origin),
         plugins: &args.plugin,
         configmaps: &args.configmap,
-    })?;
+        explain: args.explain.then_some(&mut explain),
+    });
+    // Before the error line, so that the line stays last.
+    for line in &explain {
+        eprintln!("{line}");
+    }
+    let output = output?;
     for warning in &output.warnings {
         eprintln!("podstamp: warning: {warning}");
     }
@@ -237,12 +252,18 @@ pub(crate) fn render_job(job: Job<'_>) -> Result<Output, Failure> {
                 .to_string(),
             )
         })?;
+    // What each plugin changed is worked out only when asked for.
+    let mut changes = Vec::new();
     let manifest = check_size(&template, max_manifest)
-        .and_then(|()| {
-            render_unverified(&template, &job.node, &chain, &namespace, &mut |_, _, _| {})
+        .and_then(|()| match job.explain {
+            Some(_) => render_explained(&template, &job.node, &chain, &namespace, &mut changes),
+            None => render_unverified(&template, &job.node, &chain, &namespace, &mut |_, _, _| {}),
         })
-        .and_then(|rendered| rendered.held_to(held.clone()).verify())
-        .map_err(|e| Failure::Render(e.to_string()))?;
+        .and_then(|rendered| rendered.held_to(held.clone()).verify());
+    if let Some(explain) = job.explain {
+        explain.extend(explain_lines(&changes));
+    }
+    let manifest = manifest.map_err(|e| Failure::Render(e.to_string()))?;
     // The plugins' output limit alone would let a template without plugins through.
     if manifest.bytes.len() > max_manifest {
         return Err(Failure::Render(format!(
@@ -256,6 +277,34 @@ pub(crate) fn render_job(job: Job<'_>) -> Result<Output, Failure> {
         warnings,
         pod_security: held,
     })
+}
+
+/// What each plugin changed, a few lines per plugin:
+/// `plugin 1 of 3 arch-image (arch-image 0.1.0): 1 change` then
+/// `  spec.containers[0].image: changed`.
+pub(crate) fn explain_lines(changes: &[StepChanges]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for (i, step) in changes.iter().enumerate() {
+        let count = step.changes.len() + step.more;
+        lines.push(format!(
+            "plugin {} `{}` ({}): {}",
+            i + 1,
+            step.step,
+            step.plugin,
+            match count {
+                0 => "no change".to_string(),
+                1 => "1 change".to_string(),
+                n => format!("{n} changes"),
+            }
+        ));
+        for change in &step.changes {
+            lines.push(format!("  {change}"));
+        }
+        if step.more > 0 {
+            lines.push(format!("  … and {} more", step.more));
+        }
+    }
+    lines
 }
 
 /// The ConfigMaps given with --configmap: each file one ConfigMap, or a v1
@@ -338,7 +387,10 @@ fn load_catalog(
             .load(Path::new(path))
             .map_err(|e| Failure::Render(e.to_string()))?;
         let name = plugin.info().name.clone();
-        let step = Step::new(name, plugin, &settings);
+        // A plugin tried out on the command line has no catalog entry to
+        // grant it a scope: it may change anything (`--explain` shows
+        // what), as nothing reaches a node but through a catalog.
+        let step = Step::new(name, plugin, &settings).with_scope(Scope::unrestricted());
         // As a catalog's entries: bad settings are refused before rendering.
         if let Err(e) = check_settings(&step) {
             let message = format!("--plugin {spec}: {e}");

@@ -24,6 +24,10 @@
 //!   case's directory, so that it reads the same whatever directory the
 //!   cases are run from, and whichever DIR holds them.
 //!
+//! Under a case that fails, what each plugin changed is printed, as
+//! `render --explain` prints it, so that an author sees which plugin set
+//! what.
+//!
 //! `podstamp test DIR CASE…` runs only the cases named (as printed: their
 //! paths under DIR), with the files they share still found up to DIR.
 //!
@@ -146,7 +150,7 @@ pub(crate) fn run(args: TestArgs) -> Result<(), Failure> {
     let mut stdout = std::io::stdout().lock();
     let (mut passed, mut failed, mut updated) = (0usize, 0usize, 0usize);
     for case in &inputs {
-        let outcome = case.render(&root, &settings)?;
+        let (outcome, explain) = case.render(&root, &settings)?;
         let name = case.name(&root);
         if args.update {
             if case.update(&root, &outcome).map_err(Failure::Render)? {
@@ -165,6 +169,13 @@ pub(crate) fn run(args: TestArgs) -> Result<(), Failure> {
             Some(report) => {
                 failed += 1;
                 let _ = write!(stdout, "FAILED  {name}: {report}");
+                // Which plugin set what: where to look first.
+                if !explain.is_empty() {
+                    let _ = writeln!(stdout, "  what each plugin changed:");
+                    for line in &explain {
+                        let _ = writeln!(stdout, "  {line}");
+                    }
+                }
             }
         }
     }
@@ -292,8 +303,9 @@ impl Inputs {
 
     /// Renders the case as `podstamp render` would; only a file that cannot
     /// be read is an error here, any render failure is the case's outcome.
-    fn render(&self, root: &Path, settings: &Layer) -> Result<Outcome, Failure> {
+    fn render(&self, root: &Path, settings: &Layer) -> Result<(Outcome, Vec<String>), Failure> {
         let origin = self.template.display().to_string();
+        let mut explain = Vec::new();
         let text =
             std::fs::read(&self.template).map_err(|e| Failure::Usage(format!("{origin}: {e}")))?;
         let result = podstamp::node::read_node_file(&self.node)
@@ -309,9 +321,10 @@ impl Inputs {
                     template: (&text, &origin),
                     plugins: &[],
                     configmaps: &[],
+                    explain: Some(&mut explain),
                 })
             });
-        Ok(match result {
+        let outcome = match result {
             Ok(output) => {
                 for warning in output.warnings {
                     eprintln!("podstamp: warning: case {}: {warning}", self.name(root));
@@ -321,7 +334,8 @@ impl Inputs {
             Err(
                 Failure::Usage(message) | Failure::Render(message) | Failure::NotForNode(message),
             ) => Outcome::Error(self.relative_paths(root, &message.replace('\n', " "))),
-        })
+        };
+        Ok((outcome, explain))
     }
 
     /// None when the outcome is what the case expects, else the report to

@@ -25,6 +25,11 @@ use tokio::task::{self, AbortHandle, JoinError, JoinSet};
 /// apart; the daemon uses a handful, and past this new ones count as `other`.
 pub const MAX_API_SERIES: usize = 64;
 
+/// Distinct plugin names of `podstamp_plugin_scope_refusals_total` kept
+/// apart (a catalog names a handful; names from catalogs long replaced
+/// would otherwise pile up); past this, new names count as `other`.
+pub const MAX_SCOPE_SERIES: usize = 64;
+
 /// Upper bounds of the plugin call duration buckets, in seconds.
 const BUCKETS: [f64; 12] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -46,6 +51,9 @@ struct Inner {
     renders: BTreeMap<&'static str, u64>,
     failures: BTreeMap<Reason, u64>,
     plugin_calls: BTreeMap<(String, &'static str), Histogram>,
+    /// Renders refused because a plugin changed a field outside its scope,
+    /// by the plugin's catalog name.
+    scope_refusals: BTreeMap<String, u64>,
     managed: usize,
     templates: usize,
     last_sync: Option<f64>,
@@ -141,6 +149,24 @@ impl Metrics {
         }
         h.count += 1;
         h.sum += seconds;
+    }
+
+    /// A render refused because `plugin` changed a field outside its scope.
+    pub fn scope_refusal(&self, plugin: &str) {
+        let mut inner = self.lock();
+        let key = if inner.scope_refusals.contains_key(plugin)
+            || inner.scope_refusals.len() < MAX_SCOPE_SERIES
+        {
+            plugin.to_string()
+        } else {
+            "other".to_string()
+        };
+        *inner.scope_refusals.entry(key).or_default() += 1;
+    }
+
+    /// The count of [`Metrics::scope_refusal`] for `plugin`.
+    pub fn scope_refusals(&self, plugin: &str) -> u64 {
+        self.lock().scope_refusals.get(plugin).copied().unwrap_or(0)
     }
 
     pub fn set_managed(&self, n: usize) {
@@ -298,6 +324,17 @@ impl Metrics {
                  podstamp_plugin_call_duration_seconds_sum{{{labels}}} {}\n\
                  podstamp_plugin_call_duration_seconds_count{{{labels}}} {}",
                 h.count, h.sum, h.count
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_plugin_scope_refusals_total Renders refused because a plugin changed a field outside its scope (the catalog entry's scope:), by plugin.\n# TYPE podstamp_plugin_scope_refusals_total counter"
+        );
+        for (plugin, n) in &inner.scope_refusals {
+            let _ = writeln!(
+                out,
+                "podstamp_plugin_scope_refusals_total{{plugin=\"{}\"}} {n}",
+                escape(plugin)
             );
         }
         let _ = writeln!(
@@ -632,6 +669,7 @@ mod tests {
         m.watch_list("pods");
         m.reload(ReloadResult::Refused);
         m.set_catalog("ab12");
+        m.scope_refusal("evil");
         let text = m.exposition();
         for line in [
             "podstamp_renders_total{result=\"written\"} 1",
@@ -651,8 +689,26 @@ mod tests {
             "podstamp_config_reloads_total{result=\"refused\"} 1",
             "podstamp_config_reloads_total{result=\"applied\"} 0",
             "podstamp_catalog_info{digest=\"ab12\"} 1",
+            "podstamp_plugin_scope_refusals_total{plugin=\"evil\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }
+    }
+
+    #[test]
+    fn scope_refusals_keep_a_bounded_number_of_series() {
+        let m = Metrics::default();
+        for i in 0..MAX_SCOPE_SERIES + 10 {
+            m.scope_refusal(&format!("p{i}"));
+        }
+        m.scope_refusal("p0");
+        assert_eq!(m.scope_refusals("p0"), 2);
+        assert_eq!(m.scope_refusals("other"), 10);
+        let series = m
+            .exposition()
+            .lines()
+            .filter(|l| l.starts_with("podstamp_plugin_scope_refusals_total{"))
+            .count();
+        assert_eq!(series, MAX_SCOPE_SERIES + 1);
     }
 }

@@ -11,7 +11,7 @@ use std::fs;
 use std::time::{Duration, Instant};
 
 use super::{ChainKey, Reconciler, ensure_state, read_regular};
-use crate::chain::Chain;
+use crate::chain::{Chain, StepFailure};
 use crate::daemon::events::Report;
 use crate::daemon::metrics::{Metrics, RenderResult};
 use crate::daemon::revisions::Store;
@@ -414,8 +414,9 @@ fn record_revision(store: &mut Option<Store>, manifest: &manifest::Manifest) {
     }
 }
 
-/// [`crate::render::render`], with each plugin call timed for the metrics
-/// and the read back left to the caller ([`Rendered::verify`]).
+/// [`crate::render::render`], with each plugin call timed for the metrics,
+/// each refusal by a plugin's scope counted, and the read back left to the
+/// caller ([`Rendered::verify`]).
 pub fn render_timed(
     template: &Template,
     node: &NodeContext,
@@ -423,9 +424,18 @@ pub fn render_timed(
     namespace: &str,
     metrics: &Metrics,
 ) -> Result<Rendered, RenderError> {
-    render_unverified(template, node, chain, namespace, &mut |step, ok, took| {
+    let rendered = render_unverified(template, node, chain, namespace, &mut |step, ok, took| {
         metrics.plugin_call(&step.name, ok, took)
-    })
+    });
+    if let Err(RenderError {
+        stage: Stage::Plugin(failure),
+        ..
+    }) = &rendered
+        && matches!(failure.failure, StepFailure::OutOfScope { .. })
+    {
+        metrics.scope_refusal(&failure.step);
+    }
+    rendered
 }
 
 /// The newest revision the history keeps for template `id` other than

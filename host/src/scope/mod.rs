@@ -1,0 +1,482 @@
+//! Plugin field scopes: the parts of a pod one plugin may change.
+//!
+//! A catalog entry's `scope:` is a list of grants, each a field path in the
+//! syntax of podstamp's messages, with selectors for list elements:
+//!
+//! ```text
+//! metadata.labels                      a field and everything under it
+//! spec.containers[*].env               every element of a list
+//! spec.containers[web].image           the element whose `name` is web
+//! metadata.annotations["example.com/x"]  one map key (quoted when not plain)
+//! ```
+//!
+//! Invariants:
+//! * a grant allows a change at its path or anywhere under it, and nothing
+//!   else: a change is allowed only when some grant is a prefix of its path;
+//! * a `[NAME]` selector matches a list element only when the element is
+//!   named NAME both before and after the plugin (the side that exists, for
+//!   an added or removed one), so a plugin cannot rename an element into a
+//!   grant;
+//! * an entry without `scope:` gets [`DEFAULT_GRANTS`], which allow nothing
+//!   that gives a pod more privilege than its template asked for (see
+//!   docs/daemon.md); `scope: []` allows no change at all;
+//! * the check walks the two pods once, and not below a granted path.
+
+mod diff;
+
+pub use diff::{Change, ChangeKind, diff, top_level_fields};
+
+use std::fmt;
+
+use serde_json::Value;
+
+use crate::validate::{join_index, join_key};
+
+/// What an entry without `scope:` may change: metadata labels, and the
+/// environment of containers and init containers. Nothing here adds a
+/// privilege, a host resource or a command to a pod: a label only names it,
+/// and a variable reaches only the program the template already runs, with
+/// the privileges the template already gave it. Annotations are left out
+/// because the kubelet still honours some as security settings (AppArmor's
+/// `container.apparmor.security.beta.kubernetes.io/*`), images because a new
+/// image is new code running with the template's privileges.
+pub const DEFAULT_GRANTS: [&str; 3] = [
+    "metadata.labels",
+    "spec.containers[*].env",
+    "spec.initContainers[*].env",
+];
+
+/// One step of a grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Selector {
+    /// An object key.
+    Key(String),
+    /// `[*]`: any element of a list.
+    Any,
+    /// `[NAME]`: the list element whose `name` is NAME.
+    Named(String),
+}
+
+/// One granted path, parsed, with its text as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Grant {
+    text: String,
+    selectors: Vec<Selector>,
+}
+
+/// What one plugin may change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope {
+    grants: Vec<Grant>,
+    /// No check at all: `podstamp render --plugin`, outside any catalog.
+    unrestricted: bool,
+    /// The entry gave no `scope:`.
+    is_default: bool,
+}
+
+/// A grant that does not parse: the grant and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{grant:?} is not a field path: {reason} (e.g. metadata.labels, spec.containers[*].env, spec.containers[web].image)"
+)]
+pub struct GrantError {
+    pub grant: String,
+    pub reason: String,
+}
+
+/// A change outside the scope: the first one found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overstep {
+    pub change: Change,
+    /// The grant that would allow it: its path, each list index as `[*]`.
+    pub needed: String,
+}
+
+/// One step of a concrete path in a pod.
+#[derive(Debug, Clone)]
+enum Step<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// A concrete path as podstamp writes field paths: `spec.containers[0].env`.
+fn path_text(path: &[Step<'_>]) -> String {
+    path.iter().fold(String::new(), |at, step| match step {
+        Step::Key(key) => join_key(&at, key),
+        Step::Index(i) => join_index(&at, *i),
+    })
+}
+
+/// The grant that would allow a change at `path`: its indices as `[*]`.
+fn grant_for(path: &[Step<'_>]) -> String {
+    path.iter().fold(String::new(), |at, step| match step {
+        Step::Key(key) => join_key(&at, key),
+        Step::Index(_) => format!("{at}[*]"),
+    })
+}
+
+impl Default for Scope {
+    /// [`DEFAULT_GRANTS`].
+    fn default() -> Scope {
+        let grants = DEFAULT_GRANTS
+            .iter()
+            .map(|g| parse_grant(g).expect("the default grants parse"))
+            .collect();
+        Scope {
+            grants,
+            unrestricted: false,
+            is_default: true,
+        }
+    }
+}
+
+impl Scope {
+    /// A catalog entry's `scope:`, each grant checked.
+    pub fn parse<S: AsRef<str>>(grants: &[S]) -> Result<Scope, GrantError> {
+        let grants = grants
+            .iter()
+            .map(|g| parse_grant(g.as_ref()))
+            .collect::<Result<_, _>>()?;
+        Ok(Scope {
+            grants,
+            unrestricted: false,
+            is_default: false,
+        })
+    }
+
+    /// No scope at all: every change allowed, none checked.
+    pub fn unrestricted() -> Scope {
+        Scope {
+            grants: Vec::new(),
+            unrestricted: true,
+            is_default: false,
+        }
+    }
+
+    pub fn is_unrestricted(&self) -> bool {
+        self.unrestricted
+    }
+
+    /// The grants as written, for the catalog's digest.
+    pub fn grants(&self) -> Vec<&str> {
+        self.grants.iter().map(|g| g.text.as_str()).collect()
+    }
+
+    /// The first change from `before` to `after` that no grant allows.
+    pub fn check(&self, before: &Value, after: &Value) -> Result<(), Box<Overstep>> {
+        if self.unrestricted {
+            return Ok(());
+        }
+        let live: Vec<(&Grant, usize)> = self.grants.iter().map(|g| (g, 0)).collect();
+        let mut path = Vec::new();
+        walk(Some(before), Some(after), &mut path, &live)
+    }
+}
+
+impl fmt::Display for Scope {
+    /// `the default (a, b)`, `a, b`, `nothing` or `everything`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.unrestricted {
+            return f.write_str("everything");
+        }
+        let grants = self.grants().join(", ");
+        match (self.is_default, grants.is_empty()) {
+            (true, _) => write!(f, "the default ({grants})"),
+            (false, true) => f.write_str("nothing (scope: [])"),
+            (false, false) => f.write_str(&grants),
+        }
+    }
+}
+
+/// Walks `before` and `after` at `path` with the grants still `live` (each
+/// with how many of its selectors are matched): Ok when the two are equal
+/// or a live grant is matched whole.
+fn walk<'a>(
+    before: Option<&'a Value>,
+    after: Option<&'a Value>,
+    path: &mut Vec<Step<'a>>,
+    live: &[(&Grant, usize)],
+) -> Result<(), Box<Overstep>> {
+    if live.iter().any(|(g, n)| *n == g.selectors.len()) {
+        return Ok(());
+    }
+    let refuse = |kind, path: &[Step<'_>]| {
+        Err(Box::new(Overstep {
+            change: Change {
+                path: path_text(path),
+                kind,
+            },
+            needed: grant_for(path),
+        }))
+    };
+    match (before, after) {
+        (None, None) => Ok(()),
+        (None, Some(_)) => refuse(ChangeKind::Added, path),
+        (Some(_), None) => refuse(ChangeKind::Removed, path),
+        (Some(Value::Object(b)), Some(Value::Object(a))) => {
+            for (key, value) in b {
+                let next = advance_key(live, key);
+                path.push(Step::Key(key));
+                walk(Some(value), a.get(key), path, &next)?;
+                path.pop();
+            }
+            for (key, value) in a {
+                if b.contains_key(key) {
+                    continue;
+                }
+                let next = advance_key(live, key);
+                path.push(Step::Key(key));
+                walk(None, Some(value), path, &next)?;
+                path.pop();
+            }
+            Ok(())
+        }
+        (Some(Value::Array(b)), Some(Value::Array(a))) => {
+            for i in 0..b.len().max(a.len()) {
+                let (bi, ai) = (b.get(i), a.get(i));
+                let next = advance_index(live, bi, ai);
+                path.push(Step::Index(i));
+                walk(bi, ai, path, &next)?;
+                path.pop();
+            }
+            Ok(())
+        }
+        (Some(b), Some(a)) if b == a => Ok(()),
+        (Some(_), Some(_)) => refuse(ChangeKind::Changed, path),
+    }
+}
+
+/// The live grants that go on past the key `key`.
+fn advance_key<'g>(live: &[(&'g Grant, usize)], key: &str) -> Vec<(&'g Grant, usize)> {
+    live.iter()
+        .filter(|(g, n)| matches!(&g.selectors[*n], Selector::Key(k) if k == key))
+        .map(|(g, n)| (*g, n + 1))
+        .collect()
+}
+
+/// The live grants that go on past a list element, `before`/`after` as
+/// the element is on each side.
+fn advance_index<'g>(
+    live: &[(&'g Grant, usize)],
+    before: Option<&Value>,
+    after: Option<&Value>,
+) -> Vec<(&'g Grant, usize)> {
+    let named = |name: &str| {
+        let is = |v: Option<&Value>| v.map(|v| v.get("name").and_then(Value::as_str) == Some(name));
+        // Each side that has the element must name it so.
+        is(before).unwrap_or(true) && is(after).unwrap_or(true)
+    };
+    live.iter()
+        .filter(|(g, n)| match &g.selectors[*n] {
+            Selector::Any => true,
+            Selector::Named(name) => named(name),
+            Selector::Key(_) => false,
+        })
+        .map(|(g, n)| (*g, n + 1))
+        .collect()
+}
+
+/// Parses one grant: keys separated by `.`, `["quoted key"]`, `[*]` and
+/// `[NAME]`.
+fn parse_grant(text: &str) -> Result<Grant, GrantError> {
+    let fail = |reason: &str| GrantError {
+        grant: text.to_string(),
+        reason: reason.to_string(),
+    };
+    let plain = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    let mut selectors = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        if let Some(inside) = rest.strip_prefix('[') {
+            if inside.starts_with('"') {
+                // A quoted key: a JSON string, then `]`.
+                let mut stream = serde_json::Deserializer::from_str(inside).into_iter::<String>();
+                let key = match stream.next() {
+                    Some(Ok(key)) => key,
+                    _ => return Err(fail("a [\"key\"] that is not a JSON string")),
+                };
+                rest = inside[stream.byte_offset()..]
+                    .strip_prefix(']')
+                    .ok_or_else(|| fail("a [\"key\"] without its ]"))?;
+                selectors.push(Selector::Key(key));
+            } else {
+                let end = inside.find(']').ok_or_else(|| fail("a [ without its ]"))?;
+                let name = &inside[..end];
+                selectors.push(match name {
+                    "*" => Selector::Any,
+                    "" => return Err(fail("[] selects nothing: write [*] or [NAME]")),
+                    name if name.chars().all(|c| plain(c) || c == '.') => {
+                        Selector::Named(name.to_string())
+                    }
+                    _ => return Err(fail("a list selector is [*] or [NAME] (a DNS name)")),
+                });
+                rest = &inside[end + 1..];
+            }
+        } else {
+            if !selectors.is_empty() {
+                rest = rest
+                    .strip_prefix('.')
+                    .ok_or_else(|| fail("expected . or [ between fields"))?;
+            }
+            let end = rest.find(|c: char| !plain(c)).unwrap_or(rest.len());
+            if end == 0 {
+                return Err(fail("an empty field name"));
+            }
+            selectors.push(Selector::Key(rest[..end].to_string()));
+            rest = &rest[end..];
+        }
+    }
+    if selectors.is_empty() {
+        return Err(fail("empty"));
+    }
+    if !matches!(selectors[0], Selector::Key(_)) {
+        return Err(fail("a path starts with a field name"));
+    }
+    Ok(Grant {
+        text: text.to_string(),
+        selectors,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod() -> Value {
+        json!({
+            "metadata": {"name": "p", "labels": {"a": "1"}, "annotations": {"example.com/x": "1"}},
+            "spec": {
+                "containers": [
+                    {"name": "web", "image": "web:1", "env": [{"name": "A", "value": "1"}]},
+                    {"name": "side", "image": "side:1"},
+                ],
+            },
+        })
+    }
+
+    fn check(grants: &[&str], change: impl FnOnce(&mut Value)) -> Result<(), (String, String)> {
+        let before = pod();
+        let mut after = before.clone();
+        change(&mut after);
+        Scope::parse(grants)
+            .unwrap()
+            .check(&before, &after)
+            .map_err(|o| (format!("{}: {}", o.change.path, o.change.kind), o.needed))
+    }
+
+    #[test]
+    fn grants_parse_in_the_field_path_syntax() {
+        let g = parse_grant(r#"metadata.annotations["example.com/x"]"#).unwrap();
+        assert_eq!(
+            g.selectors,
+            vec![
+                Selector::Key("metadata".into()),
+                Selector::Key("annotations".into()),
+                Selector::Key("example.com/x".into()),
+            ]
+        );
+        let g = parse_grant("spec.containers[*].env").unwrap();
+        assert_eq!(g.selectors[2], Selector::Any);
+        let g = parse_grant("spec.containers[web].image").unwrap();
+        assert_eq!(g.selectors[2], Selector::Named("web".into()));
+        for bad in [
+            "",
+            "[*]",
+            "spec..x",
+            "spec.containers[]",
+            "spec[",
+            "a b",
+            ".spec",
+        ] {
+            assert!(parse_grant(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_change_inside_a_grant_passes_and_one_outside_names_its_path() {
+        assert_eq!(
+            check(&["metadata.labels"], |p| p["metadata"]["labels"]["b"] =
+                json!("2")),
+            Ok(())
+        );
+        assert_eq!(
+            check(&["metadata.labels"], |p| p["spec"]["hostPID"] = json!(true)),
+            Err(("spec.hostPID: added".into(), "spec.hostPID".into()))
+        );
+        assert_eq!(
+            check(&["spec.containers[*].env"], |p| p["spec"]["containers"]
+                [1]["image"] =
+                json!("x")),
+            Err((
+                "spec.containers[1].image: changed".into(),
+                "spec.containers[*].image".into()
+            ))
+        );
+        assert_eq!(
+            check(&[r#"metadata.annotations["example.com/x"]"#], |p| {
+                p["metadata"]["annotations"]["example.com/x"] = json!("2")
+            }),
+            Ok(())
+        );
+        assert_eq!(
+            check(&[r#"metadata.annotations["example.com/x"]"#], |p| {
+                p["metadata"]["annotations"]["example.com/y"] = json!("2")
+            }),
+            Err((
+                r#"metadata.annotations["example.com/y"]: added"#.into(),
+                r#"metadata.annotations["example.com/y"]"#.into()
+            ))
+        );
+        assert_eq!(check(&[], |_| {}), Ok(()), "no change needs no grant");
+    }
+
+    #[test]
+    fn a_named_grant_holds_only_for_the_element_named_so_on_both_sides() {
+        let grant = ["spec.containers[web].image"];
+        assert_eq!(
+            check(&grant, |p| p["spec"]["containers"][0]["image"] = json!("x")),
+            Ok(())
+        );
+        assert!(check(&grant, |p| p["spec"]["containers"][1]["image"] = json!("x")).is_err());
+        // Renamed into the grant: the element was not `web` before.
+        assert!(
+            check(&grant, |p| {
+                p["spec"]["containers"][1]["name"] = json!("web");
+                p["spec"]["containers"][1]["image"] = json!("x");
+            })
+            .is_err()
+        );
+        // A whole list element added is under [*], not under a field of it.
+        assert_eq!(
+            check(&grant, |p| p["spec"]["containers"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"name": "web", "image": "evil"}))),
+            Err((
+                "spec.containers[2]: added".into(),
+                "spec.containers[*]".into()
+            ))
+        );
+    }
+
+    #[test]
+    fn the_default_allows_labels_and_env_only() {
+        let scope = Scope::default();
+        let before = pod();
+        let mut after = before.clone();
+        after["metadata"]["labels"]["zone"] = json!("z");
+        after["spec"]["containers"][1]["env"] = json!([{"name": "N", "value": "n"}]);
+        assert_eq!(scope.check(&before, &after), Ok(()));
+        after["spec"]["containers"][0]["securityContext"] = json!({"privileged": true});
+        let o = scope.check(&before, &after).unwrap_err();
+        assert_eq!(o.change.path, "spec.containers[0].securityContext");
+        assert!(
+            scope
+                .to_string()
+                .starts_with("the default (metadata.labels"),
+            "{scope}"
+        );
+        assert_eq!(Scope::unrestricted().check(&before, &json!({})), Ok(()));
+    }
+}
