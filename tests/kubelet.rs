@@ -701,79 +701,47 @@ fn a_first_revision_that_fails_stays_and_is_reported() {
 #[test]
 fn a_plugin_output_the_kubelet_would_refuse_leaves_the_running_pod_alone() {
     let _serial = serial();
-    let server = shared_server();
-    let ns = unique("klrefuse");
-    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
-    kube.create_namespace();
-    let dir = node_dir("kl-refuse");
-    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-refuse");
-    // A plugin that returns the template's pod with a probe the kubelet refuses.
-    let refused = json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "web", "labels": {"app": "web"}},
-        "spec": {
-            "hostNetwork": true,
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "main",
-                "image": "podstamp.test/busybox:1",
-                "imagePullPolicy": "Never",
-                "command": ["sleep", "3600"],
-                "env": [{"name": "VERSION", "value": "2"}],
-                "livenessProbe": {"exec": {"command": ["true"]}, "successThreshold": 5}
-            }]
-        }
+    let scene = Settled::start("klrefuse", "kl-refuse", |dir| {
+        // A plugin that returns the template's pod with a probe the kubelet refuses.
+        let refused = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web", "labels": {"app": "web"}},
+            "spec": {
+                "hostNetwork": true,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{
+                    "name": "main",
+                    "image": "podstamp.test/busybox:1",
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "3600"],
+                    "env": [{"name": "VERSION", "value": "2"}],
+                    "livenessProbe": {"exec": {"command": ["true"]}, "successThreshold": 5}
+                }]
+            }
+        });
+        let (body, extra) = wat::returning(refused.to_string().as_bytes());
+        let plugin = wat::write(
+            dir,
+            "refuse",
+            &wat::componentize(&wat::core_module("", &body, &extra), &[wat::WIT]),
+        );
+        // The test's configuration, with that plugin in the catalog.
+        let text = fs::read_to_string(write_config(dir)).unwrap().replace(
+            "plugins:\n",
+            &format!(
+                "plugins:\n  refuse:\n    path: {}\n    scope: [metadata, spec]\n",
+                plugin.display()
+            ),
+        );
+        let config = dir.join("podstamp-refuse.yaml");
+        fs::write(&config, text).unwrap();
+        config
     });
-    let (body, extra) = wat::returning(refused.to_string().as_bytes());
-    let plugin = wat::write(
-        &dir,
-        "refuse",
-        &wat::componentize(&wat::core_module("", &body, &extra), &[wat::WIT]),
-    );
-    // The test's configuration, with that plugin in the catalog.
-    let text = fs::read_to_string(write_config(&dir)).unwrap().replace(
-        "plugins:\n",
-        &format!(
-            "plugins:\n  refuse:\n    path: {}\n    scope: [metadata, spec]\n",
-            plugin.display()
-        ),
-    );
-    let config = dir.join("podstamp-refuse.yaml");
-    fs::write(&config, text).unwrap();
-    kube.create_template(template("web", "1"));
-    let kubeconfig = server.kubeconfig("admin");
-    let manifests = node.manifests();
-    let daemon = Daemon::start(
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--namespace",
-            &ns,
-            "--node-name",
-            &node.name,
-            "--manifest-dir",
-            manifests.to_str().unwrap(),
-        ],
-        dir.join("podstamp.log"),
-    );
-    let revision = new_revision(&node, &daemon, None);
-    wait_ready_revision(&kube, &node, &daemon, &revision, "VERSION=1");
-    let manifest = node.manifests().join("web.yaml");
-    let written = fs::read(&manifest).unwrap();
-    let mirror = format!("web-{}", node.name);
-    let before: Vec<String> = node.running(&mirror).into_iter().map(|c| c.id).collect();
-    assert_eq!(before.len(), 1, "{:#?}", node.containers());
-
-    kube.patch_template(
+    scene.kube.patch_template(
         "web",
         json!({"metadata": {"annotations": {"podstamp.io/plugins": "refuse"}}}),
     );
-    let note = wait_event(
-        &kube,
-        &node,
-        &daemon,
+    let note = scene.wait_event(
         "RenderFailed",
         &[
             "spec.containers[0].livenessProbe.successThreshold: 5 is invalid: must be 1",
@@ -781,26 +749,13 @@ fn a_plugin_output_the_kubelet_would_refuse_leaves_the_running_pod_alone() {
         ],
     );
     assert!(note.contains("plugin"), "{note}");
-    assert!(daemon.metric("podstamp_render_failures_total{reason=\"RenderFailed\"}") >= 1.0);
-    // Five of the kubelet's re-listings later: the same file, the same container.
-    std::thread::sleep(Duration::from_secs(5));
-    assert_eq!(
-        fs::read(&manifest).unwrap(),
-        written,
-        "the running manifest was touched"
+    assert!(
+        scene
+            .daemon
+            .metric("podstamp_render_failures_total{reason=\"RenderFailed\"}")
+            >= 1.0
     );
-    let after: Vec<String> = node.running(&mirror).into_iter().map(|c| c.id).collect();
-    assert_eq!(
-        after,
-        before,
-        "the kubelet's container changed: {:#?}",
-        node.containers()
-    );
-    let pod = kube.pod(&mirror).expect("the mirror pod");
-    assert!(is_ready(&pod), "{:?}", pod.status);
-    assert_eq!(mirror_revision(&pod), Some(revision.as_str()));
-
-    stop_all(daemon, node, &dir);
+    scene.assert_untouched_and_stop();
 }
 
 /// A reload of the configuration that brings a plugin overstepping its
@@ -814,42 +769,10 @@ fn a_reload_bringing_a_plugin_that_oversteps_its_scope_leaves_the_running_pod_al
     let fault = "spec.hostPID: added, outside the plugin's scope";
     let attacker = common::fixture_plugin("attacker");
     let _serial = serial();
-    let server = shared_server();
-    let ns = unique("klscope");
-    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
-    kube.create_namespace();
-    let dir = node_dir("kl-scope");
-    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-scope");
-    let config = write_config(&dir);
-    kube.create_template(template("web", "1"));
-    let kubeconfig = server.kubeconfig("admin");
-    let manifests = node.manifests();
-    let daemon = Daemon::start(
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--namespace",
-            &ns,
-            "--node-name",
-            &node.name,
-            "--manifest-dir",
-            manifests.to_str().unwrap(),
-        ],
-        dir.join("podstamp.log"),
-    );
-    let revision = new_revision(&node, &daemon, None);
-    wait_ready_revision(&kube, &node, &daemon, &revision, "VERSION=1");
-    let manifest = node.manifests().join("web.yaml");
-    let written = fs::read(&manifest).unwrap();
-    let mirror = format!("web-{}", node.name);
-    let before: Vec<String> = node.running(&mirror).into_iter().map(|c| c.id).collect();
-    assert_eq!(before.len(), 1, "{:#?}", node.containers());
-
+    let scene = Settled::start("klscope", "kl-scope", |dir| write_config(dir));
     // The new catalog: the attacker, no scope given, at the end of the
     // default chain; written beside and renamed into place.
-    let text = fs::read_to_string(&config)
+    let text = fs::read_to_string(&scene.config)
         .unwrap()
         .replace(
             "plugins:\n",
@@ -862,13 +785,10 @@ fn a_reload_bringing_a_plugin_that_oversteps_its_scope_leaves_the_running_pod_al
             "chain: [substitute, node-env]",
             "chain: [substitute, node-env, evil]",
         );
-    let next = dir.join(".podstamp.yaml.next");
+    let next = scene.dir.join(".podstamp.yaml.next");
     fs::write(&next, text).unwrap();
-    fs::rename(&next, &config).unwrap();
-    let note = wait_event(
-        &kube,
-        &node,
-        &daemon,
+    fs::rename(&next, &scene.config).unwrap();
+    let note = scene.wait_event(
         "RenderFailed",
         &[
             "plugin 3 of 3 `evil` (attacker 0.1.0)",
@@ -877,26 +797,109 @@ fn a_reload_bringing_a_plugin_that_oversteps_its_scope_leaves_the_running_pod_al
         ],
     );
     assert!(note.contains("scope: [spec.hostPID]"), "{note}");
-    assert!(daemon.metric("podstamp_plugin_scope_refusals_total{plugin=\"evil\"}") >= 1.0);
-    // Five of the kubelet's re-listings later: the same file, the same container.
-    std::thread::sleep(Duration::from_secs(5));
-    assert_eq!(
-        fs::read(&manifest).unwrap(),
-        written,
-        "the running manifest was touched"
+    assert!(
+        scene
+            .daemon
+            .metric("podstamp_plugin_scope_refusals_total{plugin=\"evil\"}")
+            >= 1.0
     );
-    let after: Vec<String> = node.running(&mirror).into_iter().map(|c| c.id).collect();
-    assert_eq!(
-        after,
-        before,
-        "the kubelet's container changed: {:#?}",
-        node.containers()
-    );
-    let pod = kube.pod(&mirror).expect("the mirror pod");
-    assert!(is_ready(&pod), "{:?}", pod.status);
-    assert_eq!(mirror_revision(&pod), Some(revision.as_str()));
+    scene.assert_untouched_and_stop();
+}
 
-    stop_all(daemon, node, &dir);
+/// A node running template `web` at VERSION=1, written by a daemon on the
+/// configuration `config` makes, and what was running then: for the tests
+/// of renders that must leave it alone.
+struct Settled {
+    kube: Kube,
+    node: Node,
+    daemon: Daemon,
+    dir: PathBuf,
+    config: PathBuf,
+    revision: String,
+    manifest: PathBuf,
+    written: Vec<u8>,
+    mirror: String,
+    containers: Vec<String>,
+}
+
+impl Settled {
+    fn start(ns: &str, node: &str, config: impl FnOnce(&Path) -> PathBuf) -> Settled {
+        let server = shared_server();
+        let ns = unique(ns);
+        let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+        kube.create_namespace();
+        let dir = node_dir(node);
+        let node = Node::start(&dir, &server.kubeconfig("admin"), node);
+        let config = config(&dir);
+        kube.create_template(template("web", "1"));
+        let kubeconfig = server.kubeconfig("admin");
+        let manifests = node.manifests();
+        let daemon = Daemon::start(
+            &[
+                "--config",
+                config.to_str().unwrap(),
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "--namespace",
+                &ns,
+                "--node-name",
+                &node.name,
+                "--manifest-dir",
+                manifests.to_str().unwrap(),
+            ],
+            dir.join("podstamp.log"),
+        );
+        let revision = new_revision(&node, &daemon, None);
+        wait_ready_revision(&kube, &node, &daemon, &revision, "VERSION=1");
+        let manifest = node.manifests().join("web.yaml");
+        let written = fs::read(&manifest).unwrap();
+        let mirror = format!("web-{}", node.name);
+        let containers: Vec<String> = node.running(&mirror).into_iter().map(|c| c.id).collect();
+        assert_eq!(containers.len(), 1, "{:#?}", node.containers());
+        Settled {
+            kube,
+            node,
+            daemon,
+            dir,
+            config,
+            revision,
+            manifest,
+            written,
+            mirror,
+            containers,
+        }
+    }
+
+    fn wait_event(&self, reason: &str, words: &[&str]) -> String {
+        wait_event(&self.kube, &self.node, &self.daemon, reason, words)
+    }
+
+    /// Five of the kubelet's re-listings later: the same file, the same
+    /// container, the mirror pod Ready on the same revision.
+    fn assert_untouched_and_stop(self) {
+        std::thread::sleep(Duration::from_secs(5));
+        assert_eq!(
+            fs::read(&self.manifest).unwrap(),
+            self.written,
+            "the running manifest was touched"
+        );
+        let after: Vec<String> = self
+            .node
+            .running(&self.mirror)
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        assert_eq!(
+            after,
+            self.containers,
+            "the kubelet's container changed: {:#?}",
+            self.node.containers()
+        );
+        let pod = self.kube.pod(&self.mirror).expect("the mirror pod");
+        assert!(is_ready(&pod), "{:?}", pod.status);
+        assert_eq!(mirror_revision(&pod), Some(self.revision.as_str()));
+        stop_all(self.daemon, self.node, &self.dir);
+    }
 }
 
 /// Sets the VERSION of template web's container (and its command back to a
