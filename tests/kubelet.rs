@@ -769,7 +769,7 @@ fn a_reload_bringing_a_plugin_that_oversteps_its_scope_leaves_the_running_pod_al
     let fault = "spec.hostPID: added, outside the plugin's scope";
     let attacker = common::fixture_plugin("attacker");
     let _serial = serial();
-    let scene = Settled::start("klscope", "kl-scope", |dir| write_config(dir));
+    let scene = Settled::start("klscope", "kl-scope", write_config);
     // The new catalog: the attacker, no scope given, at the end of the
     // default chain; written beside and renamed into place.
     let text = fs::read_to_string(&scene.config)
