@@ -446,6 +446,10 @@ fn podstamp_runs_as_a_static_pod_from_its_own_image_on_a_real_kubelet() {
             },
         },
         "chain": ["arch-image", "substitute"],
+        // podstamp's own static pod runs on the host network with host
+        // paths: granted level privileged, as deploy/static-pod-render.yaml
+        // grants it.
+        "podSecurity": "privileged",
     });
     fs::write(&render_config, serde_norway::to_string(&render).unwrap()).unwrap();
     let own = node.manifests().join("podstamp.yaml");
