@@ -2174,22 +2174,6 @@ fn with_the_api_down_at_start_the_daemon_runs_the_remembered_catalog() {
     assert!(daemon.stop().success());
 }
 
-/// `podstamp status -n ns -o json` with the Leases in `ns`, as the admin.
-fn status_json(server: &ApiServer, ns: &str) -> Value {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_podstamp"))
-        .args(["status", "-n", ns, "--rollout-namespace", ns, "-o", "json"])
-        .arg("--kubeconfig")
-        .arg(server.kubeconfig("admin"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "podstamp status: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 /// Each node of template `name` in a status view, with its phase.
 fn status_nodes(view: &Value, ns: &str, name: &str) -> Vec<(String, String)> {
     let id = format!("{ns}/{name}");
@@ -2271,7 +2255,7 @@ fn a_template_is_written_only_on_the_nodes_its_node_selector_selects() {
 
     // Status: the selected nodes only; the one without a daemon pending.
     let view = wait_for("api reported by the control-plane node", CONVERGE, || {
-        let view = status_json(server, &ns);
+        let view = status_json(server, &ns, &ns);
         status_nodes(&view, &ns, "api")
             .iter()
             .any(|(n, _)| n == &cp)
@@ -2345,7 +2329,7 @@ fn a_template_is_written_only_on_the_nodes_its_node_selector_selects() {
     assert!(cp_daemon.logs().contains("not for this node"));
     // Its record of the template goes with it; the joiner's comes.
     let view = wait_for("status after the relabel", CONVERGE, || {
-        let view = status_json(server, &ns);
+        let view = status_json(server, &ns, &ns);
         let mut nodes: Vec<String> = status_nodes(&view, &ns, "api")
             .into_iter()
             .map(|(n, _)| n)

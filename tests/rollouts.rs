@@ -162,24 +162,7 @@ fn rollouts(ns: &str) -> String {
 
 /// `podstamp status -o json`, parsed.
 fn status(server: &ApiServer, ns: &str) -> Value {
-    status_in(server, ns, &rollouts(ns))
-}
-
-/// `podstamp status -o json` of templates in `ns` whose Leases are in
-/// `leases`, parsed.
-fn status_in(server: &ApiServer, ns: &str, leases: &str) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_podstamp"))
-        .args(["status", "-n", ns, "--rollout-namespace", leases])
-        .args(["-o", "json", "--kubeconfig"])
-        .arg(server.kubeconfig("admin"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "podstamp status: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    status_json(server, ns, &rollouts(ns))
 }
 
 /// Each node's phase of template web, by node name.
@@ -683,7 +666,7 @@ fn status_shows_records_it_cannot_trust_as_such_not_as_the_newest() {
     create("podstamp-node.n2", "n2", record("evil", i64::MAX));
     create("podstamp-node.n3", "n1", record("evil", 3));
 
-    let view = status_in(server, &ns, &ns);
+    let view = status_json(server, &ns, &ns);
     let t = &view["templates"][0];
     assert_eq!(
         (

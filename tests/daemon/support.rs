@@ -176,6 +176,23 @@ pub fn shared_server() -> &'static ApiServer {
     })
 }
 
+/// `podstamp status -o json` of the templates in `ns` whose rollout Leases
+/// are in `leases`, as the admin, parsed.
+pub fn status_json(server: &ApiServer, ns: &str, leases: &str) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_podstamp"))
+        .args(["status", "-n", ns, "--rollout-namespace", leases])
+        .args(["-o", "json", "--kubeconfig"])
+        .arg(server.kubeconfig("admin"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "podstamp status: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// A port that was free a moment ago.
 /// GET `path` on 127.0.0.1:`port` (a podstamp listener): (status code,
 /// body); None when it does not answer.
