@@ -1392,6 +1392,15 @@ const FAULTS: &[Fault] = &[
         test: "tests/rollouts.rs: a_thousand_forged_records_leave_a_starting_daemon_within_its_memory",
     },
     Fault {
+        id: "quorum-member-unconfirmed",
+        area: "rollouts",
+        fault: "a quorum member's template (podstamp.io/quorum: \"true\") whose slot holder stops renewing (its daemon killed, its API server the one restarting, its node gone), or whose revision failed and was rolled back",
+        kept: "every other node's manifest in place: the slot never expires, and after a failure it is kept until the revision rolled back to is Ready (a rollback that fails too keeps it for good); the holder itself goes on, a newer target included",
+        reported: "the others log that the update waits for a rollout slot and show waiting in podstamp status, the holder its phase and since when; docs/daemon.md says how an operator frees the slot of a node gone for good (delete its slot Lease)",
+        says: "was unconfirmed",
+        test: "tests/rollouts.rs: a_quorum_member_is_never_replaced_on_a_second_node_while_one_is_unconfirmed",
+    },
+    Fault {
         id: "rollout-record-oversized",
         area: "rollouts",
         fault: "another node's status record of hundreds of KiB, or of a thousand failed templates",

@@ -69,6 +69,16 @@ impl Kube {
             .unwrap();
     }
 
+    fn annotate(&self, key: &str, value: &str) {
+        let patch = json!({"metadata": {"annotations": {key: value}}});
+        self.rt
+            .block_on(
+                self.templates()
+                    .patch("web", &PatchParams::default(), &Patch::Merge(patch)),
+            )
+            .unwrap();
+    }
+
     /// Plays node `node`'s kubelet: its mirror pod of `revision`, Ready or
     /// crashing (CrashLoopBackOff, last exit code 1).
     fn kubelet_reports(&self, node: &str, revision: &str, ready: bool) {
@@ -852,4 +862,78 @@ fn peak_rss_mib(pid: u32) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or_else(|| panic!("no VmHWM in /proc/{pid}/status"));
     kib >> 10
+}
+
+/// A quorum member (`podstamp.io/quorum: "true"`, etcd or the API servers)
+/// is never down on two nodes at once: a slot holder that stops renewing
+/// keeps its slot (it may be the member that is down), and a holder whose
+/// revision failed keeps it until the revision rolled back to is Ready,
+/// even when a newer target comes meanwhile.
+#[test]
+fn a_quorum_member_is_never_replaced_on_a_second_node_while_one_is_unconfirmed() {
+    let server = shared_server();
+    let Scene {
+        kube,
+        ns,
+        tmp,
+        config,
+        mut nodes,
+    } = scene(server, "rollquorum", 3, "1");
+    kube.annotate("podstamp.io/quorum", "true");
+
+    // The first node to write web:2 is killed while it holds the slot:
+    // three lease durations later (5 s each) no other node wrote it.
+    kube.set_image("web:2");
+    let first = wait_written(&nodes, "web:2", 1)[0];
+    let killed = nodes.remove(first);
+    let (killed_name, killed_dir) = (killed.name.clone(), killed.dir.clone());
+    drop(killed.daemon);
+    std::thread::sleep(Duration::from_secs(15));
+    for node in &nodes {
+        node.daemon.assert_running();
+        assert!(
+            node.manifest().contains("image: web:1"),
+            "{} wrote web:2 while {killed_name} was unconfirmed:\n{}",
+            node.name,
+            node.daemon.logs()
+        );
+    }
+    // Back, it keeps its slot; its revision Ready, the others follow.
+    let back = start_again(server, &ns, tmp.path(), &config, &killed_name, killed_dir);
+    wait_for("the restarted holder on web:2", STEP, || {
+        back.manifest().contains("image: web:2").then_some(())
+    });
+    kube.kubelet_reports(&back.name, &back.revision(), true);
+    roll_through(&kube, &[&nodes[0], &nodes[1]], "web:2");
+    nodes.push(back);
+    wait_for("every node ready on web:2", STEP, || {
+        (status(server, &ns)["templates"][0]["ready"] == 3).then_some(())
+    });
+
+    // web:3 fails on the first node to write it: rolled back to web:2, and
+    // its slot is kept until web:2 is Ready there again. A newer target
+    // (web:4) meanwhile is written by that node alone.
+    kube.set_image("web:3");
+    let first = &nodes[wait_written(&nodes, "web:3", 1)[0]];
+    kube.kubelet_reports(&first.name, &first.revision(), false);
+    wait_for("web:3 rolled back on the first node", STEP, || {
+        first.manifest().contains("image: web:2").then_some(())
+    });
+    kube.set_image("web:4");
+    wait_for("the slot holder on web:4", STEP, || {
+        first.manifest().contains("image: web:4").then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(10));
+    for node in nodes.iter().filter(|n| n.name != first.name) {
+        assert!(
+            node.manifest().contains("image: web:2"),
+            "{} wrote web:4 while {} was unconfirmed:\n{}",
+            node.name,
+            first.name,
+            node.daemon.logs()
+        );
+    }
+    kube.kubelet_reports(&first.name, &first.revision(), true);
+    let others: Vec<&NodeUnderTest> = nodes.iter().filter(|n| n.name != first.name).collect();
+    roll_through(&kube, &others, "web:4");
 }

@@ -119,10 +119,14 @@ pub enum PodState {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Ask {
     /// A slot of template `id` (one of `slots`), to write `target`.
+    /// `expires`: whether a slot whose holder stopped renewing it is free
+    /// once its duration passed (not for a quorum member's,
+    /// [`crate::fleet::policy::Policy::expires`]).
     Acquire {
         id: String,
         target: String,
         slots: u32,
+        expires: bool,
     },
     /// No slot is needed any more for `id` (asked, not granted).
     Cancel { id: String },

@@ -6,6 +6,11 @@
 //! * `podstamp.io/max-unavailable`: how many nodes may be updating the
 //!   template at once, node by node; a whole number from 1 to
 //!   [`MAX_SLOTS`], default 1.
+//! * `podstamp.io/quorum: "true"`: the template is a member of a quorum
+//!   (etcd, or the API servers in front of it): one node at a time, and a
+//!   node starts only once no other node's revision of it is unconfirmed
+//!   ([`Policy::Quorum`]). `max-unavailable` may only say 1 beside it, and
+//!   `all-at-once` not at all: a second member down loses the quorum.
 //!
 //! The progress deadline (`podstamp.io/progress-deadline`) is the node's
 //! own ([`crate::daemon::rollout`]). First installs on a node and deletions
@@ -18,6 +23,7 @@ use std::collections::BTreeMap;
 
 pub const ROLLOUT_ANNOTATION: &str = "podstamp.io/rollout";
 pub const MAX_UNAVAILABLE_ANNOTATION: &str = "podstamp.io/max-unavailable";
+pub const QUORUM_ANNOTATION: &str = "podstamp.io/quorum";
 /// The most slots a template may have: each is an object in the API.
 pub const MAX_SLOTS: u32 = 100;
 
@@ -27,6 +33,32 @@ pub enum Policy {
     AllAtOnce,
     /// At most this many nodes update at once.
     NodeByNode { max_unavailable: u32 },
+    /// One node at a time, and never while another node's revision is
+    /// unconfirmed: its one slot is held from before the write until this
+    /// node's revision in place is Ready again (the new one, or the one a
+    /// failure rolled back to), and a holder that stops renewing it keeps
+    /// it ([`Policy::expires`]): a member that did not come back must not
+    /// let a second one go down. An operator frees it by deleting the slot
+    /// Lease, once the member is known to be gone.
+    Quorum,
+}
+
+impl Policy {
+    /// How many nodes may be updating at once (0: no limit).
+    pub fn slots(self) -> u32 {
+        match self {
+            Policy::AllAtOnce => 0,
+            Policy::NodeByNode { max_unavailable } => max_unavailable,
+            Policy::Quorum => 1,
+        }
+    }
+
+    /// Whether a slot whose holder stopped renewing it is free once its
+    /// duration passed. Not for a quorum member: its holder may be the
+    /// member that is down.
+    pub fn expires(self) -> bool {
+        !matches!(self, Policy::Quorum)
+    }
 }
 
 impl Default for Policy {
@@ -48,7 +80,34 @@ pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Result<Policy
             }
         },
     };
-    match annotations.get(ROLLOUT_ANNOTATION).map(|s| s.trim()) {
+    let rollout = annotations.get(ROLLOUT_ANNOTATION).map(|s| s.trim());
+    match annotations.get(QUORUM_ANNOTATION).map(|s| s.trim()) {
+        None | Some("false") => {}
+        Some("true") => {
+            if rollout == Some("all-at-once") {
+                return Err(format!(
+                    "metadata.annotations.{ROLLOUT_ANNOTATION}: all-at-once would take every member of the quorum down at once ({QUORUM_ANNOTATION}: \"true\"); remove one of them"
+                ));
+            }
+            if max.is_some_and(|n| n != 1) {
+                return Err(format!(
+                    "metadata.annotations.{MAX_UNAVAILABLE_ANNOTATION}: a quorum member ({QUORUM_ANNOTATION}: \"true\") updates one node at a time; remove it or set it to 1"
+                ));
+            }
+            return match rollout {
+                None | Some("node-by-node") => Ok(Policy::Quorum),
+                Some(other) => Err(format!(
+                    "metadata.annotations.{ROLLOUT_ANNOTATION}: {other:?} is not a rollout; give node-by-node (the default) or all-at-once"
+                )),
+            };
+        }
+        Some(other) => {
+            return Err(format!(
+                "metadata.annotations.{QUORUM_ANNOTATION}: {other:?} is not \"true\" or \"false\"; give \"true\" for a member of a quorum (etcd, the API servers), or remove it"
+            ));
+        }
+    }
+    match rollout {
         None | Some("node-by-node") => Ok(Policy::NodeByNode {
             max_unavailable: max.unwrap_or(1),
         }),
@@ -110,5 +169,60 @@ mod tests {
         ])
         .unwrap_err();
         assert!(e.contains("remove one"), "{e}");
+    }
+
+    #[test]
+    fn a_quorum_member_updates_one_node_at_a_time_and_its_slot_does_not_expire() {
+        for pairs in [
+            &[(QUORUM_ANNOTATION, "true")][..],
+            &[
+                (QUORUM_ANNOTATION, " true "),
+                (MAX_UNAVAILABLE_ANNOTATION, "1"),
+            ],
+            &[
+                (QUORUM_ANNOTATION, "true"),
+                (ROLLOUT_ANNOTATION, "node-by-node"),
+            ],
+        ] {
+            let p = read(pairs).unwrap();
+            assert_eq!(p, Policy::Quorum, "{pairs:?}");
+            assert_eq!((p.slots(), p.expires()), (1, false));
+        }
+        assert_eq!(
+            read(&[
+                (QUORUM_ANNOTATION, "false"),
+                (MAX_UNAVAILABLE_ANNOTATION, "3")
+            ]),
+            Ok(Policy::NodeByNode { max_unavailable: 3 })
+        );
+        assert!(Policy::default().expires() && Policy::AllAtOnce.expires());
+        assert_eq!(Policy::AllAtOnce.slots(), 0);
+    }
+
+    #[test]
+    fn a_quorum_member_refuses_what_would_take_two_members_down() {
+        let e = read(&[
+            (QUORUM_ANNOTATION, "true"),
+            (MAX_UNAVAILABLE_ANNOTATION, "2"),
+        ])
+        .unwrap_err();
+        assert!(
+            e.contains(MAX_UNAVAILABLE_ANNOTATION) && e.contains("set it to 1"),
+            "{e}"
+        );
+        let e = read(&[
+            (QUORUM_ANNOTATION, "true"),
+            (ROLLOUT_ANNOTATION, "all-at-once"),
+        ])
+        .unwrap_err();
+        assert!(
+            e.contains(ROLLOUT_ANNOTATION) && e.contains("remove one"),
+            "{e}"
+        );
+        let e = read(&[(QUORUM_ANNOTATION, "yes")]).unwrap_err();
+        assert!(
+            e.contains(QUORUM_ANNOTATION) && e.contains("\"true\""),
+            "{e}"
+        );
     }
 }

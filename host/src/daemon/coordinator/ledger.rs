@@ -32,6 +32,18 @@ pub(super) enum Action {
     },
 }
 
+/// A slot asked for ([`Ask::Acquire`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Wanted {
+    pub(super) target: String,
+    /// One of this many slots.
+    pub(super) slots: u32,
+    /// A slot whose holder stopped renewing it may be taken once its
+    /// duration passed; false for a quorum member's
+    /// ([`crate::fleet::policy::Policy::expires`]).
+    pub(super) expires: bool,
+}
+
 /// What the coordinator knows; every decision is made here, without I/O.
 pub(super) struct Ledger {
     pub(super) me: String,
@@ -40,8 +52,8 @@ pub(super) struct Ledger {
     /// A relist under way: what it has seen so far.
     pub(super) relisting: Option<BTreeMap<String, Seen>>,
     pub(super) synced: bool,
-    /// Asked, not granted: template → (target, slots).
-    pub(super) pending: BTreeMap<String, (String, u32)>,
+    /// Asked, not granted: template → what is wanted.
+    pub(super) pending: BTreeMap<String, Wanted>,
     /// Template → the slot this node holds for it.
     pub(super) held: BTreeMap<String, String>,
     pub(super) last_renew: BTreeMap<String, Instant>,
@@ -177,8 +189,20 @@ impl Ledger {
 
     pub(super) fn ask(&mut self, ask: Ask) {
         match ask {
-            Ask::Acquire { id, target, slots } => {
-                self.pending.insert(id, (target, slots));
+            Ask::Acquire {
+                id,
+                target,
+                slots,
+                expires,
+            } => {
+                self.pending.insert(
+                    id,
+                    Wanted {
+                        target,
+                        slots,
+                        expires,
+                    },
+                );
             }
             Ask::Cancel { id } => {
                 self.pending.remove(&id);
@@ -315,7 +339,8 @@ impl Ledger {
         // A slot is judged free only from a watch that follows: after an
         // outage, the holder could not renew, and others could not see.
         let pending = self.pending.iter().filter(|_| self.watching);
-        for (id, (target, slots)) in pending {
+        for (id, wanted) in pending {
+            let target = &wanted.target;
             // A target that failed on a node is not started (the reconciler
             // withdraws the ask when it hears of it).
             let failed = self
@@ -326,7 +351,7 @@ impl Ledger {
             if self.held.contains_key(id) || failed {
                 continue;
             }
-            for index in 0..*slots {
+            for index in 0..wanted.slots {
                 let name = slot_name(id, index);
                 let take = |resource_version: Option<String>| Action::Take {
                     id: id.clone(),
@@ -343,9 +368,13 @@ impl Ledger {
                             Some(h) if h == self.me => true,
                             // Judged by this node's duration, never a longer
                             // one from the object: a writer that sets it to
-                            // 2^31-1 s must not hold the slot for good.
+                            // 2^31-1 s must not hold the slot for good. A
+                            // quorum member's never expires: its holder may
+                            // be the member that is down.
                             Some(_) => {
-                                now.duration_since(l.observed) >= l.duration.min(self.duration)
+                                wanted.expires
+                                    && now.duration_since(l.observed)
+                                        >= l.duration.min(self.duration)
                             }
                         };
                         if free && !self.conflicted(&name, Some(&l.resource_version)) {
@@ -426,6 +455,7 @@ mod tests {
             id: "ns/web".into(),
             target: "t1".into(),
             slots,
+            expires: true,
         });
     }
 
@@ -469,6 +499,28 @@ mod tests {
         assert!(matches!(
             s.next(now + D / 2),
             Some(Action::Take { name: n, resource_version: None, .. }) if n == slot_name("ns/web", 1)
+        ));
+    }
+
+    #[test]
+    fn a_quorum_members_slot_is_never_taken_from_a_holder_that_stopped_renewing() {
+        let now = Instant::now();
+        let mut s = synced("n1");
+        let name = slot_name("ns/web", 0);
+        s.seen(name.clone(), lease(ROLE_SLOT, Some("n2"), "5", now));
+        s.ask(Ask::Acquire {
+            id: "ns/web".into(),
+            target: "t1".into(),
+            slots: 1,
+            expires: false,
+        });
+        // n2 may be the member that is down: ten durations change nothing.
+        assert_eq!(s.next(now + D * 10), None);
+        // Freed by its holder (or deleted by an operator): taken.
+        s.seen(name.clone(), lease(ROLE_SLOT, None, "6", now + D * 10));
+        assert!(matches!(
+            s.next(now + D * 10),
+            Some(Action::Take { resource_version: Some(rv), .. }) if rv == "6"
         ));
     }
 

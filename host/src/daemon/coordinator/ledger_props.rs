@@ -128,6 +128,7 @@ impl World {
                 id: ID.into(),
                 target: "t1".into(),
                 slots: max_unavailable,
+                expires: true,
             });
             nodes.push(l);
         }

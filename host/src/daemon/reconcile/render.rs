@@ -16,7 +16,8 @@ use crate::daemon::events::Report;
 use crate::daemon::metrics::{Metrics, RenderResult};
 use crate::daemon::revisions::Store;
 use crate::daemon::rollout::{self, Gated, InPlace};
-use crate::fleet::{self, policy};
+use crate::fleet;
+use crate::fleet::policy::{self, Policy};
 use crate::manifest;
 use crate::node::NodeContext;
 use crate::reason::Reason;
@@ -45,6 +46,8 @@ struct Done {
     gated: Option<Gated>,
     /// The rollout target rendered (when rollouts are coordinated).
     target: Option<String>,
+    /// The template is a quorum member (`podstamp.io/quorum`).
+    quorum: bool,
 }
 
 /// How a render ended without a failure.
@@ -125,6 +128,7 @@ impl Reconciler {
                         gated: done.gated,
                         target: done.target,
                         generation,
+                        quorum: done.quorum,
                     },
                     || newest_other(store, &source, &revision),
                     Instant::now(),
@@ -340,6 +344,7 @@ impl Reconciler {
                 held: true,
                 gated: None,
                 target,
+                quorum: policy == Policy::Quorum,
             }));
         }
         // Bytes already on disk were read back when they were written; only
@@ -361,6 +366,7 @@ impl Reconciler {
                         held: false,
                         gated: Some(gated),
                         target: Some(target.clone()),
+                        quorum: policy == Policy::Quorum,
                     }));
                 }
             }
@@ -396,6 +402,7 @@ impl Reconciler {
             held: false,
             gated: None,
             target,
+            quorum: policy == Policy::Quorum,
         }))
     }
 }

@@ -26,7 +26,9 @@
 //!   marked pending before its file is written.
 //! * Across nodes ([`Slots`]): a verdict's failure is reported before the
 //!   slot is released; a slot is never released while rollouts cannot be
-//!   followed; a target that failed anywhere is not written here.
+//!   followed; a target that failed anywhere is not written here. A quorum
+//!   member's slot ([`Policy::Quorum`]) is released only once the revision
+//!   in place is Ready: after a failure, the one rolled back to.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -71,6 +73,10 @@ pub struct InPlace {
     pub target: Option<String>,
     /// The template's `metadata.generation`, for the node's record.
     pub generation: Option<i64>,
+    /// The template is a member of a quorum ([`Policy::Quorum`]): known at
+    /// every render, so that a restarted daemon keeps a slot it adopted
+    /// until its revision in place is Ready.
+    pub quorum: bool,
 }
 
 /// What the machine keeps of a template that rendered.
@@ -203,10 +209,7 @@ impl Machine {
             Decision::Write => None,
             Decision::Wait => Some(Gated::Waiting {
                 target: target.to_string(),
-                slots: match policy {
-                    Policy::NodeByNode { max_unavailable } => max_unavailable,
-                    Policy::AllAtOnce => 0,
-                },
+                slots: policy.slots(),
             }),
             Decision::Halted(why) => Some(Gated::Halted {
                 target: target.to_string(),
@@ -237,6 +240,8 @@ impl Machine {
         now: Instant,
     ) {
         let id = done.id.as_str();
+        let quorum = done.quorum;
+        self.with_slots(|slots| slots.set_quorum(id, quorum));
         let known = self.known.entry(id.to_string()).or_default();
         known.generation = done.generation;
         if done.gated.is_none() && !done.held {
@@ -421,12 +426,18 @@ impl Machine {
         let unneeded: Vec<String> = slots
             .held()
             .filter(|id| {
-                let pending = self.tracker.get(id).is_some_and(|r| r.verdict.is_none());
+                let rollout = self.tracker.get(id);
+                let pending = rollout.is_some_and(|r| r.verdict.is_none());
+                // A quorum member's slot is kept until the revision in
+                // place is Ready: after a failure, the one rolled back to
+                // (a rollback that fails too keeps it for good, and says so).
+                let unconfirmed = slots.is_quorum(id)
+                    && rollout.is_some_and(|r| !matches!(r.verdict, Some(Verdict::Succeeded)));
                 let waiting = self
                     .known
                     .get(id.as_str())
                     .is_some_and(|k| matches!(k.gated, Some(Gated::Waiting { .. })));
-                !pending && !waiting
+                !pending && !waiting && !unconfirmed
             })
             .cloned()
             .collect();
@@ -592,7 +603,12 @@ impl Machine {
             self.fleet_failed.insert(id.to_string(), failed);
         }
         self.report(id);
-        self.with_slots(|slots| slots.release(id));
+        // A quorum member's slot waits for the revision rolled back to
+        // ([`Machine::after_pass`]): the member is still down until then.
+        let keep = failure.is_some() && self.slots.as_ref().is_some_and(|s| s.is_quorum(id));
+        if !keep {
+            self.with_slots(|slots| slots.release(id));
+        }
     }
 
     /// Sends this node's state of template `id` to the other nodes (when it

@@ -34,6 +34,7 @@ fn placed(revision: &str, written: bool) -> InPlace {
         gated: None,
         target: None,
         generation: Some(1),
+        quorum: false,
     }
 }
 
@@ -357,7 +358,8 @@ fn an_update_waits_for_a_slot_reports_before_releasing_and_never_releases_unfoll
         vec![Ask::Acquire {
             id: ID.into(),
             target: "t2".into(),
-            slots: 1
+            slots: 1,
+            expires: true,
         }]
     );
     let mut gated = placed("r1", false);
@@ -784,4 +786,95 @@ mod local_evidence {
         m.tick(now + 10 * MINUTE);
         assert!(results(&m.take_effects()).is_empty());
     }
+}
+
+/// A quorum member (`podstamp.io/quorum: "true"`): `r2` granted its one
+/// slot and written over a good `r1`, on a machine that follows rollouts.
+fn quorum_member_writing_r2(now: Instant) -> Machine {
+    let mut m = machine(true);
+    with_good(&mut m, now);
+    assert!(m.gate(ID, "t2", Policy::Quorum).is_some());
+    assert_eq!(
+        asks(&m.take_effects()),
+        vec![Ask::Acquire {
+            id: ID.into(),
+            target: "t2".into(),
+            slots: 1,
+            expires: false,
+        }]
+    );
+    m.fleet(Answer::Granted {
+        id: ID.into(),
+        target: "t2".into(),
+    });
+    assert_eq!(m.gate(ID, "t2", Policy::Quorum), None, "the slot is held");
+    let mut written = placed("r2", true);
+    written.target = Some("t2".into());
+    written.quorum = true;
+    m.in_place(written, || None, now);
+    m.take_effects();
+    m
+}
+
+fn released(m: &mut Machine) -> bool {
+    asks(&m.take_effects()).contains(&Ask::Release { id: ID.into() })
+}
+
+#[test]
+fn a_quorum_members_slot_is_kept_through_a_failure_until_the_revision_rolled_back_to_is_ready() {
+    let now = Instant::now();
+    let mut m = quorum_member_writing_r2(now);
+    m.observe(seen("r2", crash()), now);
+    let effects = m.take_effects();
+    assert!(
+        effects
+            .iter()
+            .any(|e| matches!(e, Effect::RollBack { revision, .. } if revision == "r1")),
+        "{effects:?}"
+    );
+    m.rolled_back(ID, "r1", Ok(()), now);
+    let asked = asks(&m.take_effects());
+    assert!(
+        asked
+            .iter()
+            .any(|a| matches!(a, Ask::Report { status: Some(s), .. } if s.failed.is_some())),
+        "the failure is reported at once: {asked:?}"
+    );
+    assert!(
+        !asked.contains(&Ask::Release { id: ID.into() }),
+        "the member is still down: {asked:?}"
+    );
+    m.after_pass();
+    assert!(!released(&mut m), "r1 is not back yet");
+    m.observe(seen("r1", PodState::Ready), now);
+    m.after_pass();
+    assert!(!released(&mut m), "Ready, not yet for long enough");
+    m.tick(now + STABLE);
+    m.after_pass();
+    assert!(released(&mut m), "r1 Ready again: the next member may go");
+}
+
+#[test]
+fn a_quorum_member_whose_rollback_fails_too_keeps_its_slot() {
+    let now = Instant::now();
+    let mut m = quorum_member_writing_r2(now);
+    m.observe(seen("r2", crash()), now);
+    m.rolled_back(ID, "r1", Ok(()), now);
+    m.take_effects();
+    m.observe(seen("r1", crash()), now);
+    m.tick(now + MINUTE * 2);
+    m.after_pass();
+    assert!(
+        !released(&mut m),
+        "no member of the quorum may follow it down"
+    );
+}
+
+#[test]
+fn a_quorum_members_success_frees_its_slot_as_any_other() {
+    let now = Instant::now();
+    let mut m = quorum_member_writing_r2(now);
+    m.observe(seen("r2", PodState::Ready), now);
+    m.tick(now + STABLE);
+    assert!(released(&mut m));
 }

@@ -18,7 +18,7 @@
 //!   takes the slot next has already seen the failure (both objects come
 //!   through one watch, in order).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::tracker;
 use crate::daemon::inbox::{Answer, Ask};
@@ -46,6 +46,10 @@ pub struct Slots {
     /// Asked, not granted: template → target.
     asked: BTreeMap<String, String>,
     failed: BTreeMap<String, BTreeMap<String, String>>,
+    /// Templates that are members of a quorum ([`Policy::Quorum`]), as
+    /// they last rendered: their slot is kept through a failure
+    /// until the revision rolled back to is Ready again.
+    quorum: BTreeSet<String>,
     /// The last record sent per template: only changes are sent.
     reported: BTreeMap<String, TemplateStatus>,
     /// Per template, the target of each revision written or found here
@@ -73,10 +77,10 @@ impl Slots {
             self.cancel(id);
             return Decision::Halted(format!("target {target} failed on {why}"));
         }
-        let slots = match policy {
-            Policy::AllAtOnce => return Decision::Write,
-            Policy::NodeByNode { max_unavailable } => max_unavailable,
-        };
+        if policy == Policy::AllAtOnce {
+            return Decision::Write;
+        }
+        self.set_quorum(id, !policy.expires());
         if self.held.contains_key(id) {
             // A newer target while this node updates: it goes on with the
             // slot it holds, and no node ends on the older one.
@@ -88,7 +92,8 @@ impl Slots {
             self.send(Ask::Acquire {
                 id: id.to_string(),
                 target: target.to_string(),
-                slots,
+                slots: policy.slots(),
+                expires: policy.expires(),
             });
         }
         Decision::Wait
@@ -188,10 +193,25 @@ impl Slots {
         });
     }
 
+    /// Template `id` is (or is not) a member of a quorum, as it renders now.
+    pub fn set_quorum(&mut self, id: &str, quorum: bool) {
+        if quorum {
+            self.quorum.insert(id.to_string());
+        } else {
+            self.quorum.remove(id);
+        }
+    }
+
+    /// Whether template `id` is a member of a quorum, as it last rendered.
+    pub fn is_quorum(&self, id: &str) -> bool {
+        self.quorum.contains(id)
+    }
+
     /// Template `id` is gone: its ask, slot and record go too.
     pub fn forget(&mut self, id: &str) {
         self.cancel(id);
         self.release(id);
+        self.quorum.remove(id);
         self.targets.remove(id);
         if self.reported.remove(id).is_some() {
             self.send(Ask::Report {
@@ -228,7 +248,8 @@ mod tests {
             vec![Ask::Acquire {
                 id: "ns/web".into(),
                 target: "t1".into(),
-                slots: 1
+                slots: 1,
+                expires: true,
             }],
             "asked once"
         );
