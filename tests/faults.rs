@@ -1392,6 +1392,15 @@ const FAULTS: &[Fault] = &[
         test: "tests/rollouts.rs: a_thousand_forged_records_leave_a_starting_daemon_within_its_memory",
     },
     Fault {
+        id: "rollout-share-uncounted",
+        area: "rollouts",
+        fault: "podstamp.io/max-unavailable given as a percentage, and the nodes the template is for cannot be counted (no permission to list nodes, the API server slow or down)",
+        kept: "the manifests in place; the share stays of the last count, or of one node until a count comes in: never more nodes updating at once than asked",
+        reported: "a warning, once per count asked (once per target a node waits for): cannot count the nodes for podstamp.io/max-unavailable as a percentage, with the API's error",
+        says: "count: None",
+        test: "host/src/daemon/rollout/slots.rs: a_share_of_the_nodes_is_counted_once_per_target_and_one_node_until_then",
+    },
+    Fault {
         id: "quorum-member-unconfirmed",
         area: "rollouts",
         fault: "a quorum member's template (podstamp.io/quorum: \"true\") whose slot holder stops renewing (its daemon killed, its API server the one restarting, its node gone), or whose revision failed and was rolled back",
@@ -1643,6 +1652,9 @@ fn docs_reliability_md_is_the_fault_table() {
                 "tests/rollouts.rs" => include_str!("rollouts.rs"),
                 "host/src/daemon/coordinator/ledger.rs" => {
                     include_str!("../host/src/daemon/coordinator/ledger.rs")
+                }
+                "host/src/daemon/rollout/slots.rs" => {
+                    include_str!("../host/src/daemon/rollout/slots.rs")
                 }
                 "tests/node_identity.rs" => include_str!("node_identity.rs"),
                 "tests/oci.rs" => include_str!("oci.rs"),

@@ -37,9 +37,10 @@ const STEP: Duration = Duration::from_secs(60);
 impl Kube {
     fn create_node(&self, name: &str) {
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let node =
-            serde_json::from_value(json!({"metadata": {"name": name, "labels": {"zone": "z1"}}}))
-                .unwrap();
+        let node = serde_json::from_value(json!({"metadata": {"name": name,
+                // `scene`: what a template of this test's alone selects.
+                "labels": {"zone": "z1", "scene": self.ns}}}))
+        .unwrap();
         self.rt
             .block_on(nodes.create(&PostParams::default(), &node))
             .unwrap();
@@ -936,4 +937,45 @@ fn a_quorum_member_is_never_replaced_on_a_second_node_while_one_is_unconfirmed()
     kube.kubelet_reports(&first.name, &first.revision(), true);
     let others: Vec<&NodeUnderTest> = nodes.iter().filter(|n| n.name != first.name).collect();
     roll_through(&kube, &others, "web:4");
+}
+
+/// `podstamp.io/max-unavailable: 50%` of the four nodes the template's
+/// `podstamp.io/node-selector` selects (the shared API server has many
+/// more): two at once, rounded up as the DaemonSet controller does, and
+/// the others wait.
+#[test]
+fn a_percentage_is_of_the_nodes_the_template_is_for() {
+    let server = shared_server();
+    let Scene {
+        kube,
+        ns,
+        nodes,
+        tmp: _tmp,
+        ..
+    } = scene(server, "rollpct", 4, "1");
+    kube.annotate("podstamp.io/node-selector", &format!("scene={ns}"));
+    kube.annotate("podstamp.io/max-unavailable", "50%");
+    kube.set_image("web:2");
+    let two = wait_written(&nodes, "web:2", 2);
+    wait_for("the other two waiting for one of 2 slots", STEP, || {
+        let view = status(server, &ns);
+        let waiting = phases(&view)
+            .into_iter()
+            .filter(|(_, p)| p == "waiting")
+            .count();
+        (waiting == 2).then_some(())
+    });
+    for node in nodes
+        .iter()
+        .filter(|n| !two.iter().any(|i| nodes[*i].name == n.name))
+    {
+        let logs = node.daemon.logs();
+        assert!(
+            logs.contains("at most 2 node(s) updating at once"),
+            "{}:\n{logs}",
+            node.name
+        );
+    }
+    roll_through(&kube, &nodes.iter().collect::<Vec<_>>(), "web:2");
+    wait_written(&nodes, "web:2", 4);
 }

@@ -130,6 +130,9 @@ pub enum Ask {
     },
     /// No slot is needed any more for `id` (asked, not granted).
     Cancel { id: String },
+    /// How many nodes the label selector `selector` selects (empty: every
+    /// node), for a share of them ([`crate::fleet::policy::Policy::Percent`]).
+    Count { selector: String },
     /// The slot held for `id` is free for the next node.
     Release { id: String },
     /// This node's state for `id`; None: the template is gone.
@@ -151,6 +154,12 @@ pub enum Answer {
     /// Every target that failed on some node: template → target → who and
     /// why. Sent whole, when it changes.
     Failed(BTreeMap<String, BTreeMap<String, String>>),
+    /// How many nodes `selector` selects ([`Ask::Count`]); None: they could
+    /// not be counted.
+    Nodes {
+        selector: String,
+        count: Option<u32>,
+    },
 }
 
 /// Why the loader should load the catalog again.

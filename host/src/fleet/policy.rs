@@ -5,7 +5,8 @@
 //!   renders it, as podstamp did before rollouts.
 //! * `podstamp.io/max-unavailable`: how many nodes may be updating the
 //!   template at once, node by node; a whole number from 1 to
-//!   [`MAX_SLOTS`], default 1.
+//!   [`MAX_SLOTS`], or a percentage of the nodes the template is for
+//!   (`10%`, [`Policy::Percent`]); default 1.
 //! * `podstamp.io/quorum: "true"`: the template is a member of a quorum
 //!   (etcd, or the API servers in front of it): one node at a time, and a
 //!   node starts only once no other node's revision of it is unconfirmed
@@ -24,8 +25,13 @@ use std::collections::BTreeMap;
 pub const ROLLOUT_ANNOTATION: &str = "podstamp.io/rollout";
 pub const MAX_UNAVAILABLE_ANNOTATION: &str = "podstamp.io/max-unavailable";
 pub const QUORUM_ANNOTATION: &str = "podstamp.io/quorum";
-/// The most slots a template may have: each is an object in the API.
-pub const MAX_SLOTS: u32 = 100;
+/// The most slots a template may have, given as a count or resolved from a
+/// share: each is a Lease in the API, created once and, while held, renewed
+/// every third of its lease duration. 500 held at the default 30 s are
+/// 50 writes/s and under 0.5 MiB in etcd: a tenth of what a 5,000-node
+/// cluster's kubelets write for their own node Leases (one each every
+/// 10 s), and 10% of such a fleet at once.
+pub const MAX_SLOTS: u32 = 500;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
@@ -33,6 +39,11 @@ pub enum Policy {
     AllAtOnce,
     /// At most this many nodes update at once.
     NodeByNode { max_unavailable: u32 },
+    /// At most this share of the nodes the template is for (its
+    /// `podstamp.io/node-selector`, or every node) update at once: `percent`
+    /// of their count, rounded up, at least 1 and at most [`MAX_SLOTS`]
+    /// ([`share`]), as the DaemonSet controller reads its `maxUnavailable`.
+    Percent { percent: u32 },
     /// One node at a time, and never while another node's revision is
     /// unconfirmed: its one slot is held from before the write until this
     /// node's revision in place is Ready again (the new one, or the one a
@@ -44,11 +55,14 @@ pub enum Policy {
 }
 
 impl Policy {
-    /// How many nodes may be updating at once (0: no limit).
-    pub fn slots(self) -> u32 {
+    /// How many nodes may be updating at once (0: no limit), for a template
+    /// that is for `nodes` nodes (None: not known yet, when a share counts
+    /// as one node: never more at once than asked).
+    pub fn slots(self, nodes: Option<u32>) -> u32 {
         match self {
             Policy::AllAtOnce => 0,
             Policy::NodeByNode { max_unavailable } => max_unavailable,
+            Policy::Percent { percent } => nodes.map_or(1, |n| share(percent, n)),
             Policy::Quorum => 1,
         }
     }
@@ -58,6 +72,32 @@ impl Policy {
     /// member that is down.
     pub fn expires(self) -> bool {
         !matches!(self, Policy::Quorum)
+    }
+}
+
+/// `percent` of `nodes`, rounded up (as Kubernetes'
+/// `intstr.GetScaledValueFromIntOrPercent(…, roundUp: true)` does for a
+/// DaemonSet's `maxUnavailable`), at least 1 (a rollout always moves) and at
+/// most [`MAX_SLOTS`].
+pub fn share(percent: u32, nodes: u32) -> u32 {
+    let scaled = (u64::from(percent) * u64::from(nodes)).div_ceil(100);
+    scaled.clamp(1, u64::from(MAX_SLOTS)) as u32
+}
+
+/// A count (`"3"`) or a percentage (`"10%"`), within bounds.
+fn read_max(text: &str) -> Option<Policy> {
+    let text = text.trim();
+    match text.strip_suffix('%') {
+        Some(percent) => match percent.parse::<u32>() {
+            Ok(p) if (1..=100).contains(&p) => Some(Policy::Percent { percent: p }),
+            _ => None,
+        },
+        None => match text.parse::<u32>() {
+            Ok(n) if (1..=MAX_SLOTS).contains(&n) => {
+                Some(Policy::NodeByNode { max_unavailable: n })
+            }
+            _ => None,
+        },
     }
 }
 
@@ -71,14 +111,11 @@ impl Default for Policy {
 pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Result<Policy, String> {
     let max = match annotations.get(MAX_UNAVAILABLE_ANNOTATION) {
         None => None,
-        Some(text) => match text.trim().parse::<u32>() {
-            Ok(n) if (1..=MAX_SLOTS).contains(&n) => Some(n),
-            _ => {
-                return Err(format!(
-                    "metadata.annotations.{MAX_UNAVAILABLE_ANNOTATION}: {text:?} is not a whole number from 1 to {MAX_SLOTS}; give how many nodes may update at once, or remove it for 1"
-                ));
-            }
-        },
+        Some(text) => Some(read_max(text).ok_or_else(|| {
+            format!(
+                "metadata.annotations.{MAX_UNAVAILABLE_ANNOTATION}: {text:?} is not a whole number from 1 to {MAX_SLOTS} or a percentage from 1% to 100%; give how many nodes may update at once (10, or 10% of the nodes the template is for), or remove it for 1"
+            )
+        })?),
     };
     let rollout = annotations.get(ROLLOUT_ANNOTATION).map(|s| s.trim());
     match annotations.get(QUORUM_ANNOTATION).map(|s| s.trim()) {
@@ -89,7 +126,7 @@ pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Result<Policy
                     "metadata.annotations.{ROLLOUT_ANNOTATION}: all-at-once would take every member of the quorum down at once ({QUORUM_ANNOTATION}: \"true\"); remove one of them"
                 ));
             }
-            if max.is_some_and(|n| n != 1) {
+            if max.is_some_and(|m| m != Policy::NodeByNode { max_unavailable: 1 }) {
                 return Err(format!(
                     "metadata.annotations.{MAX_UNAVAILABLE_ANNOTATION}: a quorum member ({QUORUM_ANNOTATION}: \"true\") updates one node at a time; remove it or set it to 1"
                 ));
@@ -108,9 +145,7 @@ pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Result<Policy
         }
     }
     match rollout {
-        None | Some("node-by-node") => Ok(Policy::NodeByNode {
-            max_unavailable: max.unwrap_or(1),
-        }),
+        None | Some("node-by-node") => Ok(max.unwrap_or_default()),
         Some("all-at-once") => match max {
             None => Ok(Policy::AllAtOnce),
             Some(_) => Err(format!(
@@ -151,11 +186,15 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_annotation_and_the_fix() {
-        for bad in ["0", "-1", "two", "101", "1.5"] {
+        for bad in [
+            "0", "-1", "two", "501", "1.5", "0%", "101%", "%", "1.5%", "10 %", "-5%",
+        ] {
             let e = read(&[(MAX_UNAVAILABLE_ANNOTATION, bad)]).unwrap_err();
             assert!(
-                e.contains(MAX_UNAVAILABLE_ANNOTATION) && e.contains("from 1 to 100"),
-                "{e}"
+                e.contains(MAX_UNAVAILABLE_ANNOTATION)
+                    && e.contains("from 1 to 500")
+                    && e.contains("from 1% to 100%"),
+                "{bad}: {e}"
             );
         }
         let e = read(&[(ROLLOUT_ANNOTATION, "fast")]).unwrap_err();
@@ -186,7 +225,7 @@ mod tests {
         ] {
             let p = read(pairs).unwrap();
             assert_eq!(p, Policy::Quorum, "{pairs:?}");
-            assert_eq!((p.slots(), p.expires()), (1, false));
+            assert_eq!((p.slots(Some(5)), p.expires()), (1, false));
         }
         assert_eq!(
             read(&[
@@ -196,7 +235,39 @@ mod tests {
             Ok(Policy::NodeByNode { max_unavailable: 3 })
         );
         assert!(Policy::default().expires() && Policy::AllAtOnce.expires());
-        assert_eq!(Policy::AllAtOnce.slots(), 0);
+        assert_eq!(Policy::AllAtOnce.slots(None), 0);
+    }
+
+    #[test]
+    fn a_percentage_is_of_the_nodes_the_template_is_for_rounded_up_at_least_one() {
+        assert_eq!(
+            read(&[(MAX_UNAVAILABLE_ANNOTATION, " 10% ")]),
+            Ok(Policy::Percent { percent: 10 })
+        );
+        let ten = Policy::Percent { percent: 10 };
+        // As the DaemonSet controller rounds a maxUnavailable of 10%.
+        for (nodes, slots) in [
+            (0, 1),
+            (1, 1),
+            (9, 1),
+            (10, 1),
+            (11, 2),
+            (2_000, 200),
+            (5_000, 500),
+            (6_000, 500),
+        ] {
+            assert_eq!(ten.slots(Some(nodes)), slots, "10% of {nodes}");
+        }
+        assert_eq!(Policy::Percent { percent: 100 }.slots(Some(3)), 3);
+        assert_eq!(Policy::Percent { percent: 50 }.slots(Some(3)), 2);
+        assert_eq!(ten.slots(None), 1, "not counted yet: one at a time");
+        assert_eq!(share(100, u32::MAX), MAX_SLOTS);
+        let e = read(&[
+            (QUORUM_ANNOTATION, "true"),
+            (MAX_UNAVAILABLE_ANNOTATION, "34%"),
+        ])
+        .unwrap_err();
+        assert!(e.contains("set it to 1"), "{e}");
     }
 
     #[test]

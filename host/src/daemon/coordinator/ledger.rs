@@ -207,6 +207,8 @@ impl Ledger {
             Ask::Cancel { id } => {
                 self.pending.remove(&id);
             }
+            // Counted by the task (`nodes`), not a Lease.
+            Ask::Count { .. } => {}
             Ask::Release { id } => {
                 self.pending.remove(&id);
                 self.last_renew.remove(&id);

@@ -31,10 +31,11 @@
 //!
 //! One concern per file: this one (the task: the watch, the writes),
 //! `ledger` (what it knows and decides, without I/O), `lease` (the Lease
-//! objects as read and written).
+//! objects as read and written), `nodes` (how many nodes a share is of).
 
 mod lease;
 mod ledger;
+mod nodes;
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -51,7 +52,7 @@ use lease::{Seen, Slot, read_lease, slot_lease, status_lease};
 use ledger::{Action, Ledger, after};
 
 use super::backoff::Backoff;
-use super::inbox::{Ask, Input};
+use super::inbox::{Answer, Ask, Input};
 use super::metrics::Metrics;
 use super::raw::Raw;
 use super::watch::{self, Event, Spec};
@@ -140,7 +141,7 @@ pub async fn run(
     metrics: Arc<Metrics>,
 ) {
     let raw: Api<Raw<Lease>> = Api::namespaced(client.clone(), &settings.namespace);
-    let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
+    let api: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
     // The watch runs on a task of its own (the shared loop: resume, relist
     // on 410, backoff) and hands its events over.
     let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
@@ -188,9 +189,16 @@ pub async fn run(
         tokio::select! {
             ask = asks.recv() => match ask {
                 Some(ask) => {
-                    state.ask(ask);
-                    while let Ok(ask) = asks.try_recv() {
-                        state.ask(ask);
+                    let mut next = Some(ask);
+                    while let Some(ask) = next.take().or_else(|| asks.try_recv().ok()) {
+                        match ask {
+                            // Counted on a task of its own: a slow list
+                            // must not hold back renewals.
+                            Ask::Count { selector } => {
+                                tokio::spawn(count_nodes(client.clone(), selector, inputs.clone()));
+                            }
+                            ask => state.ask(ask),
+                        }
                     }
                 }
                 None => {
@@ -309,6 +317,22 @@ pub async fn run(
         }
         metrics.set_slots_held(state.held.len());
     }
+}
+
+/// Counts the nodes `selector` selects and tells the reconciler.
+async fn count_nodes(client: kube::Client, selector: String, inputs: Sender<Input>) {
+    let count = match nodes::count(client, &selector).await {
+        Ok(n) => {
+            tracing::debug!(selector = %selector, nodes = n, "counted the nodes a share of them is of");
+            Some(n)
+        }
+        Err(e) => {
+            tracing::warn!(selector = %selector,
+                "cannot count the nodes for podstamp.io/max-unavailable as a percentage: {e}; the share stays of the last count (or of one node)");
+            None
+        }
+    };
+    let _ = inputs.send(Input::Fleet(Answer::Nodes { selector, count }));
 }
 
 /// This node's status record as the API has it now (None: there is none).

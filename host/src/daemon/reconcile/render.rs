@@ -195,6 +195,12 @@ impl Reconciler {
         let selector = selector::from_annotations(&template.annotations)
             .map_err(|e| invalid(format!("PodTemplate {}: {e}", template.id())))?;
         *selected = Some(selector.as_ref().is_none_or(|s| s.matches(&node.labels)));
+        // What a share of the nodes (`max-unavailable: 10%`) is of, as the
+        // API reads a label selector: kubectl's syntax, which it prints.
+        let nodes = selector
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default();
         if *selected == Some(false) {
             return Ok(Placed::NotForNode {
                 selector: template.annotations[selector::NODE_SELECTOR_ANNOTATION].clone(),
@@ -355,7 +361,7 @@ impl Reconciler {
                 self.rollouts.unchanged(&source);
             } else if self.owned.contains_key(&file) && self.dir.join(&file).exists() {
                 // An update of a manifest in place: it may have to wait.
-                if let Some(gated) = self.rollouts.gate(&source, target, policy) {
+                if let Some(gated) = self.rollouts.gate(&source, target, policy, &nodes) {
                     self.owned.insert(file.clone(), source);
                     return Ok(Placed::Done(Done {
                         file,

@@ -203,13 +203,15 @@ impl Machine {
 
     /// Whether template `id` may replace its manifest in place with one of
     /// `target` now (None: yes). Only an update in place is asked about.
-    pub fn gate(&mut self, id: &str, target: &str, policy: Policy) -> Option<Gated> {
-        let decision = self.with_slots(|slots| slots.decide(id, target, policy))?;
+    /// `nodes`: the label selector of the nodes the template is for (empty:
+    /// every node), what a share ([`Policy::Percent`]) is of.
+    pub fn gate(&mut self, id: &str, target: &str, policy: Policy, nodes: &str) -> Option<Gated> {
+        let decision = self.with_slots(|slots| slots.decide(id, target, policy, nodes))?;
         match decision {
             Decision::Write => None,
-            Decision::Wait => Some(Gated::Waiting {
+            Decision::Wait { slots } => Some(Gated::Waiting {
                 target: target.to_string(),
-                slots: policy.slots(),
+                slots,
             }),
             Decision::Halted(why) => Some(Gated::Halted {
                 target: target.to_string(),

@@ -345,7 +345,7 @@ fn another_revision_releases_the_held_one() {
 fn an_update_waits_for_a_slot_reports_before_releasing_and_never_releases_unfollowed() {
     let mut m = machine(true);
     let now = Instant::now();
-    let waiting = m.gate(ID, "t2", ONE);
+    let waiting = m.gate(ID, "t2", ONE, "");
     assert_eq!(
         waiting,
         Some(Gated::Waiting {
@@ -383,7 +383,7 @@ fn an_update_waits_for_a_slot_reports_before_releasing_and_never_releases_unfoll
         target: "t2".into(),
     });
     assert_eq!(m.take_effects(), vec![Effect::Render { id: ID.into() }]);
-    assert_eq!(m.gate(ID, "t2", ONE), None, "the slot is held");
+    assert_eq!(m.gate(ID, "t2", ONE, ""), None, "the slot is held");
     let mut written = placed("r2", true);
     written.target = Some("t2".into());
     m.in_place(written, || None, now);
@@ -430,14 +430,14 @@ fn an_update_waits_for_a_slot_reports_before_releasing_and_never_releases_unfoll
 fn a_target_failed_elsewhere_halts_with_an_event_and_withdraws_the_ask() {
     let mut m = machine(true);
     let now = Instant::now();
-    assert!(m.gate(ID, "t2", ONE).is_some());
+    assert!(m.gate(ID, "t2", ONE, "").is_some());
     m.take_effects();
     m.fleet(Answer::Failed(BTreeMap::from([(
         ID.to_string(),
         BTreeMap::from([("t2".to_string(), "node n2: CrashLoopBackOff".to_string())]),
     )])));
     assert_eq!(m.take_effects(), vec![Effect::Render { id: ID.into() }]);
-    let halted = m.gate(ID, "t2", ONE);
+    let halted = m.gate(ID, "t2", ONE, "");
     assert!(
         matches!(&halted, Some(Gated::Halted { why, .. }) if why.contains("n2")),
         "{halted:?}"
@@ -463,14 +463,14 @@ fn a_target_failed_elsewhere_halts_with_an_event_and_withdraws_the_ask() {
 #[test]
 fn an_unchanged_manifest_withdraws_an_ask_and_nothing_coordinates_without_slots() {
     let mut m = machine(true);
-    m.gate(ID, "t2", ONE);
+    m.gate(ID, "t2", ONE, "");
     m.take_effects();
     m.unchanged(ID);
     assert_eq!(asks(&m.take_effects()), vec![Ask::Cancel { id: ID.into() }]);
 
     let mut m = machine(false);
     assert!(!m.coordinated());
-    assert_eq!(m.gate(ID, "t2", ONE), None);
+    assert_eq!(m.gate(ID, "t2", ONE, ""), None);
     m.fleet(Answer::Lost { id: ID.into() });
     assert!(m.take_effects().is_empty());
 }
@@ -793,7 +793,7 @@ mod local_evidence {
 fn quorum_member_writing_r2(now: Instant) -> Machine {
     let mut m = machine(true);
     with_good(&mut m, now);
-    assert!(m.gate(ID, "t2", Policy::Quorum).is_some());
+    assert!(m.gate(ID, "t2", Policy::Quorum, "").is_some());
     assert_eq!(
         asks(&m.take_effects()),
         vec![Ask::Acquire {
@@ -807,7 +807,11 @@ fn quorum_member_writing_r2(now: Instant) -> Machine {
         id: ID.into(),
         target: "t2".into(),
     });
-    assert_eq!(m.gate(ID, "t2", Policy::Quorum), None, "the slot is held");
+    assert_eq!(
+        m.gate(ID, "t2", Policy::Quorum, ""),
+        None,
+        "the slot is held"
+    );
     let mut written = placed("r2", true);
     written.target = Some("t2".into());
     written.quorum = true;

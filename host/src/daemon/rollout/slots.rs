@@ -29,8 +29,11 @@ use crate::fleet::{Phase, TemplateStatus, now_rfc3339};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     Write,
-    /// Asked for a slot; the manifest in place stays meanwhile.
-    Wait,
+    /// Asked for one of `slots` slots; the manifest in place stays
+    /// meanwhile.
+    Wait {
+        slots: u32,
+    },
     /// The target failed on a node: the manifest in place stays; the text
     /// says where and why.
     Halted(String),
@@ -45,6 +48,13 @@ pub struct Slots {
     held: BTreeMap<String, String>,
     /// Asked, not granted: template → target.
     asked: BTreeMap<String, String>,
+    /// … and of how many slots.
+    asked_slots: BTreeMap<String, u32>,
+    /// The nodes each label selector selects, as last counted (for shares,
+    /// [`Policy::Percent`]); empty selector: every node.
+    counts: BTreeMap<String, u32>,
+    /// Counts asked for, not answered yet → the templates waiting on them.
+    counting: BTreeMap<String, BTreeSet<String>>,
     failed: BTreeMap<String, BTreeMap<String, String>>,
     /// Templates that are members of a quorum ([`Policy::Quorum`]), as
     /// they last rendered: their slot is kept through a failure
@@ -71,8 +81,10 @@ impl Slots {
     }
 
     /// Whether template `id` may replace its manifest in place with one of
-    /// `target` now.
-    pub fn decide(&mut self, id: &str, target: &str, policy: Policy) -> Decision {
+    /// `target` now. `nodes`: the label selector of the nodes the template
+    /// is for (`podstamp.io/node-selector` as the API reads one; empty:
+    /// every node), what a share ([`Policy::Percent`]) is of.
+    pub fn decide(&mut self, id: &str, target: &str, policy: Policy, nodes: &str) -> Decision {
         if let Some(why) = self.failed.get(id).and_then(|t| t.get(target)).cloned() {
             self.cancel(id);
             return Decision::Halted(format!("target {target} failed on {why}"));
@@ -87,20 +99,44 @@ impl Slots {
             self.held.insert(id.to_string(), target.to_string());
             return Decision::Write;
         }
-        if self.asked.get(id).map(String::as_str) != Some(target) {
+        let new_target = self.asked.get(id).map(String::as_str) != Some(target);
+        let count = match policy {
+            Policy::Percent { .. } => self.count(id, nodes, new_target),
+            _ => None,
+        };
+        let slots = policy.slots(count);
+        if new_target || self.asked_slots.get(id) != Some(&slots) {
             self.asked.insert(id.to_string(), target.to_string());
+            self.asked_slots.insert(id.to_string(), slots);
             self.send(Ask::Acquire {
                 id: id.to_string(),
                 target: target.to_string(),
-                slots: policy.slots(),
+                slots,
                 expires: policy.expires(),
             });
         }
-        Decision::Wait
+        Decision::Wait { slots }
+    }
+
+    /// The count of the nodes `nodes` selects, as last counted (None: not
+    /// yet). Counted once per target a node waits for (a rollout), never
+    /// on a timer; meanwhile the share is of the last count, or one node.
+    fn count(&mut self, id: &str, nodes: &str, new_target: bool) -> Option<u32> {
+        if new_target && !self.counting.contains_key(nodes) {
+            self.send(Ask::Count {
+                selector: nodes.to_string(),
+            });
+            self.counting.insert(nodes.to_string(), BTreeSet::new());
+        }
+        if let Some(waiting) = self.counting.get_mut(nodes) {
+            waiting.insert(id.to_string());
+        }
+        self.counts.get(nodes).copied()
     }
 
     /// Nothing to write for `id` any more: a pending ask is withdrawn.
     pub fn cancel(&mut self, id: &str) {
+        self.asked_slots.remove(id);
         if self.asked.remove(id).is_some() {
             self.send(Ask::Cancel { id: id.to_string() });
         }
@@ -111,6 +147,7 @@ impl Slots {
         match answer {
             Answer::Granted { id, target } => {
                 self.asked.remove(&id);
+                self.asked_slots.remove(&id);
                 self.held.insert(id.clone(), target);
                 vec![id]
             }
@@ -132,6 +169,21 @@ impl Slots {
                 );
                 self.failed = failed;
                 changed
+            }
+            Answer::Nodes { selector, count } => {
+                let waiting = self.counting.remove(&selector).unwrap_or_default();
+                let Some(count) = count else {
+                    // Not counted (logged by the coordinator): the share
+                    // stays of the last count, or of one node.
+                    return Vec::new();
+                };
+                if self.counts.insert(selector, count) == Some(count) {
+                    return Vec::new();
+                }
+                waiting
+                    .into_iter()
+                    .filter(|id| self.asked.contains_key(id))
+                    .collect()
             }
         }
     }
@@ -241,8 +293,14 @@ mod tests {
     #[test]
     fn an_update_waits_for_a_slot_and_is_asked_once() {
         let mut gate = Slots::default();
-        assert_eq!(gate.decide("ns/web", "t1", ONE), Decision::Wait);
-        assert_eq!(gate.decide("ns/web", "t1", ONE), Decision::Wait);
+        assert_eq!(
+            gate.decide("ns/web", "t1", ONE, ""),
+            Decision::Wait { slots: 1 }
+        );
+        assert_eq!(
+            gate.decide("ns/web", "t1", ONE, ""),
+            Decision::Wait { slots: 1 }
+        );
         assert_eq!(
             gate.take_asks(),
             vec![Ask::Acquire {
@@ -260,9 +318,9 @@ mod tests {
             }),
             vec!["ns/web".to_string()]
         );
-        assert_eq!(gate.decide("ns/web", "t1", ONE), Decision::Write);
+        assert_eq!(gate.decide("ns/web", "t1", ONE, ""), Decision::Write);
         // A newer target goes on with the slot held.
-        assert_eq!(gate.decide("ns/web", "t2", ONE), Decision::Write);
+        assert_eq!(gate.decide("ns/web", "t2", ONE, ""), Decision::Write);
         gate.release("ns/web");
         assert_eq!(
             gate.take_asks().remove(0),
@@ -271,7 +329,7 @@ mod tests {
             }
         );
         assert_eq!(
-            gate.decide("ns/web", "t2", Policy::AllAtOnce),
+            gate.decide("ns/web", "t2", Policy::AllAtOnce, ""),
             Decision::Write
         );
     }
@@ -279,7 +337,10 @@ mod tests {
     #[test]
     fn a_target_failed_anywhere_halts_and_withdraws_the_ask() {
         let mut gate = Slots::default();
-        assert_eq!(gate.decide("ns/web", "t1", ONE), Decision::Wait);
+        assert_eq!(
+            gate.decide("ns/web", "t1", ONE, ""),
+            Decision::Wait { slots: 1 }
+        );
         gate.take_asks();
         let failed = BTreeMap::from([(
             "ns/web".to_string(),
@@ -290,7 +351,7 @@ mod tests {
             vec!["ns/web".to_string()]
         );
         assert!(gate.answer(Answer::Failed(failed)).is_empty(), "no change");
-        match gate.decide("ns/web", "t1", Policy::AllAtOnce) {
+        match gate.decide("ns/web", "t1", Policy::AllAtOnce, "") {
             Decision::Halted(why) => assert!(why.contains("n2"), "{why}"),
             other => panic!("{other:?}"),
         }
@@ -301,7 +362,10 @@ mod tests {
             }
         );
         // Another target rolls.
-        assert_eq!(gate.decide("ns/web", "t2", ONE), Decision::Wait);
+        assert_eq!(
+            gate.decide("ns/web", "t2", ONE, ""),
+            Decision::Wait { slots: 1 }
+        );
     }
 
     #[test]
@@ -326,5 +390,88 @@ mod tests {
                 status: None
             }
         );
+    }
+
+    #[test]
+    fn a_share_of_the_nodes_is_counted_once_per_target_and_one_node_until_then() {
+        let mut gate = Slots::default();
+        let half = Policy::Percent { percent: 50 };
+        let acquire = |target: &str, slots| Ask::Acquire {
+            id: "ns/web".into(),
+            target: target.into(),
+            slots,
+            expires: true,
+        };
+        assert_eq!(
+            gate.decide("ns/web", "t1", half, "zone=a"),
+            Decision::Wait { slots: 1 }
+        );
+        assert_eq!(
+            gate.take_asks(),
+            vec![
+                Ask::Count {
+                    selector: "zone=a".into()
+                },
+                acquire("t1", 1)
+            ]
+        );
+        // Counted: the template renders again and asks for its share.
+        let again = gate.answer(Answer::Nodes {
+            selector: "zone=a".into(),
+            count: Some(3),
+        });
+        assert_eq!(again, vec!["ns/web".to_string()]);
+        assert_eq!(
+            gate.decide("ns/web", "t1", half, "zone=a"),
+            Decision::Wait { slots: 2 }
+        );
+        assert_eq!(gate.take_asks(), vec![acquire("t1", 2)]);
+        assert_eq!(
+            gate.decide("ns/web", "t1", half, "zone=a"),
+            Decision::Wait { slots: 2 }
+        );
+        assert!(
+            gate.take_asks().is_empty(),
+            "asked once per target and share"
+        );
+        // A new target counts again; a count that fails keeps the last one.
+        assert_eq!(
+            gate.decide("ns/web", "t2", half, "zone=a"),
+            Decision::Wait { slots: 2 }
+        );
+        assert_eq!(
+            gate.take_asks(),
+            vec![
+                Ask::Count {
+                    selector: "zone=a".into()
+                },
+                acquire("t2", 2)
+            ]
+        );
+        let again = gate.answer(Answer::Nodes {
+            selector: "zone=a".into(),
+            count: None,
+        });
+        assert!(again.is_empty());
+        assert_eq!(
+            gate.decide("ns/web", "t2", half, "zone=a"),
+            Decision::Wait { slots: 2 }
+        );
+        // A count is not asked again while one is under way.
+        let mut gate = Slots::default();
+        gate.decide("ns/a", "t1", half, "");
+        gate.decide("ns/b", "t1", half, "");
+        let counts = gate
+            .take_asks()
+            .into_iter()
+            .filter(|a| matches!(a, Ask::Count { .. }))
+            .count();
+        assert_eq!(counts, 1);
+        let mut again = gate.answer(Answer::Nodes {
+            selector: String::new(),
+            count: Some(10),
+        });
+        again.sort();
+        assert_eq!(again, vec!["ns/a".to_string(), "ns/b".to_string()]);
     }
 }
