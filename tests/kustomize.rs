@@ -182,6 +182,8 @@ fn the_base_holds_podstamps_objects_and_no_placeholder_registry() {
         "ClusterRoleBinding",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
+        "FlowSchema",
+        "PriorityLevelConfiguration",
         "ConfigMap",
         "DaemonSet",
     ] {

@@ -282,6 +282,7 @@ pub async fn create(client: &kube::Client, object: &Value) -> Value {
         "ConfigMap" => "configmaps",
         "DaemonSet" => "daemonsets",
         "PodTemplate" => "podtemplates",
+        "Node" => "nodes",
         other => panic!("deploy/: a {other} is not created by the tests"),
     };
     let resource =
