@@ -106,6 +106,18 @@ fn record(name: &str, holder: &str) -> Value {
     })
 }
 
+/// A halt marker as the daemon writes it (`halt_lease`): target t1 of
+/// ns/web failed on `holder`.
+fn halt(name: &str, holder: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "labels": {"podstamp.io/lease": "halt",
+            "podstamp.io/lane": "halt", "app.kubernetes.io/managed-by": "podstamp"},
+            "annotations": {"podstamp.io/template": "ns/web", "podstamp.io/target": "t1",
+                "podstamp.io/failure": "{\"target\":\"t1\",\"reason\":\"CrashLoopBackOff\"}"}},
+        "spec": {"holderIdentity": holder}
+    })
+}
+
 /// A slot as the daemon writes it (`slot_lease`).
 fn slot(name: &str, holder: Option<&str>, seconds: i32) -> Value {
     json!({
@@ -202,7 +214,7 @@ fn a_node_writes_its_own_status_record_and_nothing_of_another_nodes() {
                 .unwrap()
                 .remove("podstamp.io/lease");
         }),
-        "must be labelled podstamp.io/lease=slot or podstamp.io/lease=node-status",
+        "must be labelled podstamp.io/lease=slot, podstamp.io/lease=node-status or podstamp.io/lease=halt",
     );
     refused(
         c.replace(&a, &theirs, |l| {
@@ -219,7 +231,7 @@ fn a_node_writes_its_own_status_record_and_nothing_of_another_nodes() {
         c.replace(&a, &mine, |l| {
             l["metadata"]["labels"]["podstamp.io/node"] = json!(c.b);
         }),
-        "may set only podstamp.io/lease and app.kubernetes.io/managed-by=podstamp",
+        "may set only podstamp.io/lease, podstamp.io/lane and app.kubernetes.io/managed-by=podstamp",
     );
     // A Lease that is not podstamp's, and a name another node's record
     // would need: neither is created.
@@ -270,6 +282,41 @@ fn a_node_writes_its_own_status_record_and_nothing_of_another_nodes() {
         c.replace(&unbound, &mine, |_| {}),
         "this token names no node",
     );
+}
+
+#[test]
+fn a_node_writes_its_own_halt_markers_and_none_in_another_nodes_name() {
+    let server = shared_server();
+    let c = cluster(server, "idhalt");
+    let a = c.as_node(&c.a);
+    let (mine, theirs) = (
+        format!("podstamp-halt.{}.ns.web", c.a),
+        format!("podstamp-halt.{}.ns.web", c.b),
+    );
+    // Its own: created, and updated for another failed target.
+    written(c.create(&a, halt(&mine, &c.a)));
+    written(c.replace(&a, &mine, |l| {
+        l["metadata"]["annotations"]["podstamp.io/target"] = json!("t2");
+    }));
+    // In another node's name, or its own name held by another: refused;
+    // so is one held by another under its own name.
+    refused(
+        c.create(&a, halt(&theirs, &c.a)),
+        "may write only its own halt markers",
+    );
+    refused(
+        c.create(&a, halt(&theirs, &c.b)),
+        "may write only its own halt markers",
+    );
+    refused(
+        c.replace(&a, &mine, |l| l["spec"]["holderIdentity"] = json!(c.b)),
+        "may write only its own halt markers",
+    );
+    // Written by someone the policy does not hold (the admin here): the
+    // daemons' own reading ignores it (fleet::trust::halt_owner, the same
+    // rule), so it halts nothing; host/src/daemon/coordinator/ledger.rs
+    // tests that reading.
+    written(c.create(&c.kube.client, halt(&theirs, &c.a)));
 }
 
 #[test]

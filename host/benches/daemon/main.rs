@@ -31,13 +31,21 @@
 //! It prints figures next to the targets of issue 5 and asserts nothing
 //! about timing: the machine is shared and figures are noisy.
 //!
-//! Run: `bash tests/harness/build.sh && bash plugins/build.sh && cargo bench --bench daemon [-- latency|sync|footprint|fanout|reload|kubelet|rollout]`.
+//! * `fleet`: N simulated nodes in this process (podstamp's own rollout
+//!   machine and coordinator each, with its own node-bound token, client
+//!   and watches), one template rolled at max-unavailable 10 %: the API
+//!   requests and watch events per node per rollout, the API server's CPU
+//!   and memory, the wall time against the ideal.
+//!
+//! Run: `bash tests/harness/build.sh && bash plugins/build.sh && cargo bench --bench daemon [-- latency|sync|footprint|fanout|reload|kubelet|rollout|fleet]`.
 //! Sizes: PODSTAMP_BENCH_UPDATES (default 200; the poller's share takes
 //! about 1.1 s per update, some 4 minutes), PODSTAMP_BENCH_DAEMONS (default 50),
 //! PODSTAMP_BENCH_RELOADS (default 100), PODSTAMP_BENCH_KUBELET_CHANGES
 //! (default 20 of each shape; an update takes the kubelet 10–15 s),
 //! PODSTAMP_BENCH_ROLLOUTS (default 3, about 2 minutes each),
-//! PODSTAMP_BENCH_IDLE_SECONDS (default 60).
+//! PODSTAMP_BENCH_IDLE_SECONDS (default 60), PODSTAMP_BENCH_FLEET (the
+//! fleet sizes, default `100,500,2000`), PODSTAMP_BENCH_FLEET_LIMIT
+//! (seconds one fleet's rollout may take, default 900).
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
@@ -52,6 +60,7 @@ mod node;
 mod apimetrics;
 mod bench;
 mod fanout;
+mod fleet;
 mod footprint;
 mod kubelet;
 mod latency;
@@ -75,7 +84,7 @@ const SELECTOR: &str = "podstamp.io/enabled=true";
 const CHANGE_LIMIT: Duration = Duration::from_secs(10);
 /// How long a daemon may take to become ready.
 const READY_LIMIT: Duration = Duration::from_secs(120);
-const PARTS: [&str; 7] = [
+const PARTS: [&str; 8] = [
     "latency",
     "sync",
     "footprint",
@@ -83,6 +92,7 @@ const PARTS: [&str; 7] = [
     "reload",
     "kubelet",
     "rollout",
+    "fleet",
 ];
 
 fn main() {
@@ -178,6 +188,25 @@ fn main() {
             Duration::from_secs(env_size("PODSTAMP_BENCH_IDLE_SECONDS", 60) as u64),
         );
     }
+    if run("fleet") {
+        bench.fleet(
+            &fleet_sizes(),
+            Duration::from_secs(env_size("PODSTAMP_BENCH_FLEET_LIMIT", 900) as u64),
+        );
+    }
+}
+
+/// PODSTAMP_BENCH_FLEET: fleet sizes, comma-separated.
+fn fleet_sizes() -> Vec<usize> {
+    let text = std::env::var("PODSTAMP_BENCH_FLEET").unwrap_or_else(|_| "100,500,2000".into());
+    text.split(',')
+        .map(|n| {
+            n.trim().parse().unwrap_or_else(|_| {
+                eprintln!("PODSTAMP_BENCH_FLEET={text:?}: expected whole numbers, comma-separated");
+                std::process::exit(2);
+            })
+        })
+        .collect()
 }
 
 fn env_size(name: &str, default: usize) -> usize {

@@ -22,6 +22,12 @@
 //!   no writes. A target that failed on any node is not started by any
 //!   other node until the template changes (a new target).
 //!
+//! * **Halt markers** ([`halt_name`]): one per node and template, written
+//!   by a node whose update of the template failed, naming the failed
+//!   target. The daemons watch these and the slots of their own lanes
+//!   ([`lanes`]), never the node statuses: what a node receives per
+//!   rollout does not grow with the fleet (docs/daemon.md, "Fleets").
+//!
 //! A **target** ([`target`]) names one version of a template's inputs, the
 //! same on every node: the PodTemplate as podstamp reads it and the
 //! fingerprint of its plugin chain. The *revision* of a manifest
@@ -33,6 +39,7 @@
 //! never fails on content: a record podstamp cannot read is an empty one,
 //! reported); names are valid object names whatever the template's name.
 
+pub mod lanes;
 pub mod policy;
 pub mod trust;
 pub mod view;
@@ -47,6 +54,14 @@ use sha2::{Digest, Sha256};
 pub const ROLE_LABEL: &str = "podstamp.io/lease";
 pub const ROLE_SLOT: &str = "slot";
 pub const ROLE_STATUS: &str = "node-status";
+pub const ROLE_HALT: &str = "halt";
+/// The label that puts a slot in its lane ([`lanes::lane`] of its name) and
+/// a halt marker in [`HALT_LANE`]: a daemon watches the Leases of the
+/// lanes it waits in, and the halts.
+pub const LANE_LABEL: &str = "podstamp.io/lane";
+pub const HALT_LANE: &str = "halt";
+/// A halt marker's failure: [`Failed`] as JSON.
+pub const FAILURE_ANNOTATION: &str = "podstamp.io/failure";
 /// A slot's template, `namespace/name`.
 pub const TEMPLATE_ANNOTATION: &str = "podstamp.io/template";
 /// The target a slot's holder is writing.
@@ -73,6 +88,11 @@ pub fn target(template_fingerprint: &[u8; 32], chain_fingerprint: &[u8; 32]) -> 
 /// name is cut and made unique again with a hash of the whole.
 pub fn slot_name(id: &str, index: u32) -> String {
     bounded(format!("podstamp-slot.{}.{index}", id.replace('/', ".")))
+}
+
+/// The name of node `node`'s halt marker for template `id`.
+pub fn halt_name(node: &str, id: &str) -> String {
+    bounded(format!("podstamp-halt.{node}.{}", id.replace('/', ".")))
 }
 
 /// The name of node `node`'s status Lease.

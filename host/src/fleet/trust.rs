@@ -14,7 +14,7 @@
 //!
 //! Pure functions of the object's fields: no I/O, no clock.
 
-use super::status_name;
+use super::{halt_name, status_name};
 
 /// The node a status record is for, on records whose writer labels it
 /// (checked when present; the name and the holder are always checked).
@@ -45,6 +45,17 @@ pub enum Untrusted {
         label: String,
         holder: String,
     },
+    #[error(
+        "halt marker {name} is held by {holder}, whose marker for {template} is {expected}: not written by its node"
+    )]
+    HaltName {
+        name: String,
+        holder: String,
+        template: String,
+        expected: String,
+    },
+    #[error("halt marker {name} names no template: it halts nothing")]
+    HaltTemplate { name: String },
     #[error(
         "node {node} claims generation {generation} of {template}, which no PodTemplate has (1 to 2^53)"
     )]
@@ -82,6 +93,36 @@ pub fn status_owner<'a>(
             name: name.to_string(),
             label: label.to_string(),
             holder: holder.to_string(),
+        });
+    }
+    Ok(holder)
+}
+
+/// The node a halt marker named `name`, held by `holder`, for template
+/// `template`, speaks for: its name must be that node's [`halt_name`] of
+/// the template (the rule the admission policy holds writers to).
+pub fn halt_owner<'a>(
+    name: &str,
+    holder: Option<&'a str>,
+    template: Option<&str>,
+) -> Result<&'a str, Untrusted> {
+    let holder = holder
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| Untrusted::NoHolder {
+            name: name.to_string(),
+        })?;
+    let template = template
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| Untrusted::HaltTemplate {
+            name: name.to_string(),
+        })?;
+    let expected = halt_name(holder, template);
+    if name != expected {
+        return Err(Untrusted::HaltName {
+            name: name.to_string(),
+            holder: holder.to_string(),
+            template: template.to_string(),
+            expected,
         });
     }
     Ok(holder)
@@ -138,6 +179,17 @@ mod tests {
             e.to_string(),
             "status Lease podstamp-node.n1 is labelled podstamp.io/node=n2 but held by n1"
         );
+    }
+
+    #[test]
+    fn a_halt_marker_counts_only_as_its_own_nodes() {
+        let name = halt_name("n1", "ns/web");
+        assert_eq!(halt_owner(&name, Some("n1"), Some("ns/web")), Ok("n1"));
+        // Another node's name, another template, no holder, no template.
+        assert!(halt_owner(&name, Some("n2"), Some("ns/web")).is_err());
+        assert!(halt_owner(&name, Some("n1"), Some("ns/db")).is_err());
+        assert!(halt_owner(&name, None, Some("ns/web")).is_err());
+        assert!(halt_owner(&name, Some("n1"), None).is_err());
     }
 
     #[test]

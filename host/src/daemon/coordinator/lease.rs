@@ -7,7 +7,7 @@
 //! * What is kept of a Lease is bounded whatever its writer put in it: a
 //!   status record over [`MAX_RECORD_BYTES`] is not parsed (read as empty,
 //!   said so); the ledger keeps of another node's record only its failures
-//!   ([`Seen::failures_only`]).
+//!   ([`Seen::failures_only`]); of a halt marker, its failure, cut.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -17,8 +17,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use serde_json::Value;
 
 use crate::fleet::{
-    NodeStatus, ROLE_LABEL, ROLE_SLOT, ROLE_STATUS, STATUS_ANNOTATION, TARGET_ANNOTATION,
-    TEMPLATE_ANNOTATION, TemplateStatus,
+    FAILURE_ANNOTATION, Failed, HALT_LANE, LANE_LABEL, NodeStatus, ROLE_HALT, ROLE_LABEL,
+    ROLE_SLOT, ROLE_STATUS, STATUS_ANNOTATION, TARGET_ANNOTATION, TEMPLATE_ANNOTATION,
+    TemplateStatus, lanes::lane,
 };
 
 /// A Lease of ours, as last seen.
@@ -30,7 +31,8 @@ pub(super) struct Seen {
     pub(super) template: Option<String>,
     pub(super) target: Option<String>,
     /// A status Lease's record, parsed once when read (empty for a slot, a
-    /// record that is missing or does not parse: rewritten then).
+    /// record that is missing or does not parse: rewritten then); a halt
+    /// marker's failure, as a record of its one template.
     pub(super) record: NodeStatus,
     /// The node a status record speaks for, when it may be taken at its
     /// word ([`crate::fleet::trust::status_owner`]); None for a slot, or a
@@ -52,6 +54,9 @@ pub(super) const MAX_RECORD_BYTES: usize = 256 << 10;
 pub(super) const MAX_FAILURES_KEPT: usize = 16;
 /// And each failure's message cut to this (the halt only names it).
 const MAX_FAILURE_TEXT: usize = 256;
+/// The largest halt marker failure parsed (an honest one is a few hundred
+/// bytes).
+const MAX_FAILURE_BYTES: usize = 4 << 10;
 
 impl Seen {
     /// Another node's record, reduced to what this node decides from:
@@ -87,6 +92,20 @@ pub(super) fn read_lease(
     let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
     let annotations = metadata.get("annotations");
     let spec = value.get("spec");
+    let role = text(metadata.pointer(&format!("/labels/{}", ROLE_LABEL.replace('/', "~1"))))
+        .unwrap_or_default();
+    let template = text(annotations.and_then(|a| a.get(TEMPLATE_ANNOTATION)));
+    let record = if role == ROLE_HALT {
+        halt_record(template.as_deref(), annotations)
+    } else {
+        NodeStatus::parse(
+            annotations
+                .and_then(|a| a.get(STATUS_ANNOTATION))
+                .and_then(Value::as_str)
+                .filter(|text| text.len() <= MAX_RECORD_BYTES),
+        )
+        .0
+    };
     let seconds = spec
         .and_then(|s| s.get("leaseDurationSeconds"))
         .and_then(Value::as_u64)
@@ -94,19 +113,12 @@ pub(super) fn read_lease(
     Some((
         name,
         Seen {
-            role: text(metadata.pointer(&format!("/labels/{}", ROLE_LABEL.replace('/', "~1"))))
-                .unwrap_or_default(),
+            role,
             holder: text(spec.and_then(|s| s.get("holderIdentity"))).filter(|h| !h.is_empty()),
             duration: seconds.map_or(default_duration, Duration::from_secs),
-            template: text(annotations.and_then(|a| a.get(TEMPLATE_ANNOTATION))),
+            template,
             target: text(annotations.and_then(|a| a.get(TARGET_ANNOTATION))),
-            record: NodeStatus::parse(
-                annotations
-                    .and_then(|a| a.get(STATUS_ANNOTATION))
-                    .and_then(Value::as_str)
-                    .filter(|text| text.len() <= MAX_RECORD_BYTES),
-            )
-            .0,
+            record,
             owner: None,
             transitions: spec
                 .and_then(|s| s.get("leaseTransitions"))
@@ -122,6 +134,29 @@ pub(super) fn read_lease(
     ))
 }
 
+/// A halt marker's failure as a record of its one template (empty when
+/// it names no template or its failure does not parse).
+fn halt_record(template: Option<&str>, annotations: Option<&Value>) -> NodeStatus {
+    let failed: Option<Failed> = annotations
+        .and_then(|a| a.get(FAILURE_ANNOTATION))
+        .and_then(Value::as_str)
+        .filter(|text| text.len() <= MAX_FAILURE_BYTES)
+        .and_then(|text| serde_json::from_str(text).ok());
+    let mut record = NodeStatus::default();
+    if let (Some(id), Some(mut failed)) = (template, failed) {
+        failed.message = crate::text::cut(failed.message, MAX_FAILURE_TEXT);
+        failed.reason = crate::text::cut(failed.reason, MAX_FAILURE_TEXT);
+        record.templates.insert(
+            id.to_string(),
+            TemplateStatus {
+                failed: Some(failed),
+                ..TemplateStatus::default()
+            },
+        );
+    }
+    record
+}
+
 pub(super) fn micro_now() -> MicroTime {
     MicroTime(k8s_openapi::jiff::Timestamp::now())
 }
@@ -134,6 +169,13 @@ fn labels(role: &str) -> BTreeMap<String, String> {
             "podstamp".to_string(),
         ),
     ])
+}
+
+/// The labels of a Lease in lane `lane`.
+fn in_lane(role: &str, lane: String) -> BTreeMap<String, String> {
+    let mut labels = labels(role);
+    labels.insert(LANE_LABEL.to_string(), lane);
+    labels
 }
 
 /// Which slot, of which template, for which target.
@@ -157,7 +199,7 @@ pub(super) fn slot_lease(
         metadata: ObjectMeta {
             name: Some(name.to_string()),
             namespace: Some(namespace.to_string()),
-            labels: Some(labels(ROLE_SLOT)),
+            labels: Some(in_lane(ROLE_SLOT, lane(name))),
             annotations: Some(BTreeMap::from([
                 (TEMPLATE_ANNOTATION.to_string(), id.to_string()),
                 (TARGET_ANNOTATION.to_string(), target.to_string()),
@@ -190,6 +232,40 @@ pub(super) fn status_lease(
             namespace: Some(namespace.to_string()),
             labels: Some(labels(ROLE_STATUS)),
             annotations: Some(BTreeMap::from([(STATUS_ANNOTATION.to_string(), record)])),
+            resource_version,
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(me.to_string()),
+            renew_time: Some(micro_now()),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+/// This node's halt marker `name` for template `id`: `failed` is what
+/// failed here.
+pub(super) fn halt_lease(
+    name: String,
+    me: &str,
+    id: &str,
+    failed: &Failed,
+    namespace: &str,
+    resource_version: Option<String>,
+) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(namespace.to_string()),
+            labels: Some(in_lane(ROLE_HALT, HALT_LANE.to_string())),
+            annotations: Some(BTreeMap::from([
+                (TEMPLATE_ANNOTATION.to_string(), id.to_string()),
+                (TARGET_ANNOTATION.to_string(), failed.target.clone()),
+                (
+                    FAILURE_ANNOTATION.to_string(),
+                    serde_json::to_string(failed).expect("plain data serializes"),
+                ),
+            ])),
             resource_version,
             ..ObjectMeta::default()
         },

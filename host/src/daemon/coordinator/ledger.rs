@@ -3,6 +3,14 @@
 //! ([`Ledger::next`] → [`Action`]), and what a write that went through
 //! changes ([`after`]). No I/O: the async task in `mod.rs` reads the watch,
 //! makes the writes and feeds the results back.
+//!
+//! What it is fed: this node's own record (read by name), the halt markers
+//! and the slots of the lanes it waits in ([`Ledger::lanes`]); never the
+//! other nodes' records. A target halts when this node's own record, or a
+//! halt marker its own node may have written, says it failed. A slot seen
+//! free is tried after this node's turn ([`lanes::turn`] × [`SPREAD`]), so
+//! that of the waiters for one freed slot the first tries alone; a waiter
+//! that waited longer than [`Ledger::starved_after`] tries at once.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -10,8 +18,30 @@ use std::time::{Duration, Instant};
 use super::lease::Seen;
 use crate::daemon::inbox::{Answer, Ask};
 use crate::fleet::{
-    NodeStatus, ROLE_SLOT, ROLE_STATUS, STATUS_VERSION, slot_name, status_name, trust,
+    NodeStatus, ROLE_HALT, ROLE_SLOT, ROLE_STATUS, STATUS_VERSION, halt_name, lanes, slot_name,
+    status_name, trust,
 };
+
+/// Waiters for a freed slot try it within this, each at its turn.
+pub(super) const SPREAD: Duration = Duration::from_millis(1000);
+/// The most halt markers kept, and of one node: a node can write markers
+/// for every template in its own name, and must not push out the others'.
+pub(super) const MAX_HALTS: usize = 4096;
+pub(super) const MAX_HALTS_PER_NODE: usize = 16;
+
+/// A slot asked for, not granted.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Pending {
+    pub(super) target: String,
+    pub(super) slots: u32,
+    /// A slot whose holder stopped renewing it may be taken once its
+    /// duration passed; false for a quorum member's
+    /// ([`crate::fleet::policy::Policy::expires`]).
+    pub(super) expires: bool,
+    /// When it was asked: a waiter past [`Ledger::starved_after`] goes first.
+    pub(super) since: Instant,
+    pub(super) starved_logged: bool,
+}
 
 /// One write the state calls for.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +52,13 @@ pub(super) enum Action {
     Release { name: String },
     /// Renew a slot held for template `id`.
     Renew { id: String, name: String },
+    /// This node's halt marker for template `id`: its record says a target
+    /// failed here, the marker does not say so yet.
+    Halt {
+        id: String,
+        name: String,
+        resource_version: Option<String>,
+    },
     /// Take slot `name` for template `id`: a create when there is no
     /// resourceVersion.
     Take {
@@ -32,18 +69,6 @@ pub(super) enum Action {
     },
 }
 
-/// A slot asked for ([`Ask::Acquire`]).
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct Wanted {
-    pub(super) target: String,
-    /// One of this many slots.
-    pub(super) slots: u32,
-    /// A slot whose holder stopped renewing it may be taken once its
-    /// duration passed; false for a quorum member's
-    /// ([`crate::fleet::policy::Policy::expires`]).
-    pub(super) expires: bool,
-}
-
 /// What the coordinator knows; every decision is made here, without I/O.
 pub(super) struct Ledger {
     pub(super) me: String,
@@ -52,8 +77,13 @@ pub(super) struct Ledger {
     /// A relist under way: what it has seen so far.
     pub(super) relisting: Option<BTreeMap<String, Seen>>,
     pub(super) synced: bool,
-    /// Asked, not granted: template → what is wanted.
-    pub(super) pending: BTreeMap<String, Wanted>,
+    /// Asked, not granted: template → what.
+    pub(super) pending: BTreeMap<String, Pending>,
+    /// When the watch of the lanes last listed: a slot missing then is
+    /// free from then on.
+    pub(super) listed_at: Option<Instant>,
+    /// Halt markers ignored for the cap (logged once).
+    pub(super) halts_capped: bool,
     /// Template → the slot this node holds for it.
     pub(super) held: BTreeMap<String, String>,
     pub(super) last_renew: BTreeMap<String, Instant>,
@@ -82,6 +112,8 @@ impl Ledger {
             relisting: None,
             synced: false,
             pending: BTreeMap::new(),
+            listed_at: None,
+            halts_capped: false,
             held: BTreeMap::new(),
             last_renew: BTreeMap::new(),
             releasing: BTreeSet::new(),
@@ -107,6 +139,9 @@ impl Ledger {
     /// cluster without the policy is not trusted more), and only its
     /// failures.
     pub(super) fn seen(&mut self, name: String, mut lease: Seen) {
+        if lease.role == ROLE_HALT && !self.keep_halt(&name, &mut lease) {
+            return;
+        }
         if lease.role == ROLE_STATUS && name != self.status_name() {
             match trust::status_owner(&name, lease.holder.as_deref(), None) {
                 Ok(owner) => {
@@ -136,6 +171,38 @@ impl Ledger {
         map.insert(name, lease);
     }
 
+    /// Whether a halt marker is kept, and as what (its owner, or nothing
+    /// when its own node cannot have written it): at most
+    /// [`MAX_HALTS_PER_NODE`] per node and [`MAX_HALTS`] in all.
+    fn keep_halt(&mut self, name: &str, lease: &mut Seen) -> bool {
+        match trust::halt_owner(name, lease.holder.as_deref(), lease.template.as_deref()) {
+            Ok(owner) => lease.owner = Some(owner.to_string()),
+            Err(why) => {
+                if self.untrusted_logged.insert(name.to_string()) {
+                    tracing::warn!(lease = %name, "halt marker ignored: {why}");
+                }
+                lease.record = NodeStatus::default();
+                return true;
+            }
+        }
+        let map = self.relisting.as_ref().unwrap_or(&self.leases);
+        if map.contains_key(name) {
+            return true;
+        }
+        let halts = map.values().filter(|l| l.role == ROLE_HALT);
+        let (all, of_owner) = halts.fold((0, 0), |(all, own), l| {
+            (all + 1, own + usize::from(l.owner == lease.owner))
+        });
+        if all >= MAX_HALTS || of_owner >= MAX_HALTS_PER_NODE {
+            if !self.halts_capped {
+                self.halts_capped = true;
+                tracing::warn!(lease = %name, "halt markers over the cap ({MAX_HALTS} in all, {MAX_HALTS_PER_NODE} per node): the rest are ignored");
+            }
+            return false;
+        }
+        true
+    }
+
     /// The watch was cut and resumed: nothing was seen meanwhile, so no
     /// Lease counts as unrenewed for that time. A holder that could not
     /// renew during an API outage is not taken over the moment it ends:
@@ -153,10 +220,16 @@ impl Ledger {
         self.watching = false;
     }
 
-    pub(super) fn list_done(&mut self) -> Vec<Answer> {
-        if let Some(listed) = self.relisting.take() {
+    pub(super) fn list_done(&mut self, now: Instant) -> Vec<Answer> {
+        if let Some(mut listed) = self.relisting.take() {
+            // This node's own record is read by name, not watched.
+            let mine = self.status_name();
+            if let Some(own) = self.leases.remove(&mine) {
+                listed.entry(mine).or_insert(own);
+            }
             self.leases = listed;
         }
+        self.listed_at = Some(now);
         self.watching = true;
         let mut answers = Vec::new();
         if !self.synced {
@@ -195,12 +268,18 @@ impl Ledger {
                 slots,
                 expires,
             } => {
+                let since = match self.pending.get(&id) {
+                    Some(p) => p.since,
+                    None => Instant::now(),
+                };
                 self.pending.insert(
                     id,
-                    Wanted {
+                    Pending {
                         target,
                         slots,
                         expires,
+                        since,
+                        starved_logged: false,
                     },
                 );
             }
@@ -262,7 +341,11 @@ impl Ledger {
     pub(super) fn failed(&mut self) -> Option<Answer> {
         let mut failed: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
         let mine = self.status_name();
-        let records = self.leases.iter().filter(|(_, l)| l.role == ROLE_STATUS);
+        // This node's own record, and the halt markers of the others.
+        let records = self
+            .leases
+            .iter()
+            .filter(|(name, l)| l.role == ROLE_HALT || (**name == mine && l.role == ROLE_STATUS));
         for (name, lease) in records {
             // Only a record its own node may have written halts anything.
             let (node, record) = if *name == mine {
@@ -311,17 +394,8 @@ impl Ledger {
                 });
             }
         }
-        for name in &self.releasing {
-            match self.leases.get(name) {
-                Some(l)
-                    if l.holder.as_deref() == Some(self.me.as_str())
-                        && !self.conflicted(name, Some(&l.resource_version)) =>
-                {
-                    return Some(Action::Release { name: name.clone() });
-                }
-                _ => {}
-            }
-        }
+        // Renewals before anything else this node may be kept from
+        // writing: a node whose halt marker is refused keeps its slot.
         let renew_every = self.duration / 3;
         for (id, name) in &self.held {
             let due = self
@@ -338,55 +412,157 @@ impl Ledger {
                 });
             }
         }
+        // A failure here is marked before any slot is freed: the node that
+        // takes it next has seen the marker (both come through one watch,
+        // in order). While the marker cannot be written, no slot is freed.
+        if let Some(halt) = self.halt_due() {
+            return Some(halt);
+        }
+        for name in &self.releasing {
+            match self.leases.get(name) {
+                Some(l)
+                    if l.holder.as_deref() == Some(self.me.as_str())
+                        && !self.conflicted(name, Some(&l.resource_version)) =>
+                {
+                    return Some(Action::Release { name: name.clone() });
+                }
+                _ => {}
+            }
+        }
+        self.takes(now).find(|(at, _)| *at <= now).map(|(_, a)| a)
+    }
+
+    /// This node's halt marker that does not say yet what its record says
+    /// failed here.
+    fn halt_due(&self) -> Option<Action> {
+        for (id, status) in &self.mine.templates {
+            let Some(failed) = status.failed.as_ref().filter(|f| !f.target.is_empty()) else {
+                continue;
+            };
+            let name = halt_name(&self.me, id);
+            let in_api = self.leases.get(&name);
+            let says = in_api
+                .and_then(|l| l.record.templates.get(id))
+                .and_then(|t| t.failed.as_ref())
+                .map(|f| f.target.as_str());
+            let rv = in_api.map(|l| l.resource_version.clone());
+            if says != Some(failed.target.as_str()) && !self.conflicted(&name, rv.as_deref()) {
+                return Some(Action::Halt {
+                    id: id.clone(),
+                    name,
+                    resource_version: rv,
+                });
+            }
+        }
+        None
+    }
+
+    /// Whether the waiter for `id` waited past [`Ledger::starved_after`].
+    fn starved(&self, pending: &Pending, now: Instant) -> bool {
+        now.duration_since(pending.since) >= self.starved_after()
+    }
+
+    /// How long a waiter waits its turn at most: then it tries at once.
+    pub(super) fn starved_after(&self) -> Duration {
+        self.duration * 4
+    }
+
+    /// Every slot this node could take, and from when (its turn after the
+    /// slot was seen free).
+    fn takes(&self, now: Instant) -> impl Iterator<Item = (Instant, Action)> + '_ {
         // A slot is judged free only from a watch that follows: after an
         // outage, the holder could not renew, and others could not see.
         let pending = self.pending.iter().filter(|_| self.watching);
-        for (id, wanted) in pending {
-            let target = &wanted.target;
+        pending.flat_map(move |(id, p)| {
             // A target that failed on a node is not started (the reconciler
             // withdraws the ask when it hears of it).
             let failed = self
                 .failed_sent
                 .as_ref()
                 .and_then(|f| f.get(id))
-                .is_some_and(|t| t.contains_key(target));
-            if self.held.contains_key(id) || failed {
-                continue;
-            }
-            for index in 0..wanted.slots {
+                .is_some_and(|t| t.contains_key(&p.target));
+            let indexes = if self.held.contains_key(id) || failed {
+                Vec::new()
+            } else {
+                lanes::lanes(&self.me, id, &p.target, p.slots)
+            };
+            let starved = self.starved(p, now);
+            indexes.into_iter().filter_map(move |index| {
                 let name = slot_name(id, index);
+                let turn = if starved {
+                    Duration::ZERO
+                } else {
+                    SPREAD.mul_f64(lanes::turn(&self.me, id, &p.target, index))
+                };
                 let take = |resource_version: Option<String>| Action::Take {
                     id: id.clone(),
                     name: name.clone(),
-                    target: target.clone(),
+                    target: p.target.clone(),
                     resource_version,
                 };
                 match self.leases.get(&name) {
-                    None if !self.conflicted(&name, None) => return Some(take(None)),
-                    None => {}
+                    None if !self.conflicted(&name, None) => {
+                        Some((self.listed_at.unwrap_or(now) + turn, take(None)))
+                    }
+                    None => None,
                     Some(l) => {
-                        let free = match l.holder.as_deref() {
-                            None => true,
-                            Some(h) if h == self.me => true,
+                        let free_since = match l.holder.as_deref() {
+                            None => Some(l.observed),
+                            Some(h) if h == self.me => Some(l.observed),
                             // Judged by this node's duration, never a longer
                             // one from the object: a writer that sets it to
                             // 2^31-1 s must not hold the slot for good. A
                             // quorum member's never expires: its holder may
                             // be the member that is down.
-                            Some(_) => {
-                                wanted.expires
-                                    && now.duration_since(l.observed)
-                                        >= l.duration.min(self.duration)
-                            }
+                            Some(_) if !p.expires => None,
+                            Some(_) => Some(l.observed + l.duration.min(self.duration)),
                         };
-                        if free && !self.conflicted(&name, Some(&l.resource_version)) {
-                            return Some(take(Some(l.resource_version.clone())));
-                        }
+                        let mine = l.holder.as_deref() == Some(self.me.as_str());
+                        free_since
+                            .filter(|_| !self.conflicted(&name, Some(&l.resource_version)))
+                            .map(|t| {
+                                let at = if mine { t } else { t + turn };
+                                (at, take(Some(l.resource_version.clone())))
+                            })
                     }
                 }
+            })
+        })
+    }
+
+    /// When a slot becomes this node's to try, if one will without news.
+    pub(super) fn wake_at(&self, now: Instant) -> Option<Instant> {
+        self.takes(now)
+            .map(|(at, _)| at)
+            .filter(|at| *at > now)
+            .min()
+    }
+
+    /// Logs, once per ask, a waiter that waited past its turn's bound.
+    pub(super) fn note_starved(&mut self, now: Instant) {
+        let after = self.starved_after();
+        for (id, p) in &mut self.pending {
+            if !p.starved_logged && now.duration_since(p.since) >= after {
+                p.starved_logged = true;
+                tracing::warn!(template = %id, target = %p.target,
+                    "waited for a rollout slot longer than {after:?}: trying freed slots at once, ahead of its turn");
             }
         }
-        None
+    }
+
+    /// The lane labels of the slots this node waits for, holds or frees:
+    /// what its Lease watch selects (with the halt markers).
+    pub(super) fn lanes(&self) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        for (id, p) in &self.pending {
+            for index in lanes::lanes(&self.me, id, &p.target, p.slots) {
+                out.insert(lanes::lane(&slot_name(id, index)));
+            }
+        }
+        for name in self.held.values().chain(&self.releasing) {
+            out.insert(lanes::lane(name));
+        }
+        out
     }
 
     /// Whether anything waits on time (expiry, renewal).
@@ -398,7 +574,7 @@ impl Ledger {
 /// What a successful write changes in the state, and tells the reconciler.
 pub(super) fn after(state: &mut Ledger, action: &Action) -> Option<Answer> {
     match action {
-        Action::Status { .. } => None,
+        Action::Status { .. } | Action::Halt { .. } => None,
         Action::Release { name } => {
             state.releasing.remove(name);
             None
@@ -448,7 +624,7 @@ mod tests {
 
     fn synced(me: &str) -> Ledger {
         let mut s = Ledger::new(me.into(), D);
-        s.list_done();
+        s.list_done(Instant::now());
         s
     }
 
@@ -471,7 +647,7 @@ mod tests {
         assert!(!s.busy());
         acquire(&mut s, 1);
         assert!(matches!(
-            s.next(Instant::now()),
+            s.next(Instant::now() + SPREAD),
             Some(Action::Take {
                 resource_version: None,
                 ..
@@ -493,7 +669,7 @@ mod tests {
         // The same version seen again keeps its first observation.
         s.seen(name.clone(), lease(ROLE_SLOT, Some("n2"), "6", now + D));
         assert!(matches!(
-            s.next(now + D / 2 + D),
+            s.next(now + D / 2 + D + SPREAD),
             Some(Action::Take { resource_version: Some(rv), .. }) if rv == "6"
         ));
         // With two slots, the second is taken at once.
@@ -537,14 +713,17 @@ mod tests {
         acquire(&mut s, 1);
         assert_eq!(s.next(now + D - Duration::from_millis(1)), None);
         assert!(matches!(
-            s.next(now + D),
+            s.next(now + D + SPREAD),
             Some(Action::Take { resource_version: Some(rv), .. }) if rv == "5"
         ));
         // A shorter one is the holder's own promise: it counts.
         let mut short = lease(ROLE_SLOT, Some("n2"), "6", now);
         short.duration = D / 2;
         s.seen(name, short);
-        assert!(matches!(s.next(now + D / 2), Some(Action::Take { .. })));
+        assert!(matches!(
+            s.next(now + D / 2 + SPREAD),
+            Some(Action::Take { .. })
+        ));
     }
 
     #[test]
@@ -560,11 +739,14 @@ mod tests {
         assert_eq!(s.next(now + 2 * D), None, "not taken blind");
         s.reobserve(now + 2 * D);
         assert_eq!(s.next(now + 2 * D), None, "not taken at once");
-        assert!(matches!(s.next(now + 3 * D), Some(Action::Take { .. })));
+        assert!(matches!(
+            s.next(now + 3 * D + SPREAD),
+            Some(Action::Take { .. })
+        ));
         // A relist too observes every Lease anew.
         s.relisting = Some(BTreeMap::new());
         s.seen(name.clone(), lease(ROLE_SLOT, Some("n2"), "5", now + 3 * D));
-        s.list_done();
+        s.list_done(Instant::now());
         assert_eq!(s.next(now + 3 * D), None);
     }
 
@@ -577,7 +759,7 @@ mod tests {
         s.conflicted.insert(name.clone(), String::new());
         assert_eq!(s.next(now), None);
         s.seen(name.clone(), lease(ROLE_SLOT, None, "7", now));
-        assert!(matches!(s.next(now), Some(Action::Take { .. })));
+        assert!(matches!(s.next(now + SPREAD), Some(Action::Take { .. })));
     }
 
     #[test]
@@ -604,7 +786,7 @@ mod tests {
         let mut mine = lease(ROLE_STATUS, Some("n1"), "4", now);
         mine.record = record;
         s.seen(status_name("n1"), mine);
-        let answers = s.list_done();
+        let answers = s.list_done(Instant::now());
         assert_eq!(
             answers,
             vec![Answer::Granted {
@@ -628,8 +810,27 @@ mod tests {
         );
     }
 
+    /// A halt marker held by `holder` for `id`: `target` failed.
+    fn halt(holder: Option<&str>, id: &str, target: &str, rv: &str) -> Seen {
+        let mut l = lease(ROLE_HALT, holder, rv, Instant::now());
+        l.template = Some(id.into());
+        l.target = Some(target.into());
+        l.record.templates.insert(
+            id.into(),
+            TemplateStatus {
+                failed: Some(Failed {
+                    target: target.into(),
+                    reason: "ErrImageNeverPull".into(),
+                    ..Failed::default()
+                }),
+                ..TemplateStatus::default()
+            },
+        );
+        l
+    }
+
     #[test]
-    fn the_record_is_written_before_the_release_and_failures_are_shared() {
+    fn the_record_and_the_halt_marker_are_written_before_the_release() {
         let now = Instant::now();
         let mut s = synced("n1");
         let name = slot_name("ns/web", 0);
@@ -657,35 +858,68 @@ mod tests {
                 resource_version: None
             })
         );
-        // Once written (seen back), the release.
+        // Once written (seen back), the halt marker: and while it is not
+        // written (refused, say), the slot is not freed.
         let mut mine = lease(ROLE_STATUS, Some("n1"), "8", now);
         mine.record = s.mine.clone();
         s.seen(status_name("n1"), mine);
-        assert_eq!(s.next(now), Some(Action::Release { name }));
-        // Another node's failure reaches the reconciler, once.
-        let mut other = lease(ROLE_STATUS, Some("n2"), "9", now);
-        let mut record = NodeStatus::default();
-        record.templates.insert(
-            "ns/db".into(),
-            TemplateStatus {
-                failed: Some(Failed {
-                    target: "t9".into(),
-                    reason: "ErrImageNeverPull".into(),
-                    ..Failed::default()
-                }),
-                ..TemplateStatus::default()
-            },
+        let marker = halt_name("n1", "ns/web");
+        assert_eq!(
+            s.next(now),
+            Some(Action::Halt {
+                id: "ns/web".into(),
+                name: marker.clone(),
+                resource_version: None
+            })
         );
-        other.record = record;
-        s.seen(status_name("n2"), other);
+        assert_eq!(s.next(now + D), s.next(now), "no release before the marker");
+        s.seen(marker.clone(), halt(Some("n1"), "ns/web", "t1", "9"));
+        assert_eq!(s.next(now), Some(Action::Release { name }));
+        // Another node's halt marker reaches the reconciler, once; another
+        // node's status record is not what halts.
+        let theirs = halt_name("n2", "ns/db");
+        s.seen(theirs.clone(), halt(Some("n2"), "ns/db", "t9", "10"));
+        s.seen(status_name("n3"), failing("n3", 1, "11", now));
         match s.failed() {
             Some(Answer::Failed(f)) => {
                 assert!(f["ns/web"]["t1"].contains("node n1: CrashLoopBackOff"));
                 assert!(f["ns/db"]["t9"].contains("node n2: ErrImageNeverPull"));
+                assert!(!f.contains_key("ns/t0"), "{f:?}");
             }
             other => panic!("{other:?}"),
         }
         assert_eq!(s.failed(), None);
+    }
+
+    #[test]
+    fn waiters_for_a_freed_slot_try_it_one_after_the_other_and_a_starved_one_at_once() {
+        let now = Instant::now();
+        let name = slot_name("ns/web", 0);
+        // Ten waiters see the slot freed at `now`: each tries at its own
+        // turn, within SPREAD, not all at once.
+        let mut firsts = Vec::new();
+        for n in 0..10 {
+            let mut s = synced(&format!("w{n}"));
+            s.seen(name.clone(), lease(ROLE_SLOT, None, "5", now));
+            acquire(&mut s, 1);
+            let at = s.wake_at(now).unwrap_or(now);
+            assert!(at < now + SPREAD, "{at:?}");
+            assert!(s.next(at + Duration::from_millis(1)).is_some());
+            firsts.push(at);
+        }
+        firsts.sort();
+        firsts.dedup();
+        assert_eq!(firsts.len(), 10, "ten turns, none shared");
+        // A waiter that waited past starved_after tries at once.
+        let mut s = synced("w0");
+        s.seen(name.clone(), lease(ROLE_SLOT, None, "5", now));
+        acquire(&mut s, 1);
+        let late = now + s.starved_after();
+        s.pending.get_mut("ns/web").unwrap().since = now;
+        s.seen(name.clone(), lease(ROLE_SLOT, None, "6", late));
+        assert!(s.next(late).is_some(), "waited for a rollout slot");
+        s.note_starved(late);
+        assert!(s.pending["ns/web"].starved_logged);
     }
 
     /// A record naming `failures` failed targets of `template`s, held by
@@ -715,26 +949,47 @@ mod tests {
     fn a_record_its_own_node_cannot_have_written_halts_nothing() {
         let now = Instant::now();
         let mut s = synced("n1");
-        // Held by n2 under n3's name, held by nobody, or n1's own name
-        // taken by n2: each says ns/t0's target t1 failed.
-        s.seen(status_name("n3"), failing("n2", 1, "1", now));
-        let mut nobody = failing("n2", 1, "2", now);
-        nobody.holder = None;
-        s.seen(status_name("n4"), nobody);
+        // Halt markers held by n2 under n3's name, held by nobody, for
+        // another template than their name says, or n1's own name taken
+        // by n2: each says ns/web's target t1 failed.
+        let n3 = halt_name("n3", "ns/web");
+        s.seen(n3.clone(), halt(Some("n2"), "ns/web", "t1", "1"));
+        let n4 = halt_name("n4", "ns/web");
+        s.seen(n4.clone(), halt(None, "ns/web", "t1", "2"));
+        let other = halt_name("n2", "ns/db");
+        s.seen(other.clone(), halt(Some("n2"), "ns/web", "t1", "3"));
+        let n1 = halt_name("n1", "ns/web");
+        s.seen(n1.clone(), halt(Some("n2"), "ns/web", "t1", "4"));
+        // Another node's status record, even its own, halts nothing.
+        s.seen(status_name("n2"), failing("n2", 1, "5", now));
         assert_eq!(s.failed(), Some(Answer::Failed(BTreeMap::new())));
-        // The same record under its own node's name counts.
-        s.seen(status_name("n2"), failing("n2", 1, "3", now));
+        // The marker under its own node's name counts.
+        let n2 = halt_name("n2", "ns/web");
+        s.seen(n2.clone(), halt(Some("n2"), "ns/web", "t1", "6"));
         match s.failed() {
             Some(Answer::Failed(f)) => {
                 assert_eq!(f.len(), 1, "{f:?}");
-                assert!(f["ns/t0"]["t1"].starts_with("node n2: CrashLoopBackOff"));
+                assert!(f["ns/web"]["t1"].starts_with("node n2: ErrImageNeverPull"));
             }
             other => panic!("{other:?}"),
         }
-        // This node's own record name, written by another: its own record
-        // (what it reports) decides, never the object.
-        s.seen(status_name("n1"), failing("n2", 1, "4", now));
-        assert_eq!(s.failed(), None, "no change");
+    }
+
+    #[test]
+    fn halt_markers_kept_are_capped_per_node_and_in_all() {
+        let mut s = synced("n1");
+        for t in 0..(MAX_HALTS_PER_NODE + 10) {
+            let id = format!("ns/t{t}");
+            let name = halt_name("n2", &id);
+            s.seen(name.clone(), halt(Some("n2"), &id, "t1", &t.to_string()));
+        }
+        let kept = s.leases.values().filter(|l| l.role == ROLE_HALT).count();
+        assert_eq!(kept, MAX_HALTS_PER_NODE);
+        assert!(s.halts_capped);
+        // Another node's still count.
+        let name = halt_name("n3", "ns/web");
+        s.seen(name.clone(), halt(Some("n3"), "ns/web", "t1", "x"));
+        assert!(s.leases.contains_key(&name));
     }
 
     #[test]

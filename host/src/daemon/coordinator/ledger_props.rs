@@ -2,7 +2,8 @@
 //! (writes conditional on the resourceVersion, every change delivered to
 //! every node's watch at once) while an attacker writes any Lease contents
 //! it likes — any name, role label, holder (or none), duration, record —
-//! without conditions. Whatever it writes:
+//! without conditions: slots, status records and halt markers. Whatever it
+//! writes:
 //! * at most `max-unavailable` honest nodes hold a slot of the template at
 //!   any time;
 //! * no honest node is halted by a failure that an honest node did not
@@ -30,7 +31,8 @@ const ATTACKER: &str = "evil";
 #[derive(Debug, Clone)]
 struct Forged {
     /// 0, 1: a slot of the template; 2: an honest node's record name; 3:
-    /// its own record name; 4: another name.
+    /// its own record name; 4: another name; 5: an honest node's halt
+    /// marker name; 6: its own halt marker name.
     name: u8,
     node: usize,
     /// 0: none; 1: an honest node; 2: itself; 3: a stranger.
@@ -52,11 +54,11 @@ enum Step {
 
 fn forged() -> impl Strategy<Value = Forged> {
     (
-        0u8..5,
+        0u8..7,
         0usize..4,
         0u8..4,
         0usize..4,
-        0u8..3,
+        0u8..4,
         prop_oneof![Just(1u64), Just(30), Just(i32::MAX as u64), 0u64..100_000],
         any::<bool>(),
     )
@@ -123,7 +125,7 @@ impl World {
         let mut nodes = Vec::new();
         for i in 0..n {
             let mut l = Ledger::new(node(i), D);
-            l.list_done();
+            l.list_done(Instant::now());
             l.ask(Ask::Acquire {
                 id: ID.into(),
                 target: "t1".into(),
@@ -160,6 +162,8 @@ impl World {
             1 => slot_name(ID, 1),
             2 => status_name(&node(f.node % n)),
             3 => status_name(ATTACKER),
+            5 => halt_name(&node(f.node % n), ID),
+            6 => halt_name(ATTACKER, ID),
             _ => format!("podstamp-other.{}", f.node),
         };
         let holder = match f.holder {
@@ -169,10 +173,10 @@ impl World {
             _ => Some("stranger".to_string()),
         };
         // The whole impersonation is the policy's to refuse (see above).
-        if f.name == 2 && holder.as_deref() == Some(node(f.node % n).as_str()) {
+        if (f.name == 2 || f.name == 5) && holder.as_deref() == Some(node(f.node % n).as_str()) {
             return;
         }
-        let role = [ROLE_SLOT, ROLE_STATUS, ""][f.role as usize];
+        let role = [ROLE_SLOT, ROLE_STATUS, ROLE_HALT, ""][f.role as usize];
         let mut record = NodeStatus::default();
         if f.failing {
             record.templates.insert(
@@ -215,6 +219,15 @@ impl World {
                 let record = self.nodes[i].mine.clone();
                 let lease = object(ROLE_STATUS, Some(&me), D, record, 0, self.now);
                 (name, resource_version.clone(), lease)
+            }
+            Action::Halt {
+                name,
+                resource_version,
+                ..
+            } => {
+                let record = self.nodes[i].mine.clone();
+                let lease = object(ROLE_HALT, Some(&me), D, record, 0, self.now);
+                (name.clone(), resource_version.clone(), lease)
             }
             Action::Release { name } => {
                 let rv = self.nodes[i]

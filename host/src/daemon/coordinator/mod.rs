@@ -1,16 +1,25 @@
 //! The coordinator of rollouts across nodes: this node's side of the slots
 //! and node statuses of [`crate::fleet`], kept through the API server.
 //!
-//! An async task. It watches the Leases of podstamp in the rollout
-//! namespace (label [`ROLE_LABEL`]), takes a slot when the reconciler asks
-//! for one ([`Ask::Acquire`]) and one is free, renews the slots it holds,
-//! frees them when told, and writes this node's status record when it
-//! changes. It tells the reconciler what it got ([`Answer`]).
+//! An async task. It watches the halt markers of the rollout namespace and
+//! the slots of the lanes it waits in (label [`LANE_LABEL`]; at start, for
+//! its first list, every slot: the ones it held before a restart are its
+//! own), never the other nodes' status records; it reads its own record by
+//! name. It takes a slot when the reconciler asks for one
+//! ([`Ask::Acquire`]), one of its lanes is free and its turn has come,
+//! renews the slots it holds, frees them when told, writes this node's
+//! status record when it changes and its halt marker when a target failed
+//! here. It tells the reconciler what it got ([`Answer`]).
 //!
 //! Invariants:
 //! * Every write is conditional on the resourceVersion last seen (or a
 //!   create): of two nodes taking one slot, one wins and the other sees a
-//!   conflict and waits for the watch. No write is retried blindly.
+//!   conflict, reads the slot by name and waits for the watch. No write is
+//!   retried blindly.
+//! * What a node receives does not grow with the fleet: the halts, and
+//!   the writes to the few slots it waits for (docs/daemon.md, "Fleets").
+//!   The watch is restarted when the lanes it needs are not all selected,
+//!   and when nothing rolls (then it selects the halts only).
 //! * A slot is free when it has no holder, or when its Lease has not
 //!   changed for its `leaseDurationSeconds` (never longer than this node's
 //!   own), judged on this node's clock from when this node saw it change
@@ -21,8 +30,9 @@
 //! * A conflict on this node's own record (changed, deleted or re-created
 //!   by someone else) is read back by name and replaced after a backoff:
 //!   the node is never silenced.
-//! * Nothing is written before the first complete list: a restarted node
-//!   first learns which slots it holds (adopted) and what the others say.
+//! * Nothing is written before the first complete list and this node's own
+//!   record is read: a restarted node first learns which slots it holds
+//!   (adopted) and what failed where.
 //! * Nothing is written while nothing rolls: the status is written when it
 //!   changes, slots are renewed only while held.
 //! * Asks are handled in the order sent: a status report sent before a
@@ -37,7 +47,7 @@ mod lease;
 mod ledger;
 mod nodes;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
@@ -48,7 +58,7 @@ use kube::api::{Api, PostParams};
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use lease::{Seen, Slot, read_lease, slot_lease, status_lease};
+use lease::{Seen, Slot, halt_lease, read_lease, slot_lease, status_lease};
 use ledger::{Action, Ledger, after};
 
 use super::backoff::Backoff;
@@ -56,7 +66,7 @@ use super::inbox::{Answer, Ask, Input};
 use super::metrics::Metrics;
 use super::raw::Raw;
 use super::watch::{self, Event, Spec};
-use crate::fleet::{ROLE_LABEL, ROLE_STATUS, status_name};
+use crate::fleet::{HALT_LANE, LANE_LABEL, ROLE_LABEL, ROLE_STATUS, status_name};
 
 /// The longest one API call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -120,6 +130,10 @@ async fn write(api: &Api<Lease>, lease: Lease, create: bool) -> Written {
     }
 }
 
+/// What the Lease watch tells the coordinator, tagged with the watch it
+/// came from (a restarted watch's old events are dropped).
+struct Tagged(u64, LeaseEvent);
+
 /// What the Lease watch tells the coordinator.
 enum LeaseEvent {
     Listing,
@@ -143,46 +157,34 @@ pub async fn run(
     let raw: Api<Raw<Lease>> = Api::namespaced(client.clone(), &settings.namespace);
     let api: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
     // The watch runs on a task of its own (the shared loop: resume, relist
-    // on 410, backoff) and hands its events over.
+    // on 410, backoff) and hands its events over; it is restarted with
+    // another selector when the lanes this node needs change.
     let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
-    let (mine, duration) = (status_name(&settings.node), settings.lease_duration);
-    let spec = Spec::new("leases", "leases", settings.watch_timeout)
-        .labels(ROLE_LABEL)
-        .page(LEASE_PAGE);
-    let watching = tokio::spawn(watch::run(
+    let watcher = Watcher {
         raw,
-        spec,
-        metrics.clone(),
-        Backoff::new(),
-        move |event| {
-            let message = match event {
-                Event::Listing => LeaseEvent::Listing,
-                Event::Listed(lease) | Event::Applied(lease) => {
-                    match reduce(lease.value(), &mine, duration) {
-                        Some((name, seen)) => LeaseEvent::Object(name, Box::new(seen)),
-                        None => return ControlFlow::Continue(()),
-                    }
-                }
-                Event::ListDone => LeaseEvent::ListDone,
-                Event::Deleted(lease) => LeaseEvent::Deleted(lease.name().to_string()),
-                Event::Resumed => LeaseEvent::Resumed,
-                Event::Failed(_) => LeaseEvent::Failed,
-            };
-            match seen_tx.send(message) {
-                Ok(()) => ControlFlow::Continue(()),
-                Err(_) => ControlFlow::Break(()),
-            }
-        },
-    ));
+        metrics: metrics.clone(),
+        mine: status_name(&settings.node),
+        duration: settings.lease_duration,
+        timeout: settings.watch_timeout,
+        tx: seen_tx,
+    };
+    // The first list: every slot (to adopt the ones held) and the halts.
+    let mut generation = 0u64;
+    let mut selected: Option<BTreeSet<String>> = None;
+    let mut watching = watcher.start(generation, None);
     let mut state = Ledger::new(settings.node.clone(), settings.lease_duration);
     let mut write_backoff = Backoff::new();
     let mut write_retry: Option<tokio::time::Instant> = None;
     let mut last_error: Option<String> = None;
     tracing::info!(namespace = %settings.namespace, lease_duration = ?settings.lease_duration,
         "coordinating rollouts with the other nodes through Leases");
+    read_own_record(&api, &mut state, &settings).await;
     loop {
+        let now = Instant::now();
         let tick = if state.busy() {
-            TICK
+            state
+                .wake_at(now)
+                .map_or(TICK, |at| at.duration_since(now).min(TICK))
         } else {
             Duration::from_secs(3600)
         };
@@ -208,6 +210,11 @@ pub async fn run(
             },
             message = seen.recv() => {
                 let now = Instant::now();
+                let message = match message {
+                    Some(Tagged(g, _)) if g != generation => continue,
+                    Some(Tagged(_, m)) => Some(m),
+                    None => None,
+                };
                 match message {
                     Some(LeaseEvent::Listing) => state.relisting = Some(BTreeMap::new()),
                     Some(LeaseEvent::Resumed) => state.reobserve(now),
@@ -222,7 +229,7 @@ pub async fn run(
                         state.leases.remove(&name);
                     }
                     Some(LeaseEvent::ListDone) => {
-                        for answer in state.list_done() {
+                        for answer in state.list_done(now) {
                             if inputs.send(Input::Fleet(answer)).is_err() {
                                 return;
                             }
@@ -233,6 +240,26 @@ pub async fn run(
             },
             _ = tokio::time::sleep(tick) => {},
         }
+        // The lanes this node needs, selected: restarted when one is
+        // missing, or when nothing rolls any more (the halts only then).
+        if state.synced {
+            let wanted = state.lanes();
+            let restart = match &selected {
+                None => true,
+                Some(current) => {
+                    !wanted.is_subset(current) || (wanted.is_empty() && !current.is_empty())
+                }
+            };
+            if restart {
+                watching.abort();
+                generation += 1;
+                // Until the new watch lists, no slot is judged free.
+                state.watch_failed();
+                watching = watcher.start(generation, Some(&wanted));
+                selected = Some(wanted);
+            }
+        }
+        state.note_starved(Instant::now());
         for answer in state.lost() {
             tracing::warn!(
                 "a rollout slot this node held was taken by another node: it was not renewed in time"
@@ -301,7 +328,16 @@ pub async fn run(
                         .get(&name)
                         .map(|l| l.resource_version.clone())
                         .unwrap_or_default();
-                    state.conflicted.insert(name, rv);
+                    state.conflicted.insert(name.clone(), rv);
+                    // What won is read by name: a Lease this node's watch
+                    // does not select (no lane label, or a wrong one) is
+                    // seen all the same, and judged like any other.
+                    if let Ok(Some(value)) = read_own(&api, &name).await
+                        && let Some((name, seen)) =
+                            read_lease(&value, Instant::now(), settings.lease_duration)
+                    {
+                        state.seen(name, seen);
+                    }
                 }
                 Written::Failed(message) => {
                     metrics.fleet_write(object, "error");
@@ -335,7 +371,93 @@ async fn count_nodes(client: kube::Client, selector: String, inputs: Sender<Inpu
     let _ = inputs.send(Input::Fleet(Answer::Nodes { selector, count }));
 }
 
-/// This node's status record as the API has it now (None: there is none).
+/// The Lease watch, started for a set of lanes.
+struct Watcher {
+    raw: Api<Raw<Lease>>,
+    metrics: Arc<Metrics>,
+    mine: String,
+    duration: Duration,
+    timeout: Option<u32>,
+    tx: tokio::sync::mpsc::UnboundedSender<Tagged>,
+}
+
+impl Watcher {
+    /// A watch of the halts and the slots of `lanes` (None: of every slot),
+    /// its events tagged `generation`.
+    fn start(
+        &self,
+        generation: u64,
+        lanes: Option<&BTreeSet<String>>,
+    ) -> tokio::task::JoinHandle<()> {
+        let selector = match lanes {
+            None => format!("{ROLE_LABEL} in (slot,{})", crate::fleet::ROLE_HALT),
+            Some(lanes) => {
+                let mut values = vec![HALT_LANE.to_string()];
+                values.extend(lanes.iter().cloned());
+                format!("{LANE_LABEL} in ({})", values.join(","))
+            }
+        };
+        let spec = Spec::new("leases", "leases", self.timeout)
+            .labels(&selector)
+            .page(LEASE_PAGE);
+        let (mine, duration, tx) = (self.mine.clone(), self.duration, self.tx.clone());
+        tokio::spawn(watch::run(
+            self.raw.clone(),
+            spec,
+            self.metrics.clone(),
+            Backoff::new(),
+            move |event| {
+                let message = match event {
+                    Event::Listing => LeaseEvent::Listing,
+                    Event::Listed(lease) | Event::Applied(lease) => {
+                        match reduce(lease.value(), &mine, duration) {
+                            Some((name, seen)) => LeaseEvent::Object(name, Box::new(seen)),
+                            None => return ControlFlow::Continue(()),
+                        }
+                    }
+                    Event::ListDone => LeaseEvent::ListDone,
+                    Event::Deleted(lease) => LeaseEvent::Deleted(lease.name().to_string()),
+                    Event::Resumed => LeaseEvent::Resumed,
+                    Event::Failed(_) => LeaseEvent::Failed,
+                };
+                match tx.send(Tagged(generation, message)) {
+                    Ok(()) => ControlFlow::Continue(()),
+                    Err(_) => ControlFlow::Break(()),
+                }
+            },
+        ))
+    }
+}
+
+/// Reads this node's own record by name (it is not watched), again after
+/// a backoff until the API answers: nothing is written before.
+async fn read_own_record(api: &Api<Lease>, state: &mut Ledger, settings: &Settings) {
+    let name = state.status_name();
+    let mut backoff = Backoff::new();
+    let mut logged = false;
+    loop {
+        match read_own(api, &name).await {
+            Ok(value) => {
+                if let Some((name, seen)) = value
+                    .as_ref()
+                    .and_then(|v| read_lease(v, Instant::now(), settings.lease_duration))
+                {
+                    state.seen(name, seen);
+                }
+                return;
+            }
+            Err(message) => {
+                if !logged {
+                    logged = true;
+                    tracing::warn!(lease = %name, namespace = %settings.namespace,
+                        "cannot read this node's status record: {message}; trying again (nothing of rollouts is written meanwhile)");
+                }
+                tokio::time::sleep(backoff.delay()).await;
+            }
+        }
+    }
+}
+
 /// A Lease as the watch hands it over, read and cut down on the watch's
 /// own task: another node's status record keeps only its failures before
 /// it is queued. The list is read faster than the ledger takes it, and
@@ -350,6 +472,7 @@ fn reduce(value: &Value, mine: &str, duration: Duration) -> Option<(String, Seen
     Some((name, seen))
 }
 
+/// Lease `name` as the API has it now (None: there is none).
 async fn read_own(api: &Api<Lease>, name: &str) -> Result<Option<Value>, String> {
     match tokio::time::timeout(CALL_TIMEOUT, api.get_opt(name)).await {
         Ok(Ok(lease)) => Ok(lease.and_then(|l| serde_json::to_value(l).ok())),
@@ -381,6 +504,28 @@ async fn perform(
                 state.status_name(),
                 write(api, lease, create).await,
             )
+        }
+        Action::Halt {
+            id,
+            name,
+            resource_version,
+        } => {
+            let failed = state
+                .mine
+                .templates
+                .get(id)
+                .and_then(|t| t.failed.clone())
+                .unwrap_or_default();
+            let lease = halt_lease(
+                name.clone(),
+                &state.me,
+                id,
+                &failed,
+                ns,
+                resource_version.clone(),
+            );
+            let create = resource_version.is_none();
+            ("halt", name.clone(), write(api, lease, create).await)
         }
         Action::Release { name } => {
             let l = state.leases[name].clone();
