@@ -36,7 +36,7 @@ use serde_json::{Value, json};
 
 use crate::common::{deploy::Deploy, harness_bin, plugin, repo};
 use crate::node::Node;
-use crate::support::{ApiServer, Kube, wait_for};
+use crate::support::{ApiServer, Daemon, Kube, wait_for};
 
 /// The API server's image, built by podstamp-node from the harness binary.
 pub const IMAGE: &str = "podstamp.test/apiserver:1";
@@ -287,10 +287,10 @@ impl SelfHosted {
     }
 
     /// `podstamp run` for this node, keeping its revisions in `history`.
-    pub fn start_podstamp(&self, history: &Path, log: &str) -> crate::support::Daemon {
+    pub fn start_podstamp(&self, history: &Path, log: &str) -> Daemon {
         let kubeconfig = self.podstamp_kubeconfig();
         let manifests = self.node.manifests();
-        crate::support::Daemon::start(
+        Daemon::start(
             &[
                 "--config",
                 self.config.to_str().unwrap(),
@@ -360,6 +360,225 @@ impl SelfHosted {
         let running = self.node.running(&self.mirror());
         (running.len() == 1).then(|| running[0].args.clone().unwrap_or_default())
     }
+}
+
+/// A rollout through podstamp: the kubelet's restart of a changed static
+/// pod (10–15 s), the server's start, the mirror pod Ready again (25–65 s
+/// after the API answers), then 10 s of Ready before podstamp calls it a
+/// success.
+pub const ROLLOUT: Duration = Duration::from_secs(180);
+
+/// One change of the API server's flags, measured from the change itself
+/// (the rename into place, or the PATCH of the template).
+#[derive(Debug, Clone, Copy)]
+pub struct Measured {
+    /// The longest time between two ok `/readyz` answers: the last of the
+    /// old server to the first of the new one.
+    pub downtime: Duration,
+    /// How many times the API went down (1 for a clean restart).
+    pub outages: usize,
+    /// The new manifest in place (zero by hand: the change is the rename).
+    pub written: Duration,
+    /// The API answering again with the new flags.
+    pub answering: Duration,
+    /// Its mirror pod Ready again.
+    pub mirror_ready: Duration,
+}
+
+impl SelfHosted {
+    /// A strategic merge patch of the template giving podstamp-apiserver
+    /// `flags` (the command list is replaced whole).
+    pub fn flags_patch(&self, flags: &[&str]) -> Value {
+        let command =
+            apiserver_template(&self.state, self.port, flags)["template"]["spec"]["containers"][0]
+                ["command"]
+                .clone();
+        json!({"template": {"spec": {"containers": [{"name": TEMPLATE, "command": command}]}}})
+    }
+
+    /// The `podstamp.io/revision` of the manifest in place.
+    pub fn revision(&self) -> Option<String> {
+        let text =
+            fs::read_to_string(self.node.manifests().join(format!("{TEMPLATE}.yaml"))).ok()?;
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix("podstamp.io/revision: "))
+            .map(|v| v.trim_matches('"').to_string())
+    }
+
+    /// Waits until the kubelet runs the API server with `flag` (and the
+    /// node's name filled in), it answers again and its mirror pod is
+    /// Ready; how long after `since` it answered, and the mirror pod was
+    /// Ready. `daemon`, when given, must keep running meanwhile.
+    pub fn wait_running_with(
+        &self,
+        flag: &str,
+        daemon: Option<&Daemon>,
+        since: Instant,
+    ) -> (Duration, Duration) {
+        let external = format!("--external-hostname={}", self.node.name);
+        let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wait_for(
+                &format!("the API server running with {flag}"),
+                COME_UP,
+                || {
+                    if let Some(daemon) = daemon {
+                        daemon.assert_running();
+                    }
+                    let args = self.running_args()?;
+                    (args.iter().any(|a| a == flag) && args.contains(&external)).then_some(())
+                },
+            )
+        }));
+        found.unwrap_or_else(|_| {
+            panic!(
+                "containers: {:#?}\n{}\npodstamp's log:\n{}",
+                self.node.containers(),
+                self.node.logs(),
+                daemon.map(Daemon::logs).unwrap_or_default()
+            )
+        });
+        self.wait_answering(COME_UP);
+        let answering = since.elapsed();
+        self.wait_registered();
+        (answering, since.elapsed())
+    }
+
+    /// Changes the API server's flags to `flags` by hand, with no podstamp
+    /// running: the manifest podstamp would write for the template with that
+    /// change (applied as a dry run, so rendered as the API server would
+    /// store it), copied to a dot file of the kubelet's directory and
+    /// renamed into place, as an operator's `install` does. `flag` is the
+    /// one to see in the new container. The template itself is unchanged.
+    pub fn change_by_hand(&self, flags: &[&str], flag: &str) -> Measured {
+        let template = self.patched_template(self.flags_patch(flags));
+        let file = self.dir.join("by-hand.yaml");
+        render(&self.dir, &template, &self.node.name, &self.config, &file);
+        let copied = self.node.manifests().join(".by-hand.tmp");
+        fs::copy(&file, &copied).unwrap();
+        let watch = Downtime::watch(&self.api.kubeconfig("admin"));
+        std::thread::sleep(Duration::from_millis(500));
+        let start = Instant::now();
+        fs::rename(
+            &copied,
+            self.node.manifests().join(format!("{TEMPLATE}.yaml")),
+        )
+        .unwrap();
+        let (answering, mirror_ready) = self.wait_running_with(flag, None, start);
+        let (downtime, outages) = watch.stop();
+        Measured {
+            downtime,
+            outages,
+            written: Duration::ZERO,
+            answering,
+            mirror_ready,
+        }
+    }
+
+    /// Changes the API server's flags to `flags` in the stored template,
+    /// with `daemon` (podstamp run for this node) rolling it out; returns
+    /// once the new server answers and its mirror pod is Ready (podstamp's
+    /// verdict comes later: [`SelfHosted::wait_event`]).
+    pub fn change_through_podstamp(&self, daemon: &Daemon, flags: &[&str], flag: &str) -> Measured {
+        let old = self.revision();
+        let admin = self.admin();
+        let watch = Downtime::watch(&self.api.kubeconfig("admin"));
+        std::thread::sleep(Duration::from_millis(500));
+        let start = Instant::now();
+        admin.patch_template(TEMPLATE, self.flags_patch(flags));
+        // podstamp takes the rollout slot (the API is up) and writes.
+        wait_for("podstamp's new revision in place", ROLLOUT, || {
+            daemon.assert_running();
+            self.revision().filter(|r| Some(r) != old.as_ref())
+        });
+        let written = start.elapsed();
+        let (answering, mirror_ready) = self.wait_running_with(flag, Some(daemon), start);
+        let (downtime, outages) = watch.stop();
+        Measured {
+            downtime,
+            outages,
+            written,
+            answering,
+            mirror_ready,
+        }
+    }
+
+    /// Waits for an Event `reason` on the template whose note names
+    /// `revision` (podstamp reports once the API answers).
+    pub fn wait_event(&self, daemon: &Daemon, reason: &str, revision: &str) -> String {
+        use k8s_openapi::api::events::v1::Event;
+        let kube = self.admin();
+        let api: kube::Api<Event> = kube::Api::namespaced(kube.client.clone(), NS);
+        let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wait_for(&format!("Event {reason} of {revision}"), ROLLOUT, || {
+                daemon.assert_running();
+                let events = kube.rt.block_on(api.list(&Default::default())).ok()?.items;
+                events.into_iter().find_map(|e| {
+                    let note = e.note.clone().unwrap_or_default();
+                    (e.reason.as_deref() == Some(reason)
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(TEMPLATE)
+                        && note.contains(revision))
+                    .then_some(note)
+                })
+            })
+        }));
+        found.unwrap_or_else(|_| {
+            panic!(
+                "containers: {:#?}\n{}\npodstamp's log:\n{}",
+                self.node.containers(),
+                self.node.logs(),
+                daemon.logs()
+            )
+        })
+    }
+
+    /// Waits until `podstamp status` shows this node `phase` on `revision`;
+    /// its row.
+    pub fn wait_status(&self, daemon: &Daemon, phase: &str, revision: &str) -> Value {
+        let mut last = Value::Null;
+        let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wait_for(
+                &format!("podstamp status: {phase} on {revision}"),
+                ROLLOUT,
+                || {
+                    daemon.assert_running();
+                    last = self.status();
+                    (last["phase"] == phase && last["revision"] == revision).then(|| last.clone())
+                },
+            )
+        }));
+        found
+            .unwrap_or_else(|_| panic!("last status: {last:#}\npodstamp's log:\n{}", daemon.logs()))
+    }
+}
+
+/// Prints a change by hand and the same change through podstamp side by
+/// side, and the ratio of their downtimes. Asserts nothing.
+pub fn print_side_by_side(by_hand: &Measured, through_podstamp: &Measured) {
+    let secs = |d: Duration| format!("{:.2}s", d.as_secs_f64());
+    println!(
+        "self-hosted API server, a harmless flag changed (--v): API downtime = last ok /readyz of the old server -> first of the new (polled every 50 ms)"
+    );
+    println!(
+        "{:<32} {:>9} {:>16} {:>18} {:>21}",
+        "change", "downtime", "change->written", "change->answering", "change->mirror Ready"
+    );
+    for (what, m) in [
+        ("by hand (manifest copied in)", by_hand),
+        ("podstamp (PodTemplate patched)", through_podstamp),
+    ] {
+        println!(
+            "{:<32} {:>9} {:>16} {:>18} {:>21}",
+            what,
+            secs(m.downtime),
+            secs(m.written),
+            secs(m.answering),
+            secs(m.mirror_ready)
+        );
+    }
+    println!(
+        "downtime ratio podstamp / by hand: {:.2}",
+        through_podstamp.downtime.as_secs_f64() / by_hand.downtime.as_secs_f64()
+    );
 }
 
 /// GET /readyz within a second: true when it says ok.
