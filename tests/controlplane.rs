@@ -24,16 +24,16 @@ mod node;
 mod support;
 
 use std::fs;
-use std::path::PathBuf;
-use std::time::Instant;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use serde_json::json;
 
-use controlplane::{NS, SelfHosted, TEMPLATE, print_side_by_side};
+use controlplane::{NS, SelfHosted, TEMPLATE, apiserver_template, print_side_by_side, render};
 use node::{leftovers, serial};
-use support::Kube;
+use support::{Daemon, Kube, identity, shared_server, unique, wait_for};
 
 /// The node's directory, fixed per test so that the next run sweeps what a
 /// killed one left (symlinks resolved, as in the mount table).
@@ -130,4 +130,98 @@ fn a_good_change_of_the_self_hosted_api_server_is_rolled_out_confirmed_and_keeps
     assert!(status.success(), "teardown: {status}\n{}", node.logs());
     assert_eq!(leftovers(&dir, &cgroup_root), Vec::<String>::new());
     let _ = fs::remove_dir_all(&dir);
+}
+
+/// The control plane's first manifest must be podstamp's rendering of the
+/// template as the API server stored it (its defaults filled in): rendered
+/// from the template as written, the daemon's first pass finds it differs
+/// and writes it again as an update, which on a real node restarts the API
+/// server for nothing. No kubelet needed: what counts is whether the file
+/// is written again.
+#[test]
+fn a_first_manifest_rendered_from_the_template_as_written_is_rewritten_and_from_the_stored_one_kept()
+ {
+    let server = shared_server();
+    let ns = unique("cpboot");
+    let kube = Kube::admin(server, &ns);
+    let node = ns.clone();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(kube.client.clone());
+    let object = serde_json::from_value(json!({"metadata": {"name": node}})).unwrap();
+    kube.rt
+        .block_on(nodes.create(&Default::default(), &object))
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let config = controlplane::write_config(tmp.path());
+    let mut as_written =
+        apiserver_template(Path::new("/var/lib/podstamp-apiserver"), 6443, &["--v=0"]);
+    as_written["metadata"]["namespace"] = json!(ns);
+    let stored = kube
+        .rt
+        .block_on(kube.templates().create(
+            &Default::default(),
+            &serde_json::from_value(as_written.clone()).unwrap(),
+        ))
+        .unwrap();
+    let stored = serde_json::to_value(stored).unwrap();
+    for (case, template, rewritten) in [
+        ("as-written", &as_written, true),
+        ("stored", &stored, false),
+    ] {
+        let manifests = tmp.path().join(case);
+        fs::create_dir(&manifests).unwrap();
+        let file = manifests.join(format!("{TEMPLATE}.yaml"));
+        render(tmp.path(), template, &node, &config, &file);
+        let before = identity(&file);
+        let daemon = Daemon::start(
+            &[
+                "--config",
+                config.to_str().unwrap(),
+                "--kubeconfig",
+                server.kubeconfig("admin").to_str().unwrap(),
+                "--namespace",
+                &ns,
+                "--rollout-namespace",
+                &ns,
+                "--node-name",
+                &node,
+                "--manifest-dir",
+                manifests.to_str().unwrap(),
+            ],
+            tmp.path().join(format!("{case}.log")),
+        );
+        daemon.wait_ready(Duration::from_secs(60));
+        let renders =
+            |result: &str| daemon.metric(&format!("podstamp_renders_total{{result=\"{result}\"}}"));
+        if rewritten {
+            wait_for(
+                "the manifest written again",
+                Duration::from_secs(60),
+                || (renders("written") == 1.0).then_some(()),
+            );
+            assert_ne!(identity(&file), before, "{case}");
+            assert!(
+                daemon.logs().contains("wrote manifest"),
+                "{}",
+                daemon.logs()
+            );
+        } else {
+            let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                wait_for(
+                    "the manifest found unchanged",
+                    Duration::from_secs(60),
+                    || (renders("unchanged") >= 1.0).then_some(()),
+                )
+            }));
+            found.unwrap_or_else(|_| {
+                panic!(
+                    "{}\n{}",
+                    daemon.get("/metrics").unwrap_or_default().1,
+                    daemon.logs()
+                )
+            });
+            assert_eq!(renders("written"), 0.0, "{}", daemon.logs());
+            assert_eq!(identity(&file), before, "{case}");
+        }
+        assert!(daemon.stop().success());
+    }
 }

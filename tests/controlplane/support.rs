@@ -119,14 +119,16 @@ pub fn write_config(dir: &Path) -> PathBuf {
 }
 
 /// `podstamp render` of `template` for node `node` with `config`, offline,
-/// into `out`: the manifest the daemon itself writes for it.
+/// into `out`, in the template's namespace: the manifest the daemon itself
+/// writes for it when `template` is as the API server stored it.
 pub fn render(dir: &Path, template: &Value, node: &str, config: &Path, out: &Path) {
+    let namespace = template["metadata"]["namespace"].as_str().unwrap_or(NS);
     let input = dir.join("template.json");
     fs::write(&input, serde_json::to_vec_pretty(template).unwrap()).unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_podstamp"))
         .arg("render")
         .arg(&input)
-        .args(["--node-name", node, "--namespace", NS, "--config"])
+        .args(["--node-name", node, "--namespace", namespace, "--config"])
         .arg(config)
         .arg("-o")
         .arg(out)
