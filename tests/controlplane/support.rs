@@ -206,12 +206,18 @@ impl SelfHosted {
             name,
             &["--standalone", "--image", &image],
         );
+        let api = ApiServer::existing(&state);
+        // The kubelet runs, and nothing serves its API server yet.
+        assert!(
+            !readyz(&Kube::new(&api.kubeconfig("admin"), NS)),
+            "an API server answers on {} before its static pod exists",
+            api.url
+        );
         fs::copy(
             &bootstrap,
             node.manifests().join(format!("{TEMPLATE}.yaml")),
         )
         .unwrap();
-        let api = ApiServer::existing(&state);
         let port = api.url.rsplit(':').next().unwrap().parse().unwrap();
         let control = SelfHosted {
             dir: dir.to_path_buf(),
