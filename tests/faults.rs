@@ -1545,6 +1545,15 @@ const FAULTS: &[Fault] = &[
         test: "podstamp_removes_its_own_static_pod_manifest_when_its_source_is_in_its_namespace",
     },
     Fault {
+        id: "controlplane-bootstrap-as-written",
+        area: "deploy",
+        fault: "a self-hosted control plane's first manifest rendered (`podstamp render`) from its PodTemplate as written, not as the API server stored it (with its defaults: `dnsPolicy`, `restartPolicy`, probe `timeoutSeconds`...)",
+        kept: "the pod runs until podstamp starts; podstamp's first pass renders the stored template, finds the file differs and writes it as an update (a rollout like any other), so on a real node the kubelet restarts the API server once, for nothing (18-22 s of downtime on the harness). Rendered from the stored template (`kubectl get podtemplate NAME -o yaml | podstamp render -`), the file is kept (same inode and mtime) and nothing restarts (tests/controlplane.rs checks the container too)",
+        reported: "an ordinary update: `podstamp_renders_total{result=\"written\"}`, the rollout's Events; docs/daemon.md (A self-hosted control plane) says which to render",
+        says: "wrote manifest",
+        test: "tests/controlplane.rs: a_first_manifest_rendered_from_the_template_as_written_is_rewritten_and_from_the_stored_one_kept",
+    },
+    Fault {
         id: "fuzz-templates",
         area: "fuzzing",
         fault: "random PodTemplates (names with `/`, `..`, dots, upper case, any Unicode; tricky YAML strings in labels, annotations, images, args, env)",
@@ -1680,6 +1689,7 @@ fn docs_reliability_md_is_the_fault_table() {
                 "tests/pod_security.rs" => include_str!("pod_security.rs"),
                 "tests/scaffold.rs" => include_str!("scaffold.rs"),
                 "tests/scopes.rs" => include_str!("scopes.rs"),
+                "tests/controlplane.rs" => include_str!("controlplane.rs"),
                 other => panic!("fault {}: unknown file {other}", f.id),
             };
             assert!(

@@ -98,6 +98,19 @@ impl ApiServer {
         server
     }
 
+    /// A handle on the server that another process runs on `dir` (the
+    /// kubelet, as a static pod): its URL from the state file; dropping it
+    /// stops nothing.
+    pub fn existing(dir: &Path) -> ApiServer {
+        let text = fs::read_to_string(dir.join("state.json")).unwrap();
+        let state: serde_json::Value = serde_json::from_str(&text).unwrap();
+        ApiServer {
+            dir: dir.to_path_buf(),
+            child: None,
+            url: format!("https://127.0.0.1:{}", state["apiserverPort"]),
+        }
+    }
+
     /// deploy/namespace.yaml, as in a cluster podstamp is deployed to: the
     /// daemons' default rollout namespace (already there on a restart).
     fn create_rollout_namespace(&self) {

@@ -27,6 +27,10 @@
 //!   kubelets, against the same update by hand node after node; the API
 //!   requests a rollout costs each node; the Lease writes of daemons
 //!   with nothing to roll (expected none).
+//! * `control-plane`: the harness's API server as the real kubelet's
+//!   static pod, its template in itself: the API's downtime of a harmless
+//!   flag change through podstamp against the same change by hand. Not run
+//!   by default (several minutes per change): name it.
 //!
 //! It prints figures next to the targets of issue 5 and asserts nothing
 //! about timing: the machine is shared and figures are noisy.
@@ -37,7 +41,7 @@
 //!   requests and watch events per node per rollout, the API server's CPU
 //!   and memory, the wall time against the ideal.
 //!
-//! Run: `bash tests/harness/build.sh && bash plugins/build.sh && cargo bench --bench daemon [-- latency|sync|footprint|fanout|reload|kubelet|rollout|fleet]`.
+//! Run: `bash tests/harness/build.sh && bash plugins/build.sh && cargo bench --bench daemon [-- latency|sync|footprint|fanout|reload|kubelet|rollout|fleet|control-plane]`.
 //! Sizes: PODSTAMP_BENCH_UPDATES (default 200; the poller's share takes
 //! about 1.1 s per update, some 4 minutes), PODSTAMP_BENCH_DAEMONS (default 50),
 //! PODSTAMP_BENCH_RELOADS (default 100), PODSTAMP_BENCH_KUBELET_CHANGES
@@ -45,7 +49,9 @@
 //! PODSTAMP_BENCH_ROLLOUTS (default 3, about 2 minutes each),
 //! PODSTAMP_BENCH_IDLE_SECONDS (default 60), PODSTAMP_BENCH_FLEET (the
 //! fleet sizes, default `100,500,2000`), PODSTAMP_BENCH_FLEET_LIMIT
-//! (seconds one fleet's rollout may take, default 900).
+//! (seconds one fleet's rollout may take, default 900),
+//! PODSTAMP_BENCH_CONTROL_PLANE_CHANGES (default 3 of each kind, about 3
+//! minutes a pair).
 
 #[path = "../../../tests/common/mod.rs"]
 mod common;
@@ -56,9 +62,13 @@ mod support;
 // The kubelet tests' node (podstamp-node), its teardown and their lock.
 #[path = "../../../tests/kubelet/support.rs"]
 mod node;
+// The self-hosted control plane of tests/controlplane.rs.
+#[path = "../../../tests/controlplane/support.rs"]
+mod controlplane;
 
 mod apimetrics;
 mod bench;
+mod control_plane;
 mod fanout;
 mod fleet;
 mod footprint;
@@ -84,7 +94,7 @@ const SELECTOR: &str = "podstamp.io/enabled=true";
 const CHANGE_LIMIT: Duration = Duration::from_secs(10);
 /// How long a daemon may take to become ready.
 const READY_LIMIT: Duration = Duration::from_secs(120);
-const PARTS: [&str; 8] = [
+const PARTS: [&str; 9] = [
     "latency",
     "sync",
     "footprint",
@@ -93,6 +103,7 @@ const PARTS: [&str; 8] = [
     "kubelet",
     "rollout",
     "fleet",
+    "control-plane",
 ];
 
 fn main() {
@@ -108,7 +119,10 @@ fn main() {
         );
         std::process::exit(2);
     }
-    let run = |part: &str| words.is_empty() || words.iter().any(|w| w == part);
+    // control-plane only when named: it takes minutes per change.
+    let run = |part: &str| {
+        (words.is_empty() && part != "control-plane") || words.iter().any(|w| w == part)
+    };
     let plugins = common::repo().join("target/plugins");
     if ["arch-image", "node-env", "substitute"]
         .iter()
@@ -193,6 +207,9 @@ fn main() {
             &fleet_sizes(),
             Duration::from_secs(env_size("PODSTAMP_BENCH_FLEET_LIMIT", 900) as u64),
         );
+    }
+    if run("control-plane") {
+        bench.control_plane(env_size("PODSTAMP_BENCH_CONTROL_PLANE_CHANGES", 3));
     }
 }
 

@@ -4,6 +4,8 @@ package main
 // image and the sandbox ("pause") image are built here from the host's static
 // busybox, written as OCI image layout tarballs that `ctr images import`
 // reads. The io.containerd.image.name annotation gives each its exact name.
+// A test may add images of its own host binaries (--image NAME=BINARY, see
+// binary.go): busybox plus the binary and the shared libraries it loads.
 
 import (
 	"archive/tar"
@@ -79,9 +81,18 @@ func busyboxLayer() ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// writeImage writes an OCI image layout tarball named `name` running cmd.
-func writeImage(path, name string, layer []byte, cmd []string) error {
-	layerBlob := blob{"application/vnd.oci.image.layer.v1.tar", layer}
+// writeImage writes an OCI image layout tarball named `name` running cmd,
+// its layers in order.
+func writeImage(path, name string, layers [][]byte, cmd []string) error {
+	var layerBlobs []blob
+	var diffIDs []string
+	var layerDescs []any
+	for _, layer := range layers {
+		b := blob{"application/vnd.oci.image.layer.v1.tar", layer}
+		layerBlobs = append(layerBlobs, b)
+		diffIDs = append(diffIDs, b.digest())
+		layerDescs = append(layerDescs, b.descriptor())
+	}
 	config, err := json.Marshal(map[string]any{
 		"architecture": runtime.GOARCH,
 		"os":           "linux",
@@ -89,7 +100,7 @@ func writeImage(path, name string, layer []byte, cmd []string) error {
 			"Env": []string{"PATH=/bin"},
 			"Cmd": cmd,
 		},
-		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{layerBlob.digest()}},
+		"rootfs": map[string]any{"type": "layers", "diff_ids": diffIDs},
 	})
 	if err != nil {
 		return err
@@ -99,7 +110,7 @@ func writeImage(path, name string, layer []byte, cmd []string) error {
 		"schemaVersion": 2,
 		"mediaType":     "application/vnd.oci.image.manifest.v1+json",
 		"config":        configBlob.descriptor(),
-		"layers":        []any{layerBlob.descriptor()},
+		"layers":        layerDescs,
 	})
 	if err != nil {
 		return err
@@ -135,7 +146,7 @@ func writeImage(path, name string, layer []byte, cmd []string) error {
 	if err := add("index.json", index); err != nil {
 		return err
 	}
-	for _, b := range []blob{layerBlob, configBlob, manifestBlob} {
+	for _, b := range append(layerBlobs, configBlob, manifestBlob) {
 		if err := add("blobs/sha256/"+b.digest()[len("sha256:"):], b.data); err != nil {
 			return err
 		}
@@ -146,8 +157,9 @@ func writeImage(path, name string, layer []byte, cmd []string) error {
 	return writeFileAtomic(path, buf.Bytes(), 0o644)
 }
 
-// buildImages writes the two image tarballs into dir and returns their paths.
-func buildImages(dir string) ([]string, error) {
+// buildImages writes the two image tarballs, and one per extra image
+// (binaryImage), into dir and returns their paths.
+func buildImages(dir string, extra []binaryImage) ([]string, error) {
 	layer, err := busyboxLayer()
 	if err != nil {
 		return nil, fmt.Errorf("read %s (apt-get install busybox-static): %w", busyboxPath, err)
@@ -158,11 +170,24 @@ func buildImages(dir string) ([]string, error) {
 	app := filepath.Join(dir, "busybox.tar")
 	// As PID 1 sleep ignores SIGTERM; the sandbox is always stopped with SIGKILL.
 	pause := filepath.Join(dir, "pause.tar")
-	if err := writeImage(app, AppImage, layer, []string{"/bin/sh"}); err != nil {
+	if err := writeImage(app, AppImage, [][]byte{layer}, []string{"/bin/sh"}); err != nil {
 		return nil, err
 	}
-	if err := writeImage(pause, SandboxImage, layer, []string{"/bin/sleep", "2147483647"}); err != nil {
+	if err := writeImage(pause, SandboxImage, [][]byte{layer}, []string{"/bin/sleep", "2147483647"}); err != nil {
 		return nil, err
 	}
-	return []string{app, pause}, nil
+	paths := []string{app, pause}
+	for i, image := range extra {
+		top, err := binaryLayer(image.binary)
+		if err != nil {
+			return nil, fmt.Errorf("--image %s=%s: %w", image.name, image.binary, err)
+		}
+		path := filepath.Join(dir, fmt.Sprintf("image-%d.tar", i))
+		cmd := []string{"/bin/" + filepath.Base(image.binary)}
+		if err := writeImage(path, image.name, [][]byte{layer, top}, cmd); err != nil {
+			return nil, err
+		}
+		paths = append(paths, path)
+	}
+	return paths, nil
 }

@@ -68,6 +68,13 @@ type options struct {
 	registryHosts string
 	// id is the container of the stop subcommand.
 	id string
+	// images are extra local images built from host binaries.
+	images imageFlags
+	// standalone: the API server of --kubeconfig may not exist yet (it
+	// may be one of this node's own static pods), so ready does not wait
+	// for the Node: the kubelet runs static pods meanwhile and registers
+	// once the API server answers.
+	standalone bool
 }
 
 func parseFlags(args []string) options {
@@ -81,6 +88,8 @@ func parseFlags(args []string) options {
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", 120*time.Second, "give up when not ready by then")
 	fs.StringVar(&o.registryHosts, "registry-hosts", "", "containerd's CRI registry config_path: a directory of HOST:PORT/hosts.toml")
 	fs.StringVar(&o.id, "id", "", "stop: the container's id")
+	fs.Var(&o.images, "image", "NAME=BINARY: also import an image NAME with busybox, BINARY at /bin/ and its shared libraries (repeatable)")
+	fs.BoolVar(&o.standalone, "standalone", false, "ready once the kubelet's healthz answers, before any API server does (a self-hosted control plane)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
@@ -291,7 +300,7 @@ func (n *node) bringUp(ctx context.Context, o options) error {
 	if len(l.socket()) > 100 {
 		return fmt.Errorf("socket path %s is too long for a unix socket: use a shorter --dir", l.socket())
 	}
-	images, err := buildImages(l.path("images"))
+	images, err := buildImages(l.path("images"), o.images)
 	if err != nil {
 		return err
 	}
@@ -378,6 +387,11 @@ func (n *node) bringUp(ctx context.Context, o options) error {
 	if err != nil {
 		return fmt.Errorf("%w; see %s", err, l.path("kubelet.log"))
 	}
+	if o.standalone {
+		// The kubelet runs static pods without its API server: the
+		// control plane it will register with may be one of them.
+		return n.writeReady(o, ports, healthz)
+	}
 	restConfig, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
 	if err != nil {
 		return err
@@ -414,6 +428,12 @@ func (n *node) bringUp(ctx context.Context, o options) error {
 		}
 		logf("%v: ready anyway; the first mirror pod may take 10 s longer", err)
 	}
+	return n.writeReady(o, ports, healthz)
+}
+
+// writeReady writes DIR/ready: what a test needs to know of the node.
+func (n *node) writeReady(o options, ports []int, healthz string) error {
+	l := n.l
 	line, _ := json.Marshal(map[string]any{
 		"pid":         os.Getpid(),
 		"node":        o.node,

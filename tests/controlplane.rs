@@ -1,0 +1,227 @@
+//! A self-hosted control plane against the real kubelet: the harness's API
+//! server run by the kubelet of `podstamp-node` as a static pod, its
+//! PodTemplate stored in itself, rendered for the node by `podstamp run`
+//! (see tests/controlplane/support.rs for how it comes up, kubelet first).
+//!
+//! What counts: the container the kubelet runs (through the CRI), the API
+//! server answering again with every object made before a change, and what
+//! podstamp reports once it is back (`podstamp status`, Events). The API
+//! downtime of a change made through podstamp is printed next to the same
+//! change made by hand (the rendered manifest copied into place), in one
+//! run; nothing timed is asserted.
+//!
+//! Needs `bash tests/harness/build.sh`, `bash plugins/build.sh` and the
+//! Debian packages containerd, runc and busybox-static (`bash tests/run.sh`
+//! installs them). Runs as root, holding the machine's kubelet lock.
+
+mod common;
+#[path = "controlplane/support.rs"]
+mod controlplane;
+#[path = "kubelet/support.rs"]
+mod node;
+#[allow(unused_imports)]
+#[path = "daemon/support.rs"]
+mod support;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use serde_json::json;
+
+use controlplane::{NS, SelfHosted, TEMPLATE, apiserver_template, print_side_by_side, render};
+use node::{leftovers, serial};
+use support::{Daemon, Kube, identity, shared_server, unique, wait_for};
+
+/// The node's directory, fixed per test so that the next run sweeps what a
+/// killed one left (symlinks resolved, as in the mount table).
+fn node_dir(name: &str) -> PathBuf {
+    let dir = common::repo().join("target/kubelet-tests").join(name);
+    fs::create_dir_all(&dir).unwrap();
+    dir.canonicalize().unwrap()
+}
+
+fn create_configmap(kube: &Kube, name: &str) {
+    let api: Api<ConfigMap> = Api::namespaced(kube.client.clone(), NS);
+    let cm = serde_json::from_value(json!({"metadata": {"name": name}, "data": {"made": name}}))
+        .unwrap();
+    kube.rt
+        .block_on(api.create(&Default::default(), &cm))
+        .unwrap();
+}
+
+fn configmaps(kube: &Kube) -> Vec<String> {
+    let api: Api<ConfigMap> = Api::namespaced(kube.client.clone(), NS);
+    let mut names: Vec<String> = kube
+        .rt
+        .block_on(api.list(&Default::default()))
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .filter(|n| n.starts_with("made-"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_good_change_of_the_self_hosted_api_server_is_rolled_out_confirmed_and_keeps_its_objects() {
+    let _serial = serial();
+    let name = "cp-good";
+    let dir = node_dir(name);
+    let control = SelfHosted::bootstrap(&dir, name, &["--v=0"], |kube| {
+        create_configmap(kube, "made-before-the-node")
+    });
+    // The kubelet runs it, with the node's name rendered in.
+    control.wait_running_with("--v=0", None, Instant::now());
+    let admin = control.admin();
+    create_configmap(&admin, "made-before-by-hand");
+
+    // By hand, podstamp not running: --v=1.
+    let by_hand = control.change_by_hand(&["--v=1"], "--v=1");
+
+    // The stored template says the same now, and podstamp starts: the file
+    // in place is its own and unchanged, so the API server keeps running.
+    admin.patch_template(TEMPLATE, control.flags_patch(&["--v=1"]));
+    let before = control.node.running(&control.mirror())[0].id.clone();
+    let history = dir.join("history");
+    let _ = fs::remove_dir_all(&history);
+    let daemon = control.start_podstamp(&history, "podstamp.log");
+    let first = control
+        .revision()
+        .expect("the bootstrap manifest has a revision");
+    control.wait_status(&daemon, "ready", &first);
+    assert_eq!(
+        control.node.running(&control.mirror())[0].id,
+        before,
+        "podstamp restarted the API server it found up to date\n{}",
+        daemon.logs()
+    );
+    create_configmap(&admin, "made-before-podstamp");
+
+    // Through podstamp: --v=2 in the stored template.
+    let through_podstamp = control.change_through_podstamp(&daemon, &["--v=2"], "--v=2");
+    let second = control.revision().unwrap();
+    assert_ne!(second, first);
+    // Confirmed through the mirror pod once the API is back.
+    let note = control.wait_event(&daemon, "RolloutSucceeded", &second);
+    assert!(note.contains(name), "{note}");
+    let status = control.wait_status(&daemon, "ready", &second);
+    assert!(status["failed"].is_null(), "{status:#}");
+    // Nothing made before either change is lost.
+    assert_eq!(
+        configmaps(&admin),
+        [
+            "made-before-by-hand",
+            "made-before-podstamp",
+            "made-before-the-node"
+        ]
+    );
+    assert_eq!((by_hand.outages, through_podstamp.outages), (1, 1));
+    print_side_by_side(&by_hand, &through_podstamp);
+
+    assert!(daemon.stop().success());
+    let SelfHosted { mut node, .. } = control;
+    let cgroup_root = node.cgroup_root.clone();
+    let status = node.stop().unwrap();
+    assert!(status.success(), "teardown: {status}\n{}", node.logs());
+    assert_eq!(leftovers(&dir, &cgroup_root), Vec::<String>::new());
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// The control plane's first manifest must be podstamp's rendering of the
+/// template as the API server stored it (its defaults filled in): rendered
+/// from the template as written, the daemon's first pass finds it differs
+/// and writes it again as an update, which on a real node restarts the API
+/// server for nothing. No kubelet needed: what counts is whether the file
+/// is written again.
+#[test]
+fn a_first_manifest_rendered_from_the_template_as_written_is_rewritten_and_from_the_stored_one_kept()
+ {
+    let server = shared_server();
+    let ns = unique("cpboot");
+    let kube = Kube::admin(server, &ns);
+    let node = ns.clone();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(kube.client.clone());
+    let object = serde_json::from_value(json!({"metadata": {"name": node}})).unwrap();
+    kube.rt
+        .block_on(nodes.create(&Default::default(), &object))
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let config = controlplane::write_config(tmp.path());
+    let mut as_written =
+        apiserver_template(Path::new("/var/lib/podstamp-apiserver"), 6443, &["--v=0"]);
+    as_written["metadata"]["namespace"] = json!(ns);
+    let stored = kube
+        .rt
+        .block_on(kube.templates().create(
+            &Default::default(),
+            &serde_json::from_value(as_written.clone()).unwrap(),
+        ))
+        .unwrap();
+    let stored = serde_json::to_value(stored).unwrap();
+    for (case, template, rewritten) in [
+        ("as-written", &as_written, true),
+        ("stored", &stored, false),
+    ] {
+        let manifests = tmp.path().join(case);
+        fs::create_dir(&manifests).unwrap();
+        let file = manifests.join(format!("{TEMPLATE}.yaml"));
+        render(tmp.path(), template, &node, &config, &file);
+        let before = identity(&file);
+        let daemon = Daemon::start(
+            &[
+                "--config",
+                config.to_str().unwrap(),
+                "--kubeconfig",
+                server.kubeconfig("admin").to_str().unwrap(),
+                "--namespace",
+                &ns,
+                "--rollout-namespace",
+                &ns,
+                "--node-name",
+                &node,
+                "--manifest-dir",
+                manifests.to_str().unwrap(),
+            ],
+            tmp.path().join(format!("{case}.log")),
+        );
+        daemon.wait_ready(Duration::from_secs(60));
+        let renders =
+            |result: &str| daemon.metric(&format!("podstamp_renders_total{{result=\"{result}\"}}"));
+        if rewritten {
+            wait_for(
+                "the manifest written again",
+                Duration::from_secs(60),
+                || (renders("written") == 1.0).then_some(()),
+            );
+            assert_ne!(identity(&file), before, "{case}");
+            assert!(
+                daemon.logs().contains("wrote manifest"),
+                "{}",
+                daemon.logs()
+            );
+        } else {
+            let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                wait_for(
+                    "the manifest found unchanged",
+                    Duration::from_secs(60),
+                    || (renders("unchanged") >= 1.0).then_some(()),
+                )
+            }));
+            found.unwrap_or_else(|_| {
+                panic!(
+                    "{}\n{}",
+                    daemon.get("/metrics").unwrap_or_default().1,
+                    daemon.logs()
+                )
+            });
+            assert_eq!(renders("written"), 0.0, "{}", daemon.logs());
+            assert_eq!(identity(&file), before, "{case}");
+        }
+        assert!(daemon.stop().success());
+    }
+}
