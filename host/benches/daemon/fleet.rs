@@ -131,7 +131,8 @@ impl SimNode {
         if self.written.as_ref().is_some_and(|(r, _)| r == target) {
             return;
         }
-        let gated = self.machine.gate(id, target, policy);
+        // The template selects every node: a share would be of them all.
+        let gated = self.machine.gate(id, target, policy, "");
         let now = Instant::now();
         if gated.is_none() {
             if self.granted_at.is_none() {
@@ -200,6 +201,7 @@ fn in_place(
         gated,
         target: Some(revision.to_string()),
         generation: Some(if revision == NEW_TARGET { 2 } else { 1 }),
+        quorum: false,
     }
 }
 
