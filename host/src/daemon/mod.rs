@@ -22,6 +22,7 @@ pub mod catalog_record;
 pub mod config_file;
 pub mod configmaps;
 pub mod coordinator;
+pub mod cri;
 pub mod events;
 pub mod inbox;
 pub mod lease_namespace;
