@@ -29,6 +29,7 @@ pub mod lease_namespace;
 pub mod metrics;
 pub mod mirror;
 mod poll;
+pub mod probes;
 pub mod raw;
 pub mod reconcile;
 pub mod reload;
