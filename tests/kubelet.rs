@@ -1590,3 +1590,116 @@ fn with_the_api_server_down_a_bad_revision_is_rolled_back_from_the_node_itself()
     server.kill();
     let _ = fs::remove_dir_all(&api_dir);
 }
+
+/// A port on 127.0.0.1 that was free a moment ago.
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// The pods' own probes decide while the API server is down: a revision
+/// whose readiness probe (tcpSocket, on the node's 127.0.0.1: the pod is
+/// hostNetwork) passes is confirmed from the node itself, and one whose
+/// readiness probe never passes (nothing listens on its port) fails with
+/// `ProbeFailed` and is rolled back to it; each time the API server was
+/// stopped (SIGKILL, by its PID) right after the revision was written.
+/// Both Events are published once it is back.
+#[test]
+fn with_the_api_server_down_the_pods_own_probes_confirm_or_fail_a_revision() {
+    let _serial = serial();
+    let api_dir = common::repo().join("target/kubelet-tests/kl-probe-api");
+    let _ = fs::remove_dir_all(&api_dir);
+    let mut server = ApiServer::start(&api_dir);
+    let ns = unique("klprobe");
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    kube.create_namespace();
+    let dir = node_dir("kl-probe");
+    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-probe");
+    let history = dir.join("history");
+    let _ = fs::remove_dir_all(&history);
+    let socket = node.dir.join("run/containerd.sock");
+    kube.create_template(template("web", "1"));
+    let daemon = start_podstamp(
+        &dir,
+        &server,
+        &ns,
+        &node,
+        &[
+            "--resync",
+            "1s",
+            "--revisions-dir",
+            history.to_str().unwrap(),
+            "--cri-socket",
+            socket.to_str().unwrap(),
+        ],
+    );
+    let first = new_revision(&node, &daemon, None);
+    wait_ready_revision(&kube, &node, &daemon, &first, "VERSION=1");
+    wait_event(&kube, &node, &daemon, "RolloutSucceeded", &[&first]);
+    let kept = history.join(format!("{ns}_web"));
+
+    // A server on the node's 127.0.0.1, and a readiness probe on its port.
+    let port = free_port();
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "main",
+            "command": ["/bin/busybox", "httpd", "-f", "-p", format!("127.0.0.1:{port}"), "-h", "/"],
+            "env": [{"name": "VERSION", "value": "2"}],
+            "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 1}}]}}}),
+    );
+    let serving = new_revision(&node, &daemon, Some(&first));
+    server.kill();
+    converge(
+        "the serving revision confirmed from the node",
+        &node,
+        &daemon,
+        || (rollout_state(&kept)["good"].as_str() == Some(serving.as_str())).then_some(()),
+    );
+    wait_running_on_node(&node, &daemon, &serving, "VERSION=2");
+
+    // A readiness probe that never passes: nothing listens on its port.
+    server = ApiServer::start(&api_dir);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    let closed = free_port();
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "main",
+            "env": [{"name": "VERSION", "value": "3"}],
+            "readinessProbe": {"tcpSocket": {"port": closed}, "periodSeconds": 1,
+                "failureThreshold": 3}}]}}}),
+    );
+    let unready = new_revision(&node, &daemon, Some(&serving));
+    server.kill();
+    wait_running_on_node(&node, &daemon, &serving, "VERSION=2");
+    assert_eq!(
+        rollout_state(&kept)["held"].as_str(),
+        Some(unready.as_str())
+    );
+
+    server = ApiServer::start(&api_dir);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    wait_event(
+        &kube,
+        &node,
+        &daemon,
+        "RolloutSucceeded",
+        &[&serving, "reported once the API server answered again"],
+    );
+    let note = wait_event(
+        &kube,
+        &node,
+        &daemon,
+        "RolloutFailed",
+        &[
+            &unready,
+            "ProbeFailed",
+            &format!("127.0.0.1:{closed}"),
+            &format!("rolled back to revision {serving}"),
+        ],
+    );
+    assert!(note.contains("readiness"), "{note}");
+
+    stop_all(daemon, node, &dir);
+    server.kill();
+    let _ = fs::remove_dir_all(&api_dir);
+}
