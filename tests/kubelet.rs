@@ -1492,7 +1492,8 @@ fn wait_running_on_node(node: &Node, daemon: &Daemon, revision: &str, env: &str)
 /// and holds it, all with the API down; the good container runs again (seen
 /// through the CRI). Once the API server is back (same directory, same
 /// URL), the `RolloutFailed` Event kept on disk is published and `podstamp
-/// status` shows the failed revision.
+/// status` shows the failed revision. The same for an image the node does
+/// not have (`ImageNotPresent`, from the runtime's ImageStatus).
 #[test]
 fn with_the_api_server_down_a_bad_revision_is_rolled_back_from_the_node_itself() {
     let _serial = serial();
@@ -1585,6 +1586,37 @@ fn with_the_api_server_down_a_bad_revision_is_rolled_back_from_the_node_itself()
     );
     assert!(view.to_string().contains("CrashLoopBackOff"), "{view:#}");
     wait_ready_revision(&kube, &node, &daemon, &good, "VERSION=1");
+
+    // An image the node does not have (imagePullPolicy Never): no container
+    // is ever created; the runtime's ImageStatus says it is not there.
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "main",
+            "image": "podstamp.test/missing:1", "command": ["sleep", "3600"],
+            "env": [{"name": "VERSION", "value": "missing"}]}]}}}),
+    );
+    let missing = new_revision(&node, &daemon, Some(&good));
+    assert_ne!(missing, crashing);
+    server.kill();
+    wait_running_on_node(&node, &daemon, &good, "VERSION=1");
+    assert_eq!(
+        rollout_state(&kept)["held"].as_str(),
+        Some(missing.as_str())
+    );
+    server = ApiServer::start(&api_dir);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    wait_event(
+        &kube,
+        &node,
+        &daemon,
+        "RolloutFailed",
+        &[
+            &missing,
+            "ImageNotPresent",
+            "podstamp.test/missing:1",
+            &format!("rolled back to revision {good}"),
+        ],
+    );
 
     stop_all(daemon, node, &dir);
     server.kill();

@@ -80,6 +80,9 @@ impl EventSink {
     /// Queues `report` for the API server, or drops it if the queue is full.
     pub fn report(&self, mut report: Report) {
         report.note = truncate(&report.note, MAX_NOTE_BYTES);
+        // A verdict from the node's own evidence has no mirror pod: no
+        // related object rather than an empty one.
+        report.related = report.related.filter(|r| r.name.is_some());
         match self.queue.try_send(report) {
             Ok(()) => {}
             Err(TrySendError::Full(report)) => self.dropped(&report),
@@ -131,8 +134,8 @@ pub fn recorder(
         controller: REPORTING_CONTROLLER.to_string(),
         instance: Some(format!("podstamp-{node_name}")),
     };
-    let recorder = Recorder::new(client, reporter);
-    (tx, publish(recorder, rx, outbox))
+    let recorder = Recorder::new(client.clone(), reporter.clone());
+    (tx, publish(recorder, (client, reporter), rx, outbox))
 }
 
 fn is_rollout(reason: &Reason) -> bool {
@@ -142,7 +145,14 @@ fn is_rollout(reason: &Reason) -> bool {
     )
 }
 
-async fn publish(recorder: Recorder, mut rx: Receiver<Report>, outbox: Option<Outbox>) {
+/// `fresh`: what a recorder of its own for each Event kept on disk is made
+/// of (see [`flush`]).
+async fn publish(
+    recorder: Recorder,
+    fresh: (kube::Client, Reporter),
+    mut rx: Receiver<Report>,
+    outbox: Option<Outbox>,
+) {
     let mut retry = tokio::time::interval(RETRY);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Events kept by an earlier run are published first.
@@ -176,7 +186,7 @@ async fn publish(recorder: Recorder, mut rx: Receiver<Report>, outbox: Option<Ou
             }
             _ = retry.tick(), if waiting => {
                 if let Some(outbox) = &outbox {
-                    waiting = !flush(&recorder, outbox).await;
+                    waiting = !flush(&fresh, outbox).await;
                 }
             }
         }
@@ -220,7 +230,11 @@ fn keep(outbox: &Outbox, report: &Report) {
 }
 
 /// Publishes the Events kept on disk, in order; true when none is left.
-async fn flush(recorder: &Recorder, outbox: &Outbox) -> bool {
+/// Each through a recorder of its own: a kept Event has no mirror pod to
+/// tell it apart (the `related` object of a live one), so the recorder's
+/// cache would take a second rollout's `RolloutFailed` for a repeat of the
+/// first and only count it, keeping the first one's note.
+async fn flush((client, reporter): &(kube::Client, Reporter), outbox: &Outbox) -> bool {
     let mut all = true;
     for (dir, kept) in outbox.pending() {
         let mut published = 0;
@@ -256,7 +270,8 @@ async fn flush(recorder: &Recorder, outbox: &Outbox) -> bool {
                 ),
                 related: None,
             };
-            if publish_one(recorder, &report).await.is_err() {
+            let recorder = Recorder::new(client.clone(), reporter.clone());
+            if publish_one(&recorder, &report).await.is_err() {
                 all = false;
                 break;
             }

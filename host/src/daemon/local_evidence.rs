@@ -186,3 +186,34 @@ async fn poll(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_podstamps_manifests_are_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  annotations:\n    {SOURCE_ANNOTATION}: ns/web\n  labels:\n    {REVISION_LABEL}: \"0123456789\"\nspec:\n  hostNetwork: true\n"
+        );
+        std::fs::write(dir.path().join("web.yaml"), &ours).unwrap();
+        // A temp file of a write in progress, a foreign manifest, a file
+        // that does not parse: none is followed.
+        std::fs::write(dir.path().join(".web.yaml.tmp"), &ours).unwrap();
+        std::fs::write(
+            dir.path().join("etcd.yaml"),
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: etcd}\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("bad.yaml"), ": : :\n\t-").unwrap();
+        let found = in_place(dir.path());
+        assert_eq!(found.len(), 1);
+        assert_eq!(
+            (found[0].source.as_str(), found[0].revision.as_str()),
+            ("ns/web", "0123456789")
+        );
+        assert_eq!(found[0].pod["spec"]["hostNetwork"], true);
+        assert!(in_place(&dir.path().join("missing")).is_empty());
+    }
+}
