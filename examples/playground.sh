@@ -115,6 +115,7 @@ up() {
     fi
     local podstamp="${PODSTAMP_BIN:-}"
     if [[ -z "$podstamp" ]]; then
+        bash tests/harness/build-deps.sh
         cargo build --locked --bin podstamp
         podstamp="${CARGO_TARGET_DIR:-$repo/target}/debug/podstamp"
     fi

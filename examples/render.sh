@@ -9,6 +9,8 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 bash plugins/build.sh >&2
 bash tests/harness/build-kubecheck.sh >&2
+# protoc, for the CRI bindings the build generates.
+bash tests/harness/build-deps.sh >&2
 cargo build --release --quiet --bin podstamp
 exec target/release/podstamp render examples/pod-checkpointer.yaml \
   --node examples/node.yaml --config examples/podstamp.yaml "$@"

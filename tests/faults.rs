@@ -1320,6 +1320,42 @@ const FAULTS: &[Fault] = &[
         test: "tests/kubelet.rs: a_first_revision_that_fails_stays_and_is_reported",
     },
     Fault {
+        id: "cri-socket-unreachable",
+        area: "rollouts",
+        fault: "the container runtime's CRI socket is missing, or is not a CRI runtime's (`daemon.criSocket`)",
+        kept: "everything as before: rollouts are followed through the mirror pods only (none judged while the API server is down); the connection is tried again every second",
+        reported: "one warning (`no local evidence of rollouts`), said once until it changes, naming the socket and the setting",
+        says: "set daemon.criSocket",
+        test: "host/src/daemon/cri/client.rs: a_missing_socket_is_named_with_the_setting_that_fixes_it",
+    },
+    Fault {
+        id: "probe-unreachable",
+        area: "rollouts",
+        fault: "a host-network pod's startup or readiness probe finds nothing listening, judged while the API server is down",
+        kept: "counted against the probe's own `failureThreshold`; at it, the revision fails (`ProbeFailed`) and is rolled back as any failed revision; not run while its container does not run, nor before its startup probe passed",
+        reported: "`RolloutFailed` with `ProbeFailed`, the probe, the failures in a row and the connection's error",
+        says: "refused",
+        test: "host/src/daemon/probes/mod.rs: readiness_waits_for_startup_and_only_a_running_container_is_probed",
+    },
+    Fault {
+        id: "api-down-bad-revision",
+        area: "kubelet",
+        fault: "the API server stops (SIGKILL) right after a bad revision (a container that exits 1) is written: the mirror pod cannot be followed",
+        kept: "judged from the node itself (the CRI: exited non-zero, restarted by the kubelet), rolled back and held with the API down; the good container runs again",
+        reported: "the log's `rollout failed` (\"seen on the node\"); the `RolloutFailed` Event is kept on disk and published once the API server answers again; `podstamp status` shows the failed revision",
+        says: "seen on the node",
+        test: "tests/kubelet.rs: with_the_api_server_down_a_bad_revision_is_rolled_back_from_the_node_itself",
+    },
+    Fault {
+        id: "rollout-event-not-reported",
+        area: "rollouts",
+        fault: "a rollout Event (`RolloutFailed`, `RolloutSucceeded`, `RolloutHalted`) the API server does not take",
+        kept: "on disk beside the template's `rollout.json` (`events.json`, at most 16, the oldest dropped first), tried again every 2 s, published in order once the API answers, also after a restart",
+        reported: "a warning `cannot publish Event: ...; kept on disk`; the Event's note ends with when it happened",
+        says: "reported once the API server answered again",
+        test: "tests/kubelet.rs: with_the_api_server_down_a_bad_revision_is_rolled_back_from_the_node_itself",
+    },
+    Fault {
         id: "rollout-slot-taken",
         area: "rollouts",
         fault: "a template update while another node is updating it (`podstamp.io/max-unavailable: 1`)",
@@ -1690,6 +1726,12 @@ fn docs_reliability_md_is_the_fault_table() {
                 "tests/scaffold.rs" => include_str!("scaffold.rs"),
                 "tests/scopes.rs" => include_str!("scopes.rs"),
                 "tests/controlplane.rs" => include_str!("controlplane.rs"),
+                "host/src/daemon/cri/client.rs" => {
+                    include_str!("../host/src/daemon/cri/client.rs")
+                }
+                "host/src/daemon/probes/mod.rs" => {
+                    include_str!("../host/src/daemon/probes/mod.rs")
+                }
                 other => panic!("fault {}: unknown file {other}", f.id),
             };
             assert!(

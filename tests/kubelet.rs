@@ -1457,3 +1457,281 @@ fn three_kubelets_roll_an_update_one_node_at_a_time_and_stop_on_a_crash() {
         stop_all(daemon, node, &dir);
     }
 }
+
+/// Waits for the manifest to hold `revision` again and a container of it
+/// with `env` to run, as the CRI shows it (the API server may be down).
+fn wait_running_on_node(node: &Node, daemon: &Daemon, revision: &str, env: &str) {
+    let mirror = format!("web-{}", node.name);
+    let what =
+        format!("revision {revision} in the manifest and {env} running (seen through the CRI)");
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(&what, ROLLOUT, || {
+            daemon.assert_running();
+            let text = fs::read_to_string(node.manifests().join("web.yaml")).ok()?;
+            let running = node.running(&mirror);
+            (revision_of(&text).as_deref() == Some(revision)
+                && running.len() == 1
+                && running[0].has_env(env))
+            .then_some(())
+        })
+    }));
+    found.unwrap_or_else(|_| {
+        panic!(
+            "timed out waiting for {what}\ncontainers: {:#?}\n{}\npodstamp's log:\n{}",
+            node.containers(),
+            node.logs(),
+            daemon.logs()
+        )
+    })
+}
+
+/// The API server stops (SIGKILL, by its PID) right after a bad revision
+/// (a container that exits 1) is written: the mirror pod cannot be followed,
+/// so podstamp judges the revision from the node itself (the container
+/// runtime's CRI: exited non-zero, restarted by the kubelet), rolls it back
+/// and holds it, all with the API down; the good container runs again (seen
+/// through the CRI). Once the API server is back (same directory, same
+/// URL), the `RolloutFailed` Event kept on disk is published and `podstamp
+/// status` shows the failed revision. The same for an image the node does
+/// not have (`ImageNotPresent`, from the runtime's ImageStatus).
+#[test]
+fn with_the_api_server_down_a_bad_revision_is_rolled_back_from_the_node_itself() {
+    let _serial = serial();
+    // A server of its own: the shared one must stay up for other tests.
+    let api_dir = common::repo().join("target/kubelet-tests/kl-local-api");
+    let _ = fs::remove_dir_all(&api_dir);
+    let mut server = ApiServer::start(&api_dir);
+    let ns = unique("kllocal");
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    kube.create_namespace();
+    let dir = node_dir("kl-local");
+    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-local");
+    let history = dir.join("history");
+    let _ = fs::remove_dir_all(&history);
+    let socket = node.dir.join("run/containerd.sock");
+    kube.create_template(template("web", "1"));
+    let daemon = start_podstamp(
+        &dir,
+        &server,
+        &ns,
+        &node,
+        &[
+            "--resync",
+            "1s",
+            "--revisions-dir",
+            history.to_str().unwrap(),
+            "--cri-socket",
+            socket.to_str().unwrap(),
+        ],
+    );
+    let good = new_revision(&node, &daemon, None);
+    wait_ready_revision(&kube, &node, &daemon, &good, "VERSION=1");
+    wait_event(&kube, &node, &daemon, "RolloutSucceeded", &[&good]);
+
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "main",
+            "command": ["sh", "-c", "exit 1"],
+            "env": [{"name": "VERSION", "value": "bad"}]}]}}}),
+    );
+    let crashing = new_revision(&node, &daemon, Some(&good));
+    server.kill();
+
+    wait_running_on_node(&node, &daemon, &good, "VERSION=1");
+    let log = daemon.logs();
+    assert!(
+        log.contains("seen on the node")
+            && log.contains(&format!("rolled back to revision {good}")),
+        "{log}"
+    );
+    let kept = history.join(format!("{ns}_web"));
+    assert_eq!(
+        rollout_state(&kept)["held"].as_str(),
+        Some(crashing.as_str())
+    );
+    assert!(
+        kept.join("events.json").exists(),
+        "the RolloutFailed Event is kept for later\n{log}"
+    );
+
+    // Back: the Event kept on disk is published, and the status shows the
+    // failed revision held.
+    server = ApiServer::start(&api_dir);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    let note = wait_event(
+        &kube,
+        &node,
+        &daemon,
+        "RolloutFailed",
+        &[
+            &crashing,
+            "CrashLoopBackOff",
+            &format!("rolled back to revision {good}"),
+            "reported once the API server answered again",
+        ],
+    );
+    assert!(note.contains("exited with code 1"), "{note}");
+    converge("the Events kept on disk published", &node, &daemon, || {
+        (!kept.join("events.json").exists()).then_some(())
+    });
+    let view = converge(
+        "the failed revision in podstamp status",
+        &node,
+        &daemon,
+        || {
+            let view = status_json(&server, &ns, &rollouts(&ns));
+            let failed = view["templates"][0]["nodes"][0]["failed"].clone();
+            (failed["revision"].as_str() == Some(crashing.as_str())).then_some(view)
+        },
+    );
+    assert!(view.to_string().contains("CrashLoopBackOff"), "{view:#}");
+    wait_ready_revision(&kube, &node, &daemon, &good, "VERSION=1");
+
+    // An image the node does not have (imagePullPolicy Never): no container
+    // is ever created; the runtime's ImageStatus says it is not there.
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "main",
+            "image": "podstamp.test/missing:1", "command": ["sleep", "3600"],
+            "env": [{"name": "VERSION", "value": "missing"}]}]}}}),
+    );
+    let missing = new_revision(&node, &daemon, Some(&good));
+    assert_ne!(missing, crashing);
+    server.kill();
+    wait_running_on_node(&node, &daemon, &good, "VERSION=1");
+    assert_eq!(
+        rollout_state(&kept)["held"].as_str(),
+        Some(missing.as_str())
+    );
+    server = ApiServer::start(&api_dir);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    wait_event(
+        &kube,
+        &node,
+        &daemon,
+        "RolloutFailed",
+        &[
+            &missing,
+            "ImageNotPresent",
+            "podstamp.test/missing:1",
+            &format!("rolled back to revision {good}"),
+        ],
+    );
+
+    stop_all(daemon, node, &dir);
+    server.kill();
+    let _ = fs::remove_dir_all(&api_dir);
+}
+
+/// A port on 127.0.0.1 that was free a moment ago.
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// The pods' own probes decide while the API server is down: a revision
+/// whose readiness probe (tcpSocket, on the node's 127.0.0.1: the pod is
+/// hostNetwork) passes is confirmed from the node itself, and one whose
+/// readiness probe never passes (nothing listens on its port) fails with
+/// `ProbeFailed` and is rolled back to it; each time the API server was
+/// stopped (SIGKILL, by its PID) right after the revision was written.
+/// Both Events are published once it is back.
+#[test]
+fn with_the_api_server_down_the_pods_own_probes_confirm_or_fail_a_revision() {
+    let _serial = serial();
+    let api_dir = common::repo().join("target/kubelet-tests/kl-probe-api");
+    let _ = fs::remove_dir_all(&api_dir);
+    let mut server = ApiServer::start(&api_dir);
+    let ns = unique("klprobe");
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    kube.create_namespace();
+    let dir = node_dir("kl-probe");
+    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-probe");
+    let history = dir.join("history");
+    let _ = fs::remove_dir_all(&history);
+    let socket = node.dir.join("run/containerd.sock");
+    kube.create_template(template("web", "1"));
+    let daemon = start_podstamp(
+        &dir,
+        &server,
+        &ns,
+        &node,
+        &[
+            "--resync",
+            "1s",
+            "--revisions-dir",
+            history.to_str().unwrap(),
+            "--cri-socket",
+            socket.to_str().unwrap(),
+        ],
+    );
+    let first = new_revision(&node, &daemon, None);
+    wait_ready_revision(&kube, &node, &daemon, &first, "VERSION=1");
+    wait_event(&kube, &node, &daemon, "RolloutSucceeded", &[&first]);
+    let kept = history.join(format!("{ns}_web"));
+
+    // A server on the node's 127.0.0.1, and a readiness probe on its port.
+    let port = free_port();
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "main",
+            "command": ["/bin/busybox", "httpd", "-f", "-p", format!("127.0.0.1:{port}"), "-h", "/"],
+            "env": [{"name": "VERSION", "value": "2"}],
+            "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 1}}]}}}),
+    );
+    let serving = new_revision(&node, &daemon, Some(&first));
+    server.kill();
+    converge(
+        "the serving revision confirmed from the node",
+        &node,
+        &daemon,
+        || (rollout_state(&kept)["good"].as_str() == Some(serving.as_str())).then_some(()),
+    );
+    wait_running_on_node(&node, &daemon, &serving, "VERSION=2");
+
+    // A readiness probe that never passes: nothing listens on its port.
+    server = ApiServer::start(&api_dir);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    let closed = free_port();
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "main",
+            "env": [{"name": "VERSION", "value": "3"}],
+            "readinessProbe": {"tcpSocket": {"port": closed}, "periodSeconds": 1,
+                "failureThreshold": 3}}]}}}),
+    );
+    let unready = new_revision(&node, &daemon, Some(&serving));
+    server.kill();
+    wait_running_on_node(&node, &daemon, &serving, "VERSION=2");
+    assert_eq!(
+        rollout_state(&kept)["held"].as_str(),
+        Some(unready.as_str())
+    );
+
+    server = ApiServer::start(&api_dir);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    wait_event(
+        &kube,
+        &node,
+        &daemon,
+        "RolloutSucceeded",
+        &[&serving, "reported once the API server answered again"],
+    );
+    let note = wait_event(
+        &kube,
+        &node,
+        &daemon,
+        "RolloutFailed",
+        &[
+            &unready,
+            "ProbeFailed",
+            &format!("127.0.0.1:{closed}"),
+            &format!("rolled back to revision {serving}"),
+        ],
+    );
+    assert!(note.contains("readiness"), "{note}");
+
+    stop_all(daemon, node, &dir);
+    server.kill();
+    let _ = fs::remove_dir_all(&api_dir);
+}

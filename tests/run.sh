@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: builds the plugins and the Go
 # harness (API server, kubelet, test node; installing their toolchains when
-# missing), installs the node's Debian packages (containerd, runc,
-# busybox-static), the test registry's, the image build's (buildah,
+# missing), installs protoc (the host build's CRI bindings), the node's
+# Debian packages (containerd, runc, busybox-static), the test registry's, the image build's (buildah,
 # skopeo) and promtool (Debian's prometheus) when missing, then runs every
 # test. The README and .ci/run both use this command.
 set -euo pipefail
@@ -10,6 +10,9 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
 step() { printf '\n==> %s\n' "$*" >&2; }
+
+step "the host build's packages: protoc, for the CRI bindings (tests/harness/build-deps.sh)"
+bash tests/harness/build-deps.sh
 
 step "building the example plugins (plugins/build.sh)"
 bash plugins/build.sh

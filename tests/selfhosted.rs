@@ -441,6 +441,7 @@ fn podstamp_runs_as_a_static_pod_from_its_own_image_on_a_real_kubelet() {
                     "manifestDir": node.manifests(),
                     "cacheDir": host.join("cache"),
                     "revisionsDir": host.join("revisions"),
+                    "criSocket": node.dir.join("run/containerd.sock"),
                 }},
                 "scope": ["spec.volumes[*].hostPath.path"],
             },

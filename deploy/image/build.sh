@@ -126,6 +126,8 @@ description="$(package_key description)"
 
 # --- the inputs ----------------------------------------------------------------
 if [[ -z "$bin" ]]; then
+    # protoc, for the CRI bindings the build generates (k8s-cri).
+    bash "$repo/tests/harness/build-deps.sh"
     say "building the binary: cargo build --release --locked --bin podstamp"
     (cd "$repo" && cargo build --release --locked --bin podstamp >&2)
     bin="${CARGO_TARGET_DIR:-$repo/target}/release/podstamp"

@@ -84,6 +84,9 @@ pub struct DaemonEntry {
     pub revisions_dir: Option<PathBuf>,
     /// How many manifests are kept per template.
     pub revision_history: Option<usize>,
+    /// The container runtime's CRI socket: what the kubelet runs, read
+    /// while the API server is down.
+    pub cri_socket: Option<PathBuf>,
     /// Rollouts across nodes: where their Leases are, and how long a slot
     /// outlives a holder that stopped renewing it.
     pub rollouts: Option<RolloutsEntry>,

@@ -37,6 +37,7 @@
 //! | (none) | `--watch-timeout` | | kube-rs's (290 s) |
 //! | `daemon.revisionsDir` | `--revisions-dir` | `PODSTAMP_REVISIONS_DIR` | `/var/lib/podstamp/revisions` |
 //! | `daemon.revisionHistory` | `--revision-history` | | `3` |
+//! | `daemon.criSocket` | `--cri-socket` | `PODSTAMP_CRI_SOCKET` | `/run/containerd/containerd.sock` |
 //! | `daemon.rollouts.namespace` | `--rollout-namespace` | `PODSTAMP_ROLLOUT_NAMESPACE` | `podstamp-rollouts` |
 //! | `daemon.rollouts.leaseDuration` | `--slot-lease-duration` | | `30s` (at most `5m`) |
 //! | `daemon.rollouts.allowControlPlaneNamespace` | `--allow-control-plane-namespace` | | `false` |
@@ -78,6 +79,8 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(300);
 /// Where the daemon keeps its revision history ([`crate::daemon::revisions`]).
 pub const DEFAULT_REVISIONS_DIR: &str = "/var/lib/podstamp/revisions";
+/// containerd's CRI socket, where kubeadm, RKE2 and k0s nodes have it.
+pub const DEFAULT_CRI_SOCKET: &str = "/run/containerd/containerd.sock";
 /// How many revisions of each template are kept.
 pub const DEFAULT_REVISION_HISTORY: usize = 3;
 /// The default `leaseDurationSeconds` of a rollout slot.
@@ -121,6 +124,7 @@ pub struct Layer {
     pub watch_timeout: Option<String>,
     pub revisions_dir: Option<PathBuf>,
     pub revision_history: Option<usize>,
+    pub cri_socket: Option<PathBuf>,
     pub rollout_namespace: Option<String>,
     pub slot_lease_duration: Option<String>,
     pub allow_control_plane_namespace: Option<bool>,
@@ -176,6 +180,11 @@ const REVISIONS_DIR: Key = key(
     "daemon.revisionsDir",
 );
 const REVISION_HISTORY: Key = key("--revision-history", None, "daemon.revisionHistory");
+const CRI_SOCKET: Key = key(
+    "--cri-socket",
+    Some("PODSTAMP_CRI_SOCKET"),
+    "daemon.criSocket",
+);
 const ROLLOUT_NAMESPACE: Key = key(
     "--rollout-namespace",
     Some("PODSTAMP_ROLLOUT_NAMESPACE"),
@@ -227,6 +236,7 @@ impl Layer {
             manifest_dir: path(&MANIFEST_DIR),
             listen: text(&LISTEN),
             revisions_dir: path(&REVISIONS_DIR),
+            cri_socket: path(&CRI_SOCKET),
             rollout_namespace: text(&ROLLOUT_NAMESPACE),
             registry_config: path(&REGISTRY_CONFIG),
             registry_secret: text(&REGISTRY_SECRET),
@@ -264,6 +274,7 @@ impl Layer {
             watch_timeout: None,
             revisions_dir: d.revisions_dir.clone(),
             revision_history: d.revision_history,
+            cri_socket: d.cri_socket.clone(),
             rollout_namespace: d.rollouts.as_ref().and_then(|r| r.namespace.clone()),
             slot_lease_duration: d.rollouts.as_ref().and_then(|r| r.lease_duration.clone()),
             allow_control_plane_namespace: d
@@ -501,6 +512,8 @@ pub struct DaemonSettings {
     pub watch_timeout: Option<u32>,
     pub revisions_dir: PathBuf,
     pub revision_history: usize,
+    /// The container runtime's CRI socket (local evidence of rollouts).
+    pub cri_socket: PathBuf,
     /// Where the rollout Leases are (default: [`DEFAULT_ROLLOUT_NAMESPACE`]).
     pub rollout_namespace: String,
     /// `rollout_namespace` may be one of [`CONTROL_PLANE_NAMESPACES`], or
@@ -659,6 +672,9 @@ pub fn daemon(flags: &Layer, env: &Layer) -> Result<DaemonSettings, SettingsErro
         revision_history: layers
             .pick(&REVISION_HISTORY, |l| l.revision_history.as_ref())
             .map_or(DEFAULT_REVISION_HISTORY, |(n, _)| *n),
+        cri_socket: layers
+            .path(&CRI_SOCKET, |l| l.cri_socket.as_ref())
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CRI_SOCKET)),
         limits: layers.limits()?,
         cache_dir: layers.cache_dir(),
         config_file,
@@ -710,6 +726,7 @@ impl DaemonSettings {
                 self.revisions_dir.display().to_string(),
             ),
             ("daemon.revisionHistory", self.revision_history.to_string()),
+            ("daemon.criSocket", self.cri_socket.display().to_string()),
             ("daemon.rollouts.namespace", self.rollout_namespace.clone()),
             (
                 "daemon.rollouts.allowControlPlaneNamespace",

@@ -54,6 +54,9 @@ pub struct RunArgs {
     /// How many manifests are kept per template in the revisions directory [default: 3].
     #[arg(long, value_name = "N")]
     pub revision_history: Option<usize>,
+    /// The container runtime's CRI socket, read (List and Status calls only) to follow rollouts while the API server is down [env: PODSTAMP_CRI_SOCKET] [default: /run/containerd/containerd.sock].
+    #[arg(long, value_name = "PATH")]
+    pub cri_socket: Option<PathBuf>,
     /// The namespace of the Leases through which the nodes roll updates one at a time (daemon.rollouts.namespace) [env: PODSTAMP_ROLLOUT_NAMESPACE] [default: podstamp-rollouts].
     #[arg(long, value_name = "NAMESPACE")]
     pub rollout_namespace: Option<String>,
@@ -111,6 +114,7 @@ impl RunArgs {
             watch_timeout: self.watch_timeout.clone(),
             revisions_dir: self.revisions_dir.clone(),
             revision_history: self.revision_history,
+            cri_socket: self.cri_socket.clone(),
             rollout_namespace: self.rollout_namespace.clone(),
             slot_lease_duration: self.slot_lease_duration.clone(),
             allow_control_plane_namespace: self.allow_control_plane_namespace.then_some(true),

@@ -142,6 +142,7 @@ pub fn node_local(config: &ConfigFile) -> Vec<(&'static str, String)> {
         ("daemon.resync", shown(&d.resync)),
         ("daemon.revisionsDir", shown(&d.revisions_dir)),
         ("daemon.revisionHistory", shown(&d.revision_history)),
+        ("daemon.criSocket", shown(&d.cri_socket)),
         (
             "daemon.rollouts.namespace",
             shown(&d.rollouts.as_ref().and_then(|r| r.namespace.clone())),

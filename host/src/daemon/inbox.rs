@@ -48,6 +48,13 @@ pub enum Input {
     /// rollout is judged until it lists or resumes again, so that no
     /// deadline passes for want of a status nobody could read.
     MirrorLost,
+    /// What the node itself shows of a revision in place (the container
+    /// runtime and the pod's own probes, judged): taken only while the
+    /// mirror pod cannot be followed.
+    Local(Observation),
+    /// Whether the node's own evidence can be read (the container
+    /// runtime's CRI answers), when that changes.
+    LocalAvailable(bool),
     /// The coordinator of rollouts across nodes answers ([`Gate`]).
     Fleet(Answer),
 }

@@ -22,12 +22,16 @@ pub mod catalog_record;
 pub mod config_file;
 pub mod configmaps;
 pub mod coordinator;
+pub mod cri;
 pub mod events;
 pub mod inbox;
 pub mod lease_namespace;
+pub mod local_evidence;
 pub mod metrics;
 pub mod mirror;
+pub mod outbox;
 mod poll;
+pub mod probes;
 pub mod raw;
 pub mod reconcile;
 pub mod reload;
@@ -255,7 +259,15 @@ async fn serve(
     };
     let (events, publisher): (Option<events::EventSink>, _) = match &client {
         Some(c) => {
-            let (sink, task) = events::recorder(c.clone(), &settings.node_name, metrics.clone());
+            // Rollout Events the API server does not take are kept beside
+            // each template's rollout state, published once it answers.
+            let outbox = outbox::Outbox::new(&settings.revisions_dir);
+            let (sink, task) = events::recorder(
+                c.clone(),
+                &settings.node_name,
+                metrics.clone(),
+                Some(outbox),
+            );
             (Some(sink), Some(task))
         }
         None => (None, None),
@@ -368,6 +380,15 @@ async fn serve(
                 settings.watch_timeout,
                 inputs.clone(),
                 metrics.clone(),
+            ));
+            // The node's own evidence, for when the mirror pods cannot be
+            // followed (the API server down). Only with the API source:
+            // a `dir:` source has no mirror pods to prefer, and rolls
+            // nothing back (docs/daemon.md).
+            tokio::spawn(local_evidence::watch(
+                settings.cri_socket.clone(),
+                settings.manifest_dir.clone(),
+                inputs.clone(),
             ));
             tokio::spawn(source::watch_templates(
                 client,

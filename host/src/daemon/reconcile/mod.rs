@@ -271,6 +271,15 @@ impl Reconciler {
             }
             Input::Fleet(answer) => self.rollouts.fleet(answer),
             Input::MirrorLost => self.rollouts.mirror_lost(),
+            Input::Local(observation) => self.rollouts.local_observed(observation, Instant::now()),
+            Input::LocalAvailable(available) => {
+                if self.rollouts.local_available(available) {
+                    tracing::info!(
+                        "following rollouts from the node itself (the container runtime and the pods' probes)"
+                    );
+                    self.mark_all_dirty();
+                }
+            }
         }
         self.run_effects();
     }

@@ -383,10 +383,7 @@ impl Machine {
     /// [`super::local::judge`]. Taken only while the mirror pod cannot be
     /// followed: when it can, it decides.
     pub fn local(&mut self, id: &str, revision: &str, pod: &LocalPodState, now: Instant) {
-        if self.confirming || !self.local {
-            return;
-        }
-        self.observe(
+        self.local_observed(
             Observation {
                 source: id.to_string(),
                 revision: revision.to_string(),
@@ -395,6 +392,14 @@ impl Machine {
             },
             now,
         );
+    }
+
+    /// The same, already judged (by the shell that read the node).
+    pub fn local_observed(&mut self, observation: Observation, now: Instant) {
+        if self.confirming || !self.local {
+            return;
+        }
+        self.observe(observation, now);
     }
 
     /// The coordinator answers; the templates it concerns render again.
