@@ -1347,6 +1347,15 @@ const FAULTS: &[Fault] = &[
         test: "tests/kubelet.rs: with_the_api_server_down_a_bad_revision_is_rolled_back_from_the_node_itself",
     },
     Fault {
+        id: "api-down-restart-mid-rollout",
+        area: "kubelet",
+        fault: "podstamp killed (-9) while a bad revision it wrote is in place and the API server is down, then started again with the API server still down",
+        kept: "the revision in place followed from `rollout.json` alone (`pending`: its own write), judged from the node, rolled back from the history and held, before the API answers",
+        reported: "the log's `rollout failed` (\"seen on the node\"); the `RolloutFailed` Event kept on disk, published once the API server answers",
+        says: "seen on the node",
+        test: "tests/kubelet.rs: killed_while_the_api_server_is_down_podstamp_still_rolls_back_after_a_restart",
+    },
+    Fault {
         id: "rollout-event-not-reported",
         area: "rollouts",
         fault: "a rollout Event (`RolloutFailed`, `RolloutSucceeded`, `RolloutHalted`) the API server does not take",

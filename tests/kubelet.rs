@@ -1735,3 +1735,116 @@ fn with_the_api_server_down_the_pods_own_probes_confirm_or_fail_a_revision() {
     server.kill();
     let _ = fs::remove_dir_all(&api_dir);
 }
+
+/// podstamp killed with -9 while a bad revision (a container that exits 1)
+/// is in place and the API server is down, then started again with the API
+/// server still down: it follows the revision in place from its rollout
+/// state alone (`pending`: its own write), judges it from the node itself
+/// and rolls it back, before the API server answers again.
+#[test]
+fn killed_while_the_api_server_is_down_podstamp_still_rolls_back_after_a_restart() {
+    let _serial = serial();
+    let api_dir = common::repo().join("target/kubelet-tests/kl-offline-api");
+    let _ = fs::remove_dir_all(&api_dir);
+    let mut server = ApiServer::start(&api_dir);
+    let ns = unique("kloffline");
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    kube.create_namespace();
+    let dir = node_dir("kl-offline");
+    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-offline");
+    let history = dir.join("history");
+    let _ = fs::remove_dir_all(&history);
+    let socket = node.dir.join("run/containerd.sock");
+    let flags = [
+        "--resync",
+        "1s",
+        "--revisions-dir",
+        history.to_str().unwrap(),
+        "--cri-socket",
+        socket.to_str().unwrap(),
+    ];
+    kube.create_template(template("web", "1"));
+    let daemon = start_podstamp_logged(&dir, &server, &ns, &node, &flags, "podstamp-1.log");
+    let good = new_revision(&node, &daemon, None);
+    wait_ready_revision(&kube, &node, &daemon, &good, "VERSION=1");
+    wait_event(&kube, &node, &daemon, "RolloutSucceeded", &[&good]);
+
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "main",
+            "command": ["sh", "-c", "exit 1"],
+            "env": [{"name": "VERSION", "value": "bad"}]}]}}}),
+    );
+    let crashing = new_revision(&node, &daemon, Some(&good));
+    server.kill();
+    let log = daemon.logs();
+    // SIGKILL (the Daemon's drop), before any verdict.
+    drop(daemon);
+    assert!(
+        !log.contains("rollout failed"),
+        "killed before the verdict:\n{log}"
+    );
+    let kept = history.join(format!("{ns}_web"));
+    assert_eq!(
+        rollout_state(&kept)["pending"].as_str(),
+        Some(crashing.as_str())
+    );
+
+    // Started again, the API server still down: the same flags and files
+    // as the first start (which made them while the API answered).
+    let config = dir.join("podstamp.yaml");
+    let kubeconfig = dir.join(format!("{}.kubeconfig", node.name));
+    let manifests = node.manifests();
+    let leases = rollouts(&ns);
+    let mut args = vec![
+        "--config",
+        config.to_str().unwrap(),
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--namespace",
+        &ns,
+        "--rollout-namespace",
+        &leases,
+        "--node-name",
+        &node.name,
+        "--manifest-dir",
+        manifests.to_str().unwrap(),
+    ];
+    args.extend_from_slice(&flags);
+    let daemon = Daemon::start(&args, dir.join("podstamp-2.log"));
+    wait_running_on_node(&node, &daemon, &good, "VERSION=1");
+    let log = daemon.logs();
+    assert!(
+        log.contains("seen on the node")
+            && log.contains(&format!("rolled back to revision {good}")),
+        "{log}"
+    );
+    assert_eq!(
+        rollout_state(&kept)["held"].as_str(),
+        Some(crashing.as_str())
+    );
+
+    // Back: the Event kept on disk is published, and the failed revision
+    // stays held (the template still renders it).
+    server = ApiServer::start(&api_dir);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    wait_event(
+        &kube,
+        &node,
+        &daemon,
+        "RolloutFailed",
+        &[
+            &crashing,
+            "CrashLoopBackOff",
+            &format!("rolled back to revision {good}"),
+            "reported once the API server answered again",
+        ],
+    );
+    wait_ready_revision(&kube, &node, &daemon, &good, "VERSION=1");
+    let text = fs::read_to_string(node.manifests().join("web.yaml")).unwrap();
+    assert_eq!(revision_of(&text).as_deref(), Some(good.as_str()));
+
+    stop_all(daemon, node, &dir);
+    server.kill();
+    let _ = fs::remove_dir_all(&api_dir);
+}

@@ -101,13 +101,30 @@ pub async fn watch(socket: PathBuf, manifest_dir: PathBuf, inputs: Sender<Input>
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        let result = poll(&socket, &manifest_dir, &mut cri, &mut followed, &inputs).await;
-        let now_available = match result {
+        let result = match cri.as_mut() {
+            Some(_) => Ok(()),
+            None => Cri::connect(&socket).await.map(|c| cri = Some(c)),
+        };
+        // Available before the first observations: the reconciler takes
+        // them only then.
+        let result = match (result, cri.as_mut()) {
+            (Ok(()), Some(client)) => {
+                if !available {
+                    available = true;
+                    if inputs.send(Input::LocalAvailable(true)).is_err() {
+                        return;
+                    }
+                }
+                poll(client, &manifest_dir, &mut followed, &inputs).await
+            }
+            (Err(e), _) => Err(e),
+            (Ok(()), None) => continue,
+        };
+        match result {
             Ok(()) => {
                 if said.take().is_some() {
                     tracing::info!(socket = %socket.display(), "the container runtime answers: rollouts can be judged from the node itself");
                 }
-                true
             }
             Err(e) => {
                 cri = None;
@@ -116,13 +133,12 @@ pub async fn watch(socket: PathBuf, manifest_dir: PathBuf, inputs: Sender<Input>
                     tracing::warn!("no local evidence of rollouts: {text}");
                     said = Some(text);
                 }
-                false
-            }
-        };
-        if now_available != available {
-            available = now_available;
-            if inputs.send(Input::LocalAvailable(available)).is_err() {
-                return;
+                if available {
+                    available = false;
+                    if inputs.send(Input::LocalAvailable(false)).is_err() {
+                        return;
+                    }
+                }
             }
         }
     }
@@ -130,16 +146,11 @@ pub async fn watch(socket: PathBuf, manifest_dir: PathBuf, inputs: Sender<Input>
 
 /// One look at the node.
 async fn poll(
-    socket: &Path,
+    client: &mut Cri,
     manifest_dir: &Path,
-    cri: &mut Option<Cri>,
     followed: &mut BTreeMap<String, Followed>,
     inputs: &Sender<Input>,
 ) -> Result<(), cri::CriError> {
-    if cri.is_none() {
-        *cri = Some(Cri::connect(socket).await?);
-    }
-    let client = cri.as_mut().expect("just connected");
     let manifests = in_place(manifest_dir);
     followed.retain(|id, _| manifests.iter().any(|m| &m.source == id));
     for m in manifests {

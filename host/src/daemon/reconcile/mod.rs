@@ -63,7 +63,7 @@ use super::events::{EventSink, Report};
 use super::inbox::{Ask, Incoming, Input, SourceError};
 use super::metrics::Metrics;
 use super::revisions::Store;
-use super::rollout::{Effect, Machine, RolloutState};
+use super::rollout::{DEFAULT_DEADLINE, Effect, InPlace, Machine, RolloutState};
 
 use dir::read_regular;
 
@@ -271,7 +271,12 @@ impl Reconciler {
             }
             Input::Fleet(answer) => self.rollouts.fleet(answer),
             Input::MirrorLost => self.rollouts.mirror_lost(),
-            Input::Local(observation) => self.rollouts.local_observed(observation, Instant::now()),
+            Input::Local(observation) => {
+                if !self.synced {
+                    self.follow_offline(&observation.source, &observation.revision);
+                }
+                self.rollouts.local_observed(observation, Instant::now())
+            }
             Input::LocalAvailable(available) => {
                 if self.rollouts.local_available(available) {
                     tracing::info!(
@@ -504,7 +509,11 @@ impl Reconciler {
                     .entries
                     .values()
                     .find(|e| e.id.as_deref() == Some(id.as_str()))
-                    .and_then(|e| e.incoming.reference.clone());
+                    .and_then(|e| e.incoming.reference.clone())
+                    // Followed offline (before the templates are listed):
+                    // the PodTemplate by its name, as the API source names
+                    // it (a `dir:` source has no Events).
+                    .or_else(|| (!self.synced).then(|| template_reference(&id)).flatten());
                 if let (Some(events), Some(reference)) = (&self.events, reference) {
                     events.report(Report {
                         reference,
@@ -533,9 +542,64 @@ impl Reconciler {
         }
     }
 
+    /// Follows `revision` of template `id`, in place in the manifest
+    /// directory, before the templates could be listed (a daemon started
+    /// while the API server is down): from its rollout state alone (a
+    /// `pending` revision is this daemon's own write), with the default
+    /// progress deadline, so that local evidence can judge it and roll it
+    /// back.
+    fn follow_offline(&mut self, id: &str, revision: &str) {
+        if self
+            .rollouts
+            .following(id)
+            .is_some_and(|(r, _)| r == revision)
+        {
+            return;
+        }
+        ensure_state(&mut self.rollouts, self.revisions.as_ref(), id);
+        let store = self.revisions.as_ref();
+        self.rollouts.in_place(
+            InPlace {
+                id: id.to_string(),
+                revision: revision.to_string(),
+                written: false,
+                deadline: DEFAULT_DEADLINE,
+                held: false,
+                gated: None,
+                target: None,
+                generation: None,
+            },
+            || render::newest_other(store, id, revision),
+            Instant::now(),
+        );
+    }
+
+    /// The manifest file of template `id` in the manifest directory, read
+    /// from the files themselves (before the templates are listed).
+    fn file_in_place(&self, id: &str) -> Option<String> {
+        std::fs::read_dir(&self.dir)
+            .ok()?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".yaml") && !name.starts_with('.'))
+            .find(|name| {
+                std::fs::read(self.dir.join(name))
+                    .ok()
+                    .and_then(|bytes| manifest::ownership(&bytes))
+                    .is_some_and(|o| o.source == id)
+            })
+    }
+
     /// Writes `previous` back from the history in place of template `id`'s
     /// failed revision ([`Effect::RollBack`]).
     fn roll_back(&mut self, id: &str, previous: &str) -> Result<(), String> {
+        // Before the templates are listed (followed offline), the file is
+        // found by its content.
+        let offline_file = if self.synced {
+            None
+        } else {
+            self.file_in_place(id)
+        };
         let store = self
             .revisions
             .as_mut()
@@ -556,15 +620,34 @@ impl Reconciler {
         let entry = self
             .entries
             .values_mut()
-            .find(|e| e.id.as_deref() == Some(id))
-            .ok_or("the template is gone")?;
-        let file = entry.claims.clone().ok_or("the template has no manifest")?;
+            .find(|e| e.id.as_deref() == Some(id));
+        let file = match entry {
+            Some(entry) => entry.claims.clone().ok_or("the template has no manifest")?,
+            // Before the templates are listed (followed offline).
+            None if !self.synced => {
+                offline_file.ok_or("its manifest is no longer in the manifest directory")?
+            }
+            None => return Err("the template is gone".into()),
+        };
         write::write_atomic(&self.dir, &file, &bytes).map_err(|e| format!("{file}: {e}"))?;
         if let Err(e) = store.record(id, previous, &bytes) {
             tracing::error!(template = %id, "cannot mark revision {previous} as the newest in the history: {e}");
         }
         Ok(())
     }
+}
+
+/// The PodTemplate `namespace/name` as an Event's object (no uid: not
+/// known before it is listed).
+fn template_reference(id: &str) -> Option<k8s_openapi::api::core::v1::ObjectReference> {
+    let (namespace, name) = id.split_once('/')?;
+    Some(k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PodTemplate".into()),
+        namespace: Some(namespace.to_string()),
+        name: Some(name.to_string()),
+        ..Default::default()
+    })
 }
 
 /// Loads template `id`'s rollout state into the machine, from `store`, the

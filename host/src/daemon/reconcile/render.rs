@@ -453,7 +453,7 @@ pub fn render_timed(
 
 /// The newest revision the history keeps for template `id` other than
 /// `revision`: the fallback of a history kept before the rollout state was.
-fn newest_other(store: Option<&Store>, id: &str, revision: &str) -> Option<String> {
+pub(super) fn newest_other(store: Option<&Store>, id: &str, revision: &str) -> Option<String> {
     let kept = store?.kept(id).ok()?;
     kept.into_iter()
         .rev()
