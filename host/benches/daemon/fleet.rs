@@ -456,7 +456,28 @@ impl Bench {
         }
         match wall {
             Some(w) => println!("  rolled in {:.1}s", w.as_secs_f64()),
-            None => println!("  {done}/{n} nodes done within {limit:?}"),
+            None => {
+                println!(
+                    "  {done}/{n} nodes done within {limit:?}; of those not done (at most 5):"
+                );
+                for (i, node) in fleet
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, f)| f.done_at.is_none())
+                    .take(5)
+                {
+                    println!(
+                        "    {}: {}",
+                        names[i],
+                        match (&node.granted_at, &node.written) {
+                            (None, _) => "never granted a slot".to_string(),
+                            (Some(_), Some((r, _))) if r == NEW_TARGET =>
+                                "written, not Ready".to_string(),
+                            (Some(_), _) => "granted, not written".to_string(),
+                        }
+                    );
+                }
+            }
         }
         // The last records and releases are written after the verdicts.
         self.settle();

@@ -14,8 +14,8 @@
 //! Invariants:
 //! * Every write is conditional on the resourceVersion last seen (or a
 //!   create): of two nodes taking one slot, one wins and the other sees a
-//!   conflict, reads the slot by name and waits for the watch. No write is
-//!   retried blindly.
+//!   conflict and waits for the watch (a refused create reads the slot by
+//!   name: its watch may not select it). No write is retried blindly.
 //! * What a node receives does not grow with the fleet: the halts, and
 //!   the writes to the few slots it waits for (docs/daemon.md, "Fleets").
 //!   The watch is restarted when the lanes it needs are not all selected,
@@ -329,10 +329,20 @@ pub async fn run(
                         .map(|l| l.resource_version.clone())
                         .unwrap_or_default();
                     state.conflicted.insert(name.clone(), rv);
-                    // What won is read by name: a Lease this node's watch
-                    // does not select (no lane label, or a wrong one) is
-                    // seen all the same, and judged like any other.
-                    if let Ok(Some(value)) = read_own(&api, &name).await
+                    // A create refused: the slot exists. It is read by
+                    // name: one this node's watch does not select (no lane
+                    // label, or a wrong one) is seen all the same, and
+                    // judged like any other. A refused update waits for
+                    // the watch, which shows what won.
+                    let created = matches!(
+                        action,
+                        Action::Take {
+                            resource_version: None,
+                            ..
+                        }
+                    );
+                    if created
+                        && let Ok(Some(value)) = read_own(&api, &name).await
                         && let Some((name, seen)) =
                             read_lease(&value, Instant::now(), settings.lease_duration)
                     {
