@@ -558,6 +558,7 @@ impl Reconciler {
         }
         ensure_state(&mut self.rollouts, self.revisions.as_ref(), id);
         let store = self.revisions.as_ref();
+        let quorum = self.rollouts.is_quorum(id);
         self.rollouts.in_place(
             InPlace {
                 id: id.to_string(),
@@ -568,6 +569,8 @@ impl Reconciler {
                 gated: None,
                 target: None,
                 generation: None,
+                // Not known before the template is read: as last known.
+                quorum,
             },
             || render::newest_other(store, id, revision),
             Instant::now(),

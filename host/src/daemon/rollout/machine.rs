@@ -194,6 +194,11 @@ impl Machine {
         self.states.get(id).and_then(|s| s.held.as_deref()) == Some(revision)
     }
 
+    /// Whether template `id` is a quorum member, as it last rendered.
+    pub fn is_quorum(&self, id: &str) -> bool {
+        self.slots.as_ref().is_some_and(|s| s.is_quorum(id))
+    }
+
     /// Template `id` holds no revision any more; the one it held, if any.
     pub fn unhold(&mut self, id: &str) -> Option<String> {
         let mut released = None;
