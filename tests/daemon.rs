@@ -778,6 +778,10 @@ fn the_deploy_daemonset_starts_with_its_volumes_as_the_kubelet_makes_them() {
         fs::set_permissions(dir, fs::Permissions::from_mode(mode)).unwrap();
     };
     mkdir(&rootfs, 0o755);
+    // A Socket hostPath must exist on the node for the kubelet to start the
+    // pod: the container runtime's socket, here a listening stand-in (not a
+    // CRI runtime: local evidence says so in the log and changes nothing).
+    let mut sockets = Vec::new();
     for mount in container["volumeMounts"].as_array().unwrap() {
         let volume = pod["volumes"]
             .as_array()
@@ -799,6 +803,10 @@ fn the_deploy_daemonset_starts_with_its_volumes_as_the_kubelet_makes_them() {
         } else if let Some(host_path) = volume.get("hostPath") {
             match host_path["type"].as_str() {
                 Some("DirectoryOrCreate") => mkdir(&target, 0o755),
+                Some("Socket") => {
+                    let listener = std::os::unix::net::UnixListener::bind(&target).unwrap();
+                    sockets.push((mount["mountPath"].as_str().unwrap().to_string(), listener));
+                }
                 other => panic!("hostPath type {other:?}: not prepared by this test"),
             }
         } else {
@@ -833,6 +841,17 @@ fn the_deploy_daemonset_starts_with_its_volumes_as_the_kubelet_makes_them() {
     config["daemon"]["manifestDir"] = json!(manifests);
     let revisions = inside(config["daemon"]["revisionsDir"].as_str().unwrap());
     config["daemon"]["revisionsDir"] = json!(revisions);
+    // daemon.criSocket (its default when the file leaves it out) is where
+    // the socket is mounted.
+    let cri = config["daemon"]["criSocket"]
+        .as_str()
+        .unwrap_or("/run/containerd/containerd.sock")
+        .to_string();
+    assert!(
+        sockets.iter().any(|(path, _)| *path == cri),
+        "daemon.criSocket {cri} is not a socket the DaemonSet mounts"
+    );
+    config["daemon"]["criSocket"] = json!(inside(&cri));
     fs::write(&config_file, serde_norway::to_string(&config).unwrap()).unwrap();
 
     let port = free_port();
