@@ -1599,6 +1599,24 @@ const FAULTS: &[Fault] = &[
         test: "tests/scopes.rs: a_template_cannot_widen_a_scope_with_its_settings_annotation",
     },
     Fault {
+        id: "scope-declared-not-granted",
+        area: "plugin scope",
+        fault: "a plugin declares a change (the SDK's `scope!`: arch-image, `spec.containers[*].image`) that its catalog entry does not grant (the default scope), and makes it",
+        kept: "nothing written: the grant is the catalog's, a declaration grants nothing",
+        reported: "the scope refusal, ending with whether the plugin declared the change and what it declares; `render --explain` shows what it declares, what it is granted and what is declared but not granted",
+        says: "the plugin declares this change (it declares: ",
+        test: "tests/scopes.rs: a_plugins_declared_scope_is_shown_beside_its_grant_and_named_in_a_refusal",
+    },
+    Fault {
+        id: "scope-declaration-malformed",
+        area: "plugin scope",
+        fault: "a component's `podstamp:scope` custom section (its declared scope) is not `podstamp-scope 1` then one grant a line, or not UTF-8",
+        kept: "the plugin is refused at load (a declaration is never half read), as any component that cannot be loaded",
+        reported: "the load error, naming the component and its custom section",
+        says: "podstamp-scope 1",
+        test: "host/src/plugin/declared.rs: a_declaration_is_found_in_a_nested_module_and_read_whole",
+    },
+    Fault {
         id: "scope-grant-invalid",
         area: "plugin scope",
         fault: "a catalog entry's `scope:` holds a grant that is not a field path (`spec..x`, `[*]`, `spec.containers[]`)",
@@ -1668,6 +1686,7 @@ fn docs_reliability_md_is_the_fault_table() {
                 "tests/pod_security.rs" => include_str!("pod_security.rs"),
                 "tests/scaffold.rs" => include_str!("scaffold.rs"),
                 "tests/scopes.rs" => include_str!("scopes.rs"),
+                "host/src/plugin/declared.rs" => include_str!("../host/src/plugin/declared.rs"),
                 other => panic!("fault {}: unknown file {other}", f.id),
             };
             assert!(
