@@ -1182,6 +1182,11 @@ fn the_bootkube_discussion_template_through_the_api_server() {
             "kube-system",
             // The template has no labels: select every template.
             "--selector=",
+            // The checkpointer runs on the host network with host paths: a
+            // control-plane template, granted level privileged
+            // deliberately (kube-system has no enforce label here).
+            "--pod-security",
+            "privileged",
             "--node-name",
             &node_name,
             "--manifest-dir",
