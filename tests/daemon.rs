@@ -519,11 +519,14 @@ fn deploy_rules(kind: &str) -> Value {
 
 use serde::Deserialize;
 
-/// Grants `role_rules` in `ns` and `cluster_rules` cluster-wide to the
+/// Grants `role_rules` in `ns` and `cluster_rules` cluster-wide (a rule
+/// naming kube-system names `ns`) to the
 /// harness's user "podstamp" of `server`, and waits until they are in
 /// effect.
 fn bind(server: &ApiServer, kube: &Kube, ns: &str, role_rules: Value, cluster_rules: Value) {
     let cluster_role = format!("podstamp-{ns}");
+    // The Namespace rule names kube-system, which `ns` stands for here.
+    let cluster_rules = common::for_namespace(cluster_rules, ns);
     kube.create::<k8s_openapi::api::rbac::v1::Role>(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
         "metadata": {"name": "podstamp", "namespace": ns}, "rules": role_rules}));
@@ -1198,6 +1201,11 @@ fn the_bootkube_discussion_template_through_the_api_server() {
             "kube-system",
             // The template has no labels: select every template.
             "--selector=",
+            // The checkpointer runs on the host network with host paths: a
+            // control-plane template, granted level privileged
+            // deliberately (kube-system has no enforce label here).
+            "--pod-security",
+            "privileged",
             "--node-name",
             &node_name,
             "--manifest-dir",
@@ -2406,4 +2414,159 @@ fn the_node_watch_down_keeps_what_the_selector_wrote_and_says_so() {
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(identity(&file), before, "kept as it was");
     daemon.assert_running();
+}
+
+/// Labels the Namespace `ns` with Pod Security level `level` (enforce).
+fn label_level(kube: &Kube, ns: &str, level: &str) {
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(kube.client.clone());
+    let patch = json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": level}}});
+    kube.rt
+        .block_on(api.patch(ns, &PatchParams::default(), &Patch::Merge(patch)))
+        .unwrap();
+}
+
+/// The deploy/ RBAC reads the daemon's one Namespace, by name: a list or
+/// watch of Namespaces is allowed only with the field selector on that
+/// name (the API server authorizes it against resourceNames), a list of
+/// all of them and a read of another are refused. Under it, the daemon
+/// holds every rendered pod to the level the Namespace's label enforces: a
+/// template whose plugin chain's output is baseline but not restricted,
+/// in a Namespace labelled `enforce: restricted`, is refused in one line
+/// naming the label, its last good manifest stays, and an Event is on the
+/// template; relabelled `baseline`, it is written without any edit of the
+/// template.
+#[test]
+fn the_namespace_label_holds_every_render_to_its_pod_security_level() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let server = shared_server();
+    let ns = unique("psa");
+    let node_name = unique("node");
+    let kube = Kube::admin(server, &ns);
+    kube.create_cluster::<Node>(node(&node_name, "zone-p"));
+    bind(
+        server,
+        &kube,
+        &ns,
+        deploy_rules("Role"),
+        deploy_rules("ClusterRole"),
+    );
+
+    // The narrowest rule: only with the name's field selector.
+    let podstamp = kube.rt.block_on(client(&server.kubeconfig("podstamp")));
+    let namespaces: Api<Namespace> = Api::all(podstamp);
+    let by_name = ListParams::default().fields(&format!("metadata.name={ns}"));
+    let listed = kube.rt.block_on(namespaces.list(&by_name)).unwrap();
+    assert_eq!(listed.items.len(), 1);
+    let forbidden = |result: Result<_, kube::Error>, what: &str| match result {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 403, "{what}: {status:?}"),
+        other => panic!("{what} is not refused: {other:?}"),
+    };
+    forbidden(
+        kube.rt
+            .block_on(namespaces.list(&ListParams::default()))
+            .map(drop),
+        "a list of every Namespace",
+    );
+    forbidden(
+        kube.rt.block_on(namespaces.get("default")).map(drop),
+        "a read of another Namespace",
+    );
+    forbidden(
+        kube.rt
+            .block_on(namespaces.list(&ListParams::default().fields("metadata.name=default")))
+            .map(drop),
+        "a list of another Namespace by name",
+    );
+
+    let mut web = template("web", "busybox:1");
+    web["template"]["spec"]["containers"][0]["command"] = json!(["serve", "--node=${node.name}"]);
+    kube.create::<PodTemplate>(web);
+    let s = setup();
+    let daemon = start_daemon(
+        &s,
+        &server.kubeconfig("podstamp"),
+        &ns,
+        &node_name,
+        &s.manifests,
+    );
+    let file = s.manifests.join("web.yaml");
+    let good = wait_content(&daemon, &file, &["image: busybox:1", &node_name]);
+    daemon.wait_ready(CONVERGE);
+    let good_identity = identity(&file);
+    assert!(daemon.metric("podstamp_watch_lists_total{watch=\"namespace\"}") >= 1.0);
+
+    // Restricted: the next render (a new image) is refused.
+    label_level(&kube, &ns, "restricted");
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "main", "image": "busybox:2",
+            "command": ["serve", "--node=${node.name}"]}]}}}),
+    );
+    let source = format!(
+        "does not meet Pod Security level restricted:latest (from the namespace {ns}'s label pod-security.kubernetes.io/enforce)"
+    );
+    let event = wait_for("a RenderFailed Event naming the level", CONVERGE, || {
+        kube.events().into_iter().find(|e| {
+            e.reason.as_deref() == Some("RenderFailed")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web")
+                && e.note.as_deref().is_some_and(|n| n.contains(&source))
+        })
+    });
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains("the pod returned by the plugin chain") && note.contains("runAsNonRoot"),
+        "{note}"
+    );
+    let line = daemon
+        .logs()
+        .lines()
+        .find(|l| l.contains(&source))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no log line says {source:?}:\n{}", daemon.logs()));
+    assert!(line.contains("the last good manifest stays"), "{line}");
+    assert_eq!(read(&file).unwrap(), good, "the last good manifest stays");
+    assert_eq!(identity(&file), good_identity);
+
+    // Baseline again: written, with no edit of the template.
+    label_level(&kube, &ns, "baseline");
+    wait_content(&daemon, &file, &["image: busybox:2"]);
+    assert!(daemon.stop().success());
+
+    // The same rules without the Namespace's: nothing renders (no pod is
+    // written at a level looser than the label's for want of reading it),
+    // and the log names the permission.
+    let ns2 = unique("psa-noread");
+    let kube2 = Kube::admin(server, &ns2);
+    let mut cluster_rules = deploy_rules("ClusterRole");
+    cluster_rules.as_array_mut().unwrap().retain(|rule| {
+        !rule["resources"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("namespaces"))
+    });
+    bind(server, &kube2, &ns2, deploy_rules("Role"), cluster_rules);
+    kube2.create::<PodTemplate>(template("web", "busybox:1"));
+    let s2 = setup();
+    let daemon = start_daemon(
+        &s2,
+        &server.kubeconfig("podstamp"),
+        &ns2,
+        &node_name,
+        &s2.manifests,
+    );
+    wait_for("the unread Namespace in the log", CONVERGE, || {
+        daemon.assert_running();
+        let logs = daemon.logs();
+        (logs.contains("nothing is rendered until its Pod Security labels")
+            && logs.contains("not rendering (manifests on disk are kept)"))
+        .then_some(())
+    });
+    assert!(
+        daemon
+            .logs()
+            .contains("cannot list resource \"namespaces\""),
+        "{}",
+        daemon.logs()
+    );
+    assert!(!s2.manifests.join("web.yaml").exists());
 }

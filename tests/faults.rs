@@ -897,6 +897,33 @@ const FAULTS: &[Fault] = &[
         test: "tests/pod_security.rs: a_templates_annotation_only_makes_the_level_stricter",
     },
     Fault {
+        id: "pod-security-namespace-label",
+        area: "pod security",
+        fault: "the daemon renders a template whose plugin chain's output is baseline but not restricted, in a Namespace labelled `pod-security.kubernetes.io/enforce: restricted`",
+        kept: "the last good manifest (same bytes, inode and mtime); relabelled `baseline`, the render is written with no edit of the template",
+        reported: "RenderFailed; an Event on the template and a warning naming the level, the Namespace's label it came from and every check that failed",
+        says: "does not meet Pod Security level restricted:latest (from the namespace ",
+        test: "tests/daemon.rs: the_namespace_label_holds_every_render_to_its_pod_security_level",
+    },
+    Fault {
+        id: "pod-security-namespace-unreadable",
+        area: "pod security",
+        fault: "the daemon cannot read its Namespace's Pod Security labels (RBAC without get/list/watch on namespaces, resourceNames [its namespace])",
+        kept: "nothing renders (no pod is written at a level looser than the label's for want of reading it); manifests on disk are kept; once read, the labels last read hold through a later watch failure",
+        reported: "a warning naming the permission (deploy/rbac.yaml) and the API server's refusal; `podstamp_watch_restarts_total{watch=\"namespace\"}`",
+        says: "nothing is rendered until its Pod Security labels",
+        test: "tests/daemon.rs: the_namespace_label_holds_every_render_to_its_pod_security_level",
+    },
+    Fault {
+        id: "pod-security-reload-over-level",
+        area: "pod security",
+        fault: "a reload of the configuration brings a plugin granted the field it changes (the attacker of issue 26 with `scope: [spec.hostPID]`) whose output fails the level of the template's namespace (labelled `enforce: baseline` after its pod was written at privileged)",
+        kept: "the running manifest (same bytes) and the real kubelet's container (same id), the mirror pod Ready at its revision; the pod already in place is not refused by the stricter label",
+        reported: "RenderFailed; an Event on the template naming the level, the namespace's label it came from and every check that failed",
+        says: "host namespaces (hostNetwork=true, hostPID=true)",
+        test: "tests/kubelet.rs: a_reload_bringing_a_plugin_over_the_pod_security_level_leaves_the_running_pod_alone",
+    },
+    Fault {
         id: "disk-dir-missing",
         area: "disk",
         fault: "manifest directory missing at start",
@@ -1662,6 +1689,24 @@ const FAULTS: &[Fault] = &[
         test: "tests/scopes.rs: a_template_cannot_widen_a_scope_with_its_settings_annotation",
     },
     Fault {
+        id: "scope-declared-not-granted",
+        area: "plugin scope",
+        fault: "a plugin declares a change (the SDK's `scope!`: arch-image, `spec.containers[*].image`) that its catalog entry does not grant (the default scope), and makes it",
+        kept: "nothing written: the grant is the catalog's, a declaration grants nothing",
+        reported: "the scope refusal, ending with whether the plugin declared the change and what it declares; `render --explain` shows what it declares, what it is granted and what is declared but not granted",
+        says: "the plugin declares this change (it declares: ",
+        test: "tests/scopes.rs: a_plugins_declared_scope_is_shown_beside_its_grant_and_named_in_a_refusal",
+    },
+    Fault {
+        id: "scope-declaration-malformed",
+        area: "plugin scope",
+        fault: "a component's `podstamp:scope` custom section (its declared scope) is not `podstamp-scope 1` then one grant a line, or not UTF-8",
+        kept: "the plugin is refused at load (a declaration is never half read), as any component that cannot be loaded",
+        reported: "the load error, naming the component and its custom section",
+        says: "podstamp-scope 1",
+        test: "host/src/plugin/declared.rs: a_declaration_is_found_in_a_nested_module_and_read_whole",
+    },
+    Fault {
         id: "scope-grant-invalid",
         area: "plugin scope",
         fault: "a catalog entry's `scope:` holds a grant that is not a field path (`spec..x`, `[*]`, `spec.containers[]`)",
@@ -1741,6 +1786,7 @@ fn docs_reliability_md_is_the_fault_table() {
                 "host/src/daemon/probes/mod.rs" => {
                     include_str!("../host/src/daemon/probes/mod.rs")
                 }
+                "host/src/plugin/declared.rs" => include_str!("../host/src/plugin/declared.rs"),
                 other => panic!("fault {}: unknown file {other}", f.id),
             };
             assert!(

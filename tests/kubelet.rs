@@ -124,11 +124,14 @@ fn template(name: &str, version: &str) -> Value {
     })
 }
 
+/// The harness's kubelets have no pod network: every pod here runs on the
+/// host's (`hostNetwork`), which Pod Security baseline refuses, so the
+/// configuration grants level privileged, deliberately.
 fn write_config(dir: &Path) -> PathBuf {
     use common::plugin;
     let path = dir.join("podstamp.yaml");
     let text = format!(
-        "plugins:\n  substitute:\n    path: {}\n    scope: [metadata, spec]\n  node-env:\n    path: {}\n    settings: {{nodeIP: \"\", labels: {{HOST: kubernetes.io/hostname}}}}\nchain: [substitute, node-env]\n",
+        "plugins:\n  substitute:\n    path: {}\n    scope: [metadata, spec]\n  node-env:\n    path: {}\n    settings: {{nodeIP: \"\", labels: {{HOST: kubernetes.io/hostname}}}}\nchain: [substitute, node-env]\npodSecurity: privileged\n",
         plugin("substitute").display(),
         plugin("node-env").display(),
     );
@@ -801,6 +804,78 @@ fn a_reload_bringing_a_plugin_that_oversteps_its_scope_leaves_the_running_pod_al
         scene
             .daemon
             .metric("podstamp_plugin_scope_refusals_total{plugin=\"evil\"}")
+            >= 1.0
+    );
+    scene.assert_untouched_and_stop();
+}
+
+/// A reload of the configuration that brings a plugin within its scope but
+/// over the template's Pod Security level (the attacker of issue 26, built
+/// from source, granted `spec.hostPID`) is refused at render like an
+/// invalid pod. The pod runs at level privileged (the configuration's; the
+/// harness's pods need the host network), then the namespace is labelled
+/// `enforce: baseline`: the running pod, already in place, is left alone
+/// (as Pod Security Admission leaves running pods alone), and the plugin's
+/// output is held to the label. The running manifest stays as it was, the
+/// kubelet keeps the same container running, and the refusal is an Event on
+/// the template naming the level, the label it came from and the checks.
+#[test]
+fn a_reload_bringing_a_plugin_over_the_pod_security_level_leaves_the_running_pod_alone() {
+    let attacker = common::fixture_plugin("attacker");
+    let _serial = serial();
+    let scene = Settled::start("klpsa", "kl-psa", write_config);
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> =
+        Api::all(scene.kube.client.clone());
+    let label = json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "baseline"}}});
+    scene
+        .kube
+        .rt
+        .block_on(namespaces.patch(
+            &scene.kube.ns,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(label),
+        ))
+        .unwrap();
+    // The label is in force before the reload, or the plugin's output
+    // would be held to the configuration's level.
+    converge("the label in force", &scene.node, &scene.daemon, || {
+        scene
+            .daemon
+            .logs()
+            .contains("labels={\"pod-security.kubernetes.io/enforce\": \"baseline\"}")
+            .then_some(())
+    });
+    let text = fs::read_to_string(&scene.config)
+        .unwrap()
+        .replace(
+            "plugins:\n",
+            &format!(
+                "plugins:\n  evil:\n    path: {}\n    scope: [spec.hostPID]\n    settings: {{only: [hostPID]}}\n",
+                attacker.display()
+            ),
+        )
+        .replace(
+            "chain: [substitute, node-env]",
+            "chain: [substitute, node-env, evil]",
+        );
+    let next = scene.dir.join(".podstamp.yaml.next");
+    fs::write(&next, text).unwrap();
+    fs::rename(&next, &scene.config).unwrap();
+    let note = scene.wait_event(
+        "RenderFailed",
+        &[
+            &format!(
+                "the pod returned by the plugin chain does not meet Pod Security level baseline:latest (from the namespace {}'s label pod-security.kubernetes.io/enforce)",
+                scene.kube.ns
+            ),
+            "host namespaces (hostNetwork=true, hostPID=true)",
+        ],
+    );
+    assert!(!note.contains("outside the plugin's scope"), "{note}");
+    assert!(
+        scene
+            .daemon
+            .metric("podstamp_render_failures_total{reason=\"RenderFailed\"}")
             >= 1.0
     );
     scene.assert_untouched_and_stop();

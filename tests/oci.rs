@@ -259,7 +259,7 @@ fn namespace_with_template(docker_config: &Path) -> (Kube, String) {
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "podstamp"},
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "podstamp"}]}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": {"name": cluster_role}, "rules": deploy_rules("ClusterRole")}),
+            "metadata": {"name": cluster_role}, "rules": common::for_namespace(deploy_rules("ClusterRole"), &ns)}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
             "metadata": {"name": cluster_role},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
@@ -288,7 +288,13 @@ fn namespace_with_template(docker_config: &Path) -> (Kube, String) {
     let limit = std::time::Duration::from_secs(30);
     kube.rt.block_on(async {
         common::wait_for_grants(&podstamp, &ns, &deploy_rules("Role"), limit).await;
-        common::wait_for_grants(&podstamp, "", &deploy_rules("ClusterRole"), limit).await;
+        common::wait_for_grants(
+            &podstamp,
+            "",
+            &common::for_namespace(deploy_rules("ClusterRole"), &ns),
+            limit,
+        )
+        .await;
         common::wait_for_grants(&podstamp, "default", &node_event_rules(), limit).await;
     });
     (kube, node)

@@ -421,3 +421,70 @@ fn a_grant_that_is_not_a_field_path_is_refused_at_load() {
         );
     }
 }
+
+/// A plugin declares the scope it needs (the SDK's `scope!`, a custom
+/// section of its component): `render --explain` shows it beside the
+/// catalog's grant and names what the catalog does not grant; a refusal
+/// says whether the plugin declared the change it made. The example
+/// plugins declare exactly what they may change, whatever their settings.
+#[test]
+fn a_plugins_declared_scope_is_shown_beside_its_grant_and_named_in_a_refusal() {
+    let out = podstamp(&[
+        "render",
+        "examples/pod-checkpointer.yaml",
+        "--config",
+        "examples/podstamp.yaml",
+        "--node",
+        "examples/node.yaml",
+        "--no-cache",
+        "--explain",
+    ]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    for line in [
+        "  declares: spec.containers[*].image, spec.initContainers[*].image; granted: spec.containers[pod-checkpointer].image",
+        "  declared, not granted: spec.containers[*].image, spec.initContainers[*].image",
+        "  declares: spec.containers[*].env, spec.initContainers[*].env; granted: spec.containers[pod-checkpointer].env",
+        "  declares: metadata, spec; granted: metadata.annotations[\"checkpointer.alpha.coreos.com/checkpoint-of\"], spec.containers[pod-checkpointer].command",
+    ] {
+        assert!(
+            err.lines().any(|l| l == line),
+            "no line {line:?} in:\n{err}"
+        );
+    }
+
+    // Granted what it declares: nothing is left ungranted.
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = repo().join("target/plugins/arch-image.wasm");
+    let write = |scope: &str| {
+        let config = dir.path().join("podstamp.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "plugins:\n  arch-image:\n    path: {}\n    settings: {{images: {{web: {{amd64: a:1, arm64: a:1}}}}}}\n{scope}chain: [arch-image]\npodSecurity: privileged\n",
+                plugin.display()
+            ),
+        )
+        .unwrap();
+        config
+    };
+    let config = write("    scope: ['spec.containers[*].image', 'spec.initContainers']\n");
+    let out = render(&config, &["--explain"]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("  declares: spec.containers[*].image, spec.initContainers[*].image; granted: spec.containers[*].image, spec.initContainers\n")
+            && !err.contains("declared, not granted"),
+        "{err}"
+    );
+
+    // The default scope: refused, and the refusal says the plugin declared
+    // the change; the attacker declares nothing, and its refusals say
+    // nothing of a declaration (the tests above).
+    let line = refused(&write(""));
+    assert!(
+        line.contains("spec.containers[0].image: changed, outside the plugin's scope: the default")
+            && line.ends_with("; the plugin declares this change (it declares: spec.containers[*].image, spec.initContainers[*].image), which its catalog entry does not grant"),
+        "{line}"
+    );
+}

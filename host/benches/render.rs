@@ -26,7 +26,11 @@
 //!
 //! The plugin scopes' check (issue 26) has a pair of rows: the example
 //! chain with each plugin granted what it changes, and the same chain with
-//! no scope (nothing compared), timed in alternating batches.
+//! no scope (nothing compared), timed in alternating batches; and the same
+//! pair on a first render (a template never rendered before each time, so
+//! no memo answers). The Pod Security check before a write has two rows,
+//! as the kubelet's check (memo, helper), and one line adds both checks up
+//! against a render without them: at a resync and on a first render.
 //!
 //! Run: `bash plugins/build.sh && bash tests/harness/build-kubecheck.sh && cargo bench --bench render`
 
@@ -62,7 +66,7 @@ fn read_value(path: &Path) -> Value {
 
 /// The 5 KiB kube-apiserver template, and a ~50 KiB one made from it by
 /// adding fifteen more copies of its container.
-fn templates() -> Vec<(&'static str, Template)> {
+fn templates() -> Vec<(&'static str, Template, Value)> {
     let small = read_value(&repo().join("examples/kube-apiserver.yaml"));
     let mut large = small.clone();
     let first = large["template"]["spec"]["containers"][0].clone();
@@ -75,8 +79,8 @@ fn templates() -> Vec<(&'static str, Template)> {
             .push(copy);
     }
     vec![
-        ("5 KiB pod", Template::from_value(&small).unwrap()),
-        ("50 KiB pod", Template::from_value(&large).unwrap()),
+        ("5 KiB pod", Template::from_value(&small).unwrap(), small),
+        ("50 KiB pod", Template::from_value(&large).unwrap(), large),
     ]
 }
 
@@ -261,7 +265,7 @@ fn main() {
         "pod", "path", "per render", "vs native"
     );
     let disk = tempfile::tempdir().unwrap();
-    for (label, template) in templates() {
+    for (label, template, value) in templates() {
         // The manifest in place, as the daemon finds it at a resync.
         let written = render(&template, &node, &example, "kube-system").unwrap();
         write::write_atomic(disk.path(), &written.file_name(), &written.bytes).unwrap();
@@ -378,6 +382,29 @@ fn main() {
         // The scope check on and off, in alternating batches: what checking
         // every plugin's output against its grants costs a render.
         let (scoped, unscoped_took) = measure_pair(|| in_step(&example), || in_step(&unscoped));
+        // The same pair on a first render: each render a template never
+        // rendered before (a label with a counter makes it new), so no
+        // step's memo of passed checks answers and the check parses and
+        // walks every plugin's output. Both sides pay the template's parse.
+        let fresh = {
+            let counter = std::cell::Cell::new(0u64);
+            move || {
+                counter.set(counter.get() + 1);
+                let mut v = value.clone();
+                v["template"]["metadata"]["labels"]["bench-render"] =
+                    Value::String(counter.get().to_string());
+                Template::from_value(&v).unwrap()
+            }
+        };
+        let first_render = |chain: &Chain| {
+            let template = fresh();
+            black_box(
+                render_unverified(&template, &node, chain, "kube-system", &mut |_, _, _| {})
+                    .unwrap(),
+            );
+        };
+        let (first_scoped, first_unscoped) =
+            measure_pair(|| first_render(&example), || first_render(&unscoped));
         let three_verified = measure(|| {
             black_box(render(&template, &node, &example, "kube-system").unwrap());
         });
@@ -419,6 +446,27 @@ fn main() {
             let mut bytes = written.bytes.clone();
             bytes.extend_from_slice(format!("# {asked}\n").as_bytes());
             check.check(&node.name, kubelet, &bytes).unwrap();
+        });
+        // The Pod Security check before a write, at baseline (the default
+        // level; this pod, a kube-apiserver on the host network, fails it,
+        // which is a verdict of every check like any other): from the memo,
+        // and from the helper (new bytes each call, as above).
+        let policy = podstamp::kube_check::Policy::latest(podstamp::kube_check::Level::Baseline);
+        let hold = |bytes: &[u8]| match check.pod_security(&policy, bytes) {
+            Err(podstamp::kube_check::PodSecurityError::Unavailable(e)) => {
+                panic!("the Pod Security check cannot run: {e}")
+            }
+            verdict => black_box(verdict.is_ok()),
+        };
+        hold(&written.bytes);
+        let security_memo = measure(|| {
+            hold(black_box(&written.bytes));
+        });
+        let security_helper = measure(|| {
+            asked += 1;
+            let mut bytes = written.bytes.clone();
+            bytes.extend_from_slice(format!("# {asked}\n").as_bytes());
+            hold(&bytes);
         });
         let ratio = |d: Duration| d.as_secs_f64() / native.as_secs_f64();
         let row = |name: &str, d: Duration, show_ratio: bool, target: &str| {
@@ -517,6 +565,47 @@ fn main() {
             ),
         );
         row("  the same, no scope check (pair)", unscoped_took, true, "");
+        let first_cost = first_scoped.as_secs_f64() / first_unscoped.as_secs_f64() - 1.0;
+        row(
+            "  first render, scope check (pair)",
+            first_scoped,
+            true,
+            &format!("{:+.1}% vs no check", first_cost * 100.0),
+        );
+        row(
+            "  first render, no scope check (pair)",
+            first_unscoped,
+            true,
+            "",
+        );
+        row(
+            "Pod Security check, memo (before a write)",
+            security_memo,
+            true,
+            "",
+        );
+        row(
+            "Pod Security check, helper (new bytes)",
+            security_helper,
+            true,
+            "",
+        );
+        // Both checks against the render without them: at a resync (the
+        // scope memo answers; bytes in step are not checked for Pod
+        // Security) and on a first render that is written (the scope check
+        // whole, the Pod Security check by the helper).
+        let resync = (scoped.as_secs_f64() - unscoped_took.as_secs_f64()).max(0.0)
+            / unscoped_took.as_secs_f64();
+        let first = ((first_scoped.as_secs_f64() - first_unscoped.as_secs_f64()).max(0.0)
+            + security_helper.as_secs_f64())
+            / first_unscoped.as_secs_f64();
+        println!(
+            "{label:<11} both checks: {:+.1}% of a resync render, {:+.1}% of a first render (scope + Pod Security helper), target <= 10%: {} / {}",
+            resync * 100.0,
+            first * 100.0,
+            verdict(resync <= 0.10),
+            verdict(first <= 0.10)
+        );
         // The example chain against the same render through three plugins
         // that do nothing: what the plugins' own work costs.
         let over = three.as_secs_f64() / three_identities.as_secs_f64();

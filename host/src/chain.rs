@@ -86,11 +86,34 @@ impl Step {
     }
 }
 
+/// What a plugin's declared scope `declared` says of a change it made at
+/// `needed` that its catalog entry does not grant: whether it declared it.
+fn declaration_note(declared: &[String], needed: &str) -> String {
+    let list = if declared.is_empty() {
+        "nothing".to_string()
+    } else {
+        declared.join(", ")
+    };
+    if Scope::declares(declared, needed) {
+        format!(
+            "the plugin declares this change (it declares: {list}), which its catalog entry does not grant"
+        )
+    } else {
+        format!("the plugin did not declare this change (it declares: {list})")
+    }
+}
+
 /// What one step changed, for `podstamp render --explain`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StepChanges {
     pub step: String,
     pub plugin: PluginInfo,
+    /// What the plugin declares it changes (None: nothing declared), and
+    /// the declared grants its scope does not cover.
+    pub declared: Option<Vec<String>>,
+    pub not_granted: Vec<String>,
+    /// Its scope as the catalog gave it.
+    pub granted: String,
     /// At most [`EXPLAIN_LIMIT`] changes, and how many more there were.
     pub changes: Vec<Change>,
     pub more: usize,
@@ -138,6 +161,9 @@ pub enum StepFailure {
         scope: String,
         /// The component's sha256: which build of the plugin did it.
         sha256: String,
+        /// What the plugin's own declaration says of the change
+        /// ([`declaration_note`]); None: it declares nothing.
+        declared: Option<Box<str>>,
     },
 }
 
@@ -168,10 +194,17 @@ impl fmt::Display for ChainFailure {
                 needed,
                 scope,
                 sha256,
-            } => write!(
-                f,
-                "{change}, outside the plugin's scope: {scope}; the change is refused (plugin sha256 {sha256}); if this plugin may change it, grant it in its catalog entry: scope: [{needed}]"
-            ),
+                declared,
+            } => {
+                write!(
+                    f,
+                    "{change}, outside the plugin's scope: {scope}; the change is refused (plugin sha256 {sha256}); if this plugin may change it, grant it in its catalog entry: scope: [{needed}]"
+                )?;
+                match declared {
+                    Some(note) => write!(f, "; {note}"),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }
@@ -367,11 +400,16 @@ impl Chain {
                     None => Cow::Owned(parse_output(&text).map_err(fail)?),
                 };
                 step.scope.check(&before, &after).map_err(|overstep| {
+                    let declared = step
+                        .plugin
+                        .declared_scope()
+                        .map(|d| declaration_note(d, &overstep.needed).into_boxed_str());
                     fail(StepFailure::OutOfScope {
                         change: overstep.change,
                         needed: overstep.needed,
                         scope: step.scope.to_string(),
                         sha256: step.plugin.sha256().to_string(),
+                        declared,
                     })
                 })?;
                 if let Some(pair) = pair {
@@ -425,9 +463,18 @@ impl Chain {
     /// What the step at `index` changed.
     fn changes(&self, index: usize, changes: Vec<Change>, more: usize) -> StepChanges {
         let step = &self.steps[index];
+        let declared = step.plugin.declared_scope();
         StepChanges {
             step: step.name.clone(),
             plugin: step.plugin.info().clone(),
+            declared: declared.map(<[String]>::to_vec),
+            not_granted: declared
+                .map(|d| step.scope.not_granted(d))
+                .unwrap_or_default()
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+            granted: step.scope.to_string(),
             changes,
             more,
         }

@@ -528,6 +528,10 @@ pub struct DaemonSettings {
     pub cache_dir: Option<PathBuf>,
     /// How `oci:` catalog components are pulled.
     pub registry: crate::oci::RegistryOptions,
+    /// The Pod Security level of a template whose namespace has no
+    /// `pod-security.kubernetes.io/enforce` label ([`crate::security_level`]),
+    /// resolved at start (a reloaded configuration does not change it).
+    pub pod_security: Held,
 }
 
 /// Resolves `podstamp run`'s settings, reading the configuration file the
@@ -648,6 +652,7 @@ pub fn daemon(flags: &Layer, env: &Layer) -> Result<DaemonSettings, SettingsErro
     };
     let registry = layers.registry(&namespace, &source)?;
     Ok(DaemonSettings {
+        pod_security: layers.pod_security()?,
         registry,
         source,
         namespace,

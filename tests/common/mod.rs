@@ -187,6 +187,16 @@ pub struct Grant {
     pub name: Option<String>,
 }
 
+/// deploy/rbac.yaml's `rules` as a test grants them for its own namespace
+/// `ns`, which stands for kube-system: a rule naming kube-system (the one
+/// Namespace podstamp reads, by name) names `ns` instead.
+pub fn for_namespace(rules: serde_json::Value, ns: &str) -> serde_json::Value {
+    let text = rules
+        .to_string()
+        .replace("\"kube-system\"", &format!("{ns:?}"));
+    serde_json::from_str(&text).expect("rules stay JSON")
+}
+
 /// Every permission RBAC `rules` (a Role's or ClusterRole's `rules`, as
 /// JSON) give in `namespace`: each verb on each resource, on each of the
 /// rule's resourceNames if it has some.

@@ -297,6 +297,26 @@ pub(crate) fn explain_lines(changes: &[StepChanges]) -> Vec<String> {
                 n => format!("{n} changes"),
             }
         ));
+        if let Some(declared) = &step.declared {
+            let list = |l: &[String]| {
+                if l.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    l.join(", ")
+                }
+            };
+            lines.push(format!(
+                "  declares: {}; granted: {}",
+                list(declared),
+                step.granted
+            ));
+            if !step.not_granted.is_empty() {
+                lines.push(format!(
+                    "  declared, not granted: {}",
+                    step.not_granted.join(", ")
+                ));
+            }
+        }
         for change in &step.changes {
             lines.push(format!("  {change}"));
         }

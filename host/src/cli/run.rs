@@ -75,6 +75,9 @@ pub struct RunArgs {
     /// Compile plugins every time instead of using the cache.
     #[arg(long, conflicts_with = "cache_dir")]
     pub no_cache: bool,
+    /// The Pod Security level of a template whose namespace has no pod-security.kubernetes.io/enforce label, LEVEL or LEVEL:VERSION (podSecurity) [env: PODSTAMP_POD_SECURITY] [default: baseline].
+    #[arg(long, value_name = "LEVEL[:VERSION]")]
+    pub pod_security: Option<String>,
     /// Credentials for `oci:` plugins: a docker config JSON file (daemon.registry.config) [env: PODSTAMP_REGISTRY_CONFIG].
     #[arg(long, value_name = "FILE")]
     pub registry_config: Option<PathBuf>,
@@ -99,9 +102,7 @@ impl RunArgs {
             timeout: None,
             memory: None,
             cache_dir: self.cache_dir.clone(),
-            // The daemon does not hold renders to a Pod Security level yet
-            // (issue 26, in progress): no flag, so none is taken for one.
-            pod_security: None,
+            pod_security: self.pod_security.clone(),
             no_cache: self.no_cache,
             source: self.source.clone(),
             kubeconfig: self.kubeconfig.clone(),

@@ -36,6 +36,11 @@ pub enum Input {
     Deleted { key: String },
     /// The node the daemon renders for, as now known.
     Node(NodeContext),
+    /// The labels of the daemon's namespace that decide its Pod Security
+    /// level (`pod-security.kubernetes.io/enforce` and `enforce-version`,
+    /// only those; empty: none, or no such Namespace), once read and at
+    /// each change. With the API source nothing renders before the first.
+    Namespace(BTreeMap<String, String>),
     /// A whole, loaded catalog to use from the next pass on. Shared with the
     /// loader, which keeps it to compare (and reuse) at the next reload.
     Catalog(Arc<Catalog>),

@@ -37,7 +37,14 @@ const BUCKETS: [f64; 12] = [
 
 /// The `watch` label of the watch metrics: the daemon's watches of the API
 /// (all the ConfigMaps together).
-const WATCHES: [&str; 5] = ["podtemplates", "node", "pods", "configmaps", "leases"];
+const WATCHES: [&str; 6] = [
+    "podtemplates",
+    "node",
+    "namespace",
+    "pods",
+    "configmaps",
+    "leases",
+];
 
 #[derive(Default)]
 struct Histogram {

@@ -29,6 +29,7 @@ pub mod lease_namespace;
 pub mod local_evidence;
 pub mod metrics;
 pub mod mirror;
+pub mod namespace_level;
 pub mod outbox;
 mod poll;
 pub mod probes;
@@ -130,13 +131,6 @@ fn read_node_file(path: &Path, node_name: &str) -> Result<NodeContext, DaemonErr
 /// Runs the daemon with resolved `settings` ([`crate::settings::daemon`])
 /// until SIGTERM or SIGINT (Ok), or until it cannot go on.
 pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
-    if let Some(level) = &settings.config.pod_security {
-        // Said, not silently dropped: the configuration reads as if the
-        // daemon held renders to it (docs/daemon.md, "Pod Security").
-        tracing::warn!(
-            "podSecurity ({level}) is applied by `podstamp render` and `podstamp test` only: this daemon does not check Pod Security yet, only the kubelet's checks"
-        );
-    }
     let nofile = match rlimit::raise_open_file_limit() {
         Ok(limit) if limit.now > limit.before => {
             tracing::info!(
@@ -283,6 +277,14 @@ async fn serve(
         dir: settings.manifest_dir.clone(),
         source,
     })?;
+    // With the API, the namespace's own label decides the level, read
+    // before anything renders; a directory of files has no namespace to
+    // read, and the configured level holds.
+    let from_api = matches!(settings.source, TemplateSource::Api { .. });
+    reconciler.hold_to(settings.pod_security.clone(), from_api);
+    tracing::info!(level = %settings.pod_security, namespace_label = from_api,
+        "Pod Security: every rendered pod is held to its namespace's {} label, else this level",
+        crate::security_level::ENFORCE_LABEL);
     reconciler.set_revisions(revisions::Store::open(
         settings.revisions_dir.clone(),
         settings.revision_history,
@@ -373,6 +375,13 @@ async fn serve(
                     }
                 });
             }
+            tokio::spawn(namespace_level::watch(
+                client.clone(),
+                settings.namespace.clone(),
+                settings.watch_timeout,
+                inputs.clone(),
+                metrics.clone(),
+            ));
             tokio::spawn(mirror::watch(
                 client.clone(),
                 settings.namespace.clone(),

@@ -29,6 +29,9 @@ pub struct Plugin {
     pub(super) origin: String,
     pub(super) sha256: String,
     pub(super) info: PluginInfo,
+    /// The scope its component declares ([`super::declared`]); None: none
+    /// declared, or not known (loaded from the compiled-code cache alone).
+    pub(super) declared: Option<Vec<String>>,
 }
 
 impl fmt::Debug for Plugin {
@@ -76,6 +79,11 @@ impl Plugin {
     /// Where the plugin was loaded from.
     pub fn origin(&self) -> &str {
         &self.origin
+    }
+
+    /// The grants the plugin declares it needs ([`super::declared`]).
+    pub fn declared_scope(&self) -> Option<&[String]> {
+        self.declared.as_deref()
     }
 
     /// The sha256 of the plugin's bytes, hex.

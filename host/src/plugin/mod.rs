@@ -31,6 +31,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy};
 
 mod cache;
 mod call;
+pub mod declared;
 mod error;
 mod interface;
 mod log;
@@ -260,7 +261,14 @@ impl Runtime {
                 .map_err(compile_error)?,
             None => Component::new(&shared.engine, bytes).map_err(compile_error)?,
         };
-        self.ready(component, sha256, origin)
+        let declared = declared::declared_scope(bytes).map_err(|detail| LoadError::Setup {
+            origin: origin.to_string(),
+            what: "its declared scope cannot be read",
+            detail,
+        })?;
+        let mut plugin = self.ready(component, sha256, origin)?;
+        plugin.declared = declared;
+        Ok(plugin)
     }
 
     /// The plugin whose component has this sha256, from the compiled-code
@@ -331,6 +339,9 @@ impl Runtime {
             validate,
             origin: origin.to_string(),
             sha256,
+            // Read from the bytes by the caller that has them: from the
+            // compiled-code cache alone, not known.
+            declared: None,
             info: PluginInfo {
                 name: origin.to_string(),
                 version: String::new(),

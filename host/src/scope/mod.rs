@@ -162,6 +162,36 @@ impl Scope {
         self.grants.iter().map(|g| g.text.as_str()).collect()
     }
 
+    /// The grants of `declared` (what a plugin says it changes) that this
+    /// scope does not cover: a grant covers a declared one when it is the
+    /// same path or a prefix of it, `[*]` covering any `[NAME]`. A declared
+    /// grant that does not parse is never covered.
+    pub fn not_granted<'d>(&self, declared: &'d [String]) -> Vec<&'d str> {
+        if self.unrestricted {
+            return Vec::new();
+        }
+        declared
+            .iter()
+            .filter(|d| match parse_grant(d) {
+                Ok(d) => !self.grants.iter().any(|g| covers(g, &d)),
+                Err(_) => true,
+            })
+            .map(String::as_str)
+            .collect()
+    }
+
+    /// Whether a change at the field path `needed` (as [`Overstep::needed`]
+    /// writes it) is one that `declared` names.
+    pub fn declares(declared: &[String], needed: &str) -> bool {
+        let Ok(needed) = parse_grant(needed) else {
+            return false;
+        };
+        declared
+            .iter()
+            .filter_map(|d| parse_grant(d).ok())
+            .any(|d| covers(&d, &needed))
+    }
+
     /// The first change from `before` to `after` that no grant allows.
     pub fn check(&self, before: &Value, after: &Value) -> Result<(), Box<Overstep>> {
         if self.unrestricted {
@@ -276,6 +306,20 @@ fn advance_index<'g>(
         .collect()
 }
 
+/// Whether `grant` allows everything `other` does: its selectors a prefix
+/// of `other`'s, `[*]` standing for any element.
+fn covers(grant: &Grant, other: &Grant) -> bool {
+    grant.selectors.len() <= other.selectors.len()
+        && grant
+            .selectors
+            .iter()
+            .zip(&other.selectors)
+            .all(|(g, o)| match (g, o) {
+                (Selector::Any, Selector::Any | Selector::Named(_)) => true,
+                (g, o) => g == o,
+            })
+}
+
 /// Parses one grant: keys separated by `.`, `["quoted key"]`, `[*]` and
 /// `[NAME]`.
 fn parse_grant(text: &str) -> Result<Grant, GrantError> {
@@ -340,6 +384,23 @@ fn parse_grant(text: &str) -> Result<Grant, GrantError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_declaration_is_granted_by_the_same_or_a_wider_grant() {
+        let declared: Vec<String> = ["spec.containers[*].image", "spec.initContainers[*].image"]
+            .map(String::from)
+            .to_vec();
+        let narrow = Scope::parse(&["spec.containers[web].image"]).unwrap();
+        assert_eq!(
+            narrow.not_granted(&declared),
+            declared.iter().map(String::as_str).collect::<Vec<_>>()
+        );
+        let wide = Scope::parse(&["spec.containers", "spec.initContainers[*]"]).unwrap();
+        assert!(wide.not_granted(&declared).is_empty());
+        assert!(Scope::unrestricted().not_granted(&declared).is_empty());
+        assert!(Scope::declares(&declared, "spec.containers[*].image"));
+        assert!(!Scope::declares(&declared, "spec.hostPID"));
+    }
+
     use super::*;
     use serde_json::json;
 

@@ -76,6 +76,9 @@ impl Plugin for ArchImage {
 }
 
 podstamp_plugin::export!(ArchImage);
+// What it changes: the image of a container or init container listed in
+// its settings, nothing else.
+podstamp_plugin::scope!("spec.containers[*].image", "spec.initContainers[*].image");
 
 #[cfg(test)]
 mod tests {

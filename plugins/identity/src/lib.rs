@@ -16,6 +16,8 @@ impl Plugin for Identity {
 }
 
 podstamp_plugin::export!(Identity);
+// What it changes: nothing.
+podstamp_plugin::scope!();
 
 #[cfg(test)]
 mod tests {

@@ -69,6 +69,9 @@ impl Plugin for NodeEnv {
 }
 
 podstamp_plugin::export!(NodeEnv);
+// What it changes: the environment of the containers (and, with
+// `initContainers: true`, the init containers) it injects into.
+podstamp_plugin::scope!("spec.containers[*].env", "spec.initContainers[*].env");
 
 /// The variables to set, in order: (name, value or why there is none).
 fn wanted_vars<'a>(node: &'a Node, s: &'a Settings) -> Vec<(&'a str, Result<&'a str, String>)> {

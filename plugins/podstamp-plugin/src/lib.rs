@@ -208,6 +208,34 @@ pub mod bindings {
 }
 
 #[doc(hidden)]
+/// The name of the custom section a plugin's scope is declared in
+/// ([`scope!`]); the host reads it from the component.
+pub const SCOPE_SECTION: &str = "podstamp:scope";
+
+/// Declares the parts of the pod this plugin changes (its scope), in the
+/// syntax of a catalog entry's `scope:` (`metadata.labels`,
+/// `spec.containers[*].env`, `spec.containers[web].image`). The host reads
+/// the declaration from the component, shows it beside the catalog's grant
+/// (`podstamp render --explain`), and names what the catalog does not grant
+/// when it refuses a change. A declaration grants nothing: the catalog
+/// entry's `scope:` (or the default) is what the host enforces.
+///
+/// `podstamp_plugin::scope!();` declares that the plugin changes nothing.
+///
+/// It is a custom section of the component, [`SCOPE_SECTION`]: the line
+/// `podstamp-scope 1`, then one grant a line. Call it once, at the top level.
+#[macro_export]
+macro_rules! scope {
+    ($($grant:literal),* $(,)?) => {
+        const _: () = {
+            const TEXT: &str = ::core::concat!("podstamp-scope 1\n", $($grant, "\n"),*);
+            #[unsafe(link_section = "podstamp:scope")]
+            #[used]
+            static SCOPE: [u8; TEXT.len()] = $crate::__private::scope_bytes(TEXT);
+        };
+    };
+}
+
 pub mod __private {
     pub use crate::bindings::exports::podstamp::plugin::settings_validator::Guest as SettingsGuest;
     pub use crate::bindings::exports::podstamp::plugin::transformer::{
@@ -220,6 +248,18 @@ pub mod __private {
             message: e.message().to_owned(),
             field: e.field().map(str::to_owned),
         }
+    }
+
+    /// `text` as an array of its bytes, for [`crate::scope!`]'s section.
+    pub const fn scope_bytes<const N: usize>(text: &str) -> [u8; N] {
+        let bytes = text.as_bytes();
+        let mut out = [0u8; N];
+        let mut i = 0;
+        while i < N {
+            out[i] = bytes[i];
+            i += 1;
+        }
+        out
     }
 
     pub fn validate_settings<P: Plugin>(settings: String) -> Result<(), PluginError> {

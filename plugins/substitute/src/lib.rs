@@ -54,6 +54,9 @@ impl Plugin for Substitute {
 }
 
 podstamp_plugin::export!(Substitute);
+// What it changes: any string value of the pod that holds a placeholder
+// (the catalog grants only the fields its templates fill in).
+podstamp_plugin::scope!("metadata", "spec");
 
 /// `text` with its placeholders replaced, or why it cannot be.
 fn expand(text: &str, node: &Node, vars: &BTreeMap<String, String>) -> Result<String, String> {

@@ -56,6 +56,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::catalog::Catalog;
 use crate::manifest;
 use crate::node::NodeContext;
+use crate::security_level::Held;
 use crate::template::Template;
 use crate::write;
 
@@ -131,6 +132,13 @@ pub struct Reconciler {
     /// To the coordinator of rollouts across nodes; None: nothing
     /// coordinates (a `dir:` source).
     asks: Option<UnboundedSender<Ask>>,
+    /// The Pod Security level of a template whose namespace has no
+    /// `pod-security.kubernetes.io/enforce` label (the configured one).
+    pod_security: Held,
+    /// The namespace's Pod Security labels ([`Input::Namespace`]); None:
+    /// not read yet, and nothing renders until they are.
+    namespace_labels: Option<BTreeMap<String, String>>,
+    waiting_for_namespace_logged: bool,
 }
 
 impl Reconciler {
@@ -173,7 +181,19 @@ impl Reconciler {
             revisions: None,
             rollouts: Machine::new("", false),
             asks: None,
+            pod_security: Held::default_level(),
+            namespace_labels: Some(BTreeMap::new()),
+            waiting_for_namespace_logged: false,
         })
+    }
+
+    /// Holds every rendered pod to `configured`, or to the level its
+    /// namespace's label enforces; `read_namespace`: that label comes from
+    /// the API ([`Input::Namespace`]) and nothing renders before it did.
+    /// Called before the first input.
+    pub fn hold_to(&mut self, configured: Held, read_namespace: bool) {
+        self.pod_security = configured;
+        self.namespace_labels = (!read_namespace).then(BTreeMap::new);
     }
 
     /// Coordinates updates with the other nodes: the machine's asks go to
@@ -255,6 +275,14 @@ impl Reconciler {
                     tracing::info!(node = %node.name, "node changed; rendering every template again");
                     self.rollouts.set_node(&node.name);
                     self.node = Some(node);
+                    self.mark_all_dirty();
+                }
+            }
+            Input::Namespace(labels) => {
+                if self.namespace_labels.as_ref() != Some(&labels) {
+                    tracing::info!(namespace = %self.namespace, labels = ?labels,
+                        "the namespace's Pod Security labels; rendering every template again");
+                    self.namespace_labels = Some(labels);
                     self.mark_all_dirty();
                 }
             }
@@ -413,6 +441,15 @@ impl Reconciler {
                     "no plugin catalog in use yet; not rendering (manifests on disk are kept)"
                 );
                 self.waiting_for_catalog_logged = true;
+            }
+            self.metrics.set_managed(self.owned.len());
+            return;
+        }
+        if self.namespace_labels.is_none() {
+            if !self.dirty.is_empty() && !self.waiting_for_namespace_logged {
+                tracing::warn!(namespace = %self.namespace,
+                    "the namespace's Pod Security labels are not read yet; not rendering (manifests on disk are kept)");
+                self.waiting_for_namespace_logged = true;
             }
             self.metrics.set_managed(self.owned.len());
             return;

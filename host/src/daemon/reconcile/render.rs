@@ -22,6 +22,7 @@ use crate::manifest;
 use crate::node::NodeContext;
 use crate::reason::Reason;
 use crate::render::{RenderError, Rendered, Stage, check_size, render_unverified};
+use crate::security_level;
 use crate::selector;
 use crate::template::Template;
 use crate::write::{self, Outcome};
@@ -230,6 +231,19 @@ impl Reconciler {
         };
         let policy = policy::from_annotations(&template.annotations)
             .map_err(|e| invalid(format!("PodTemplate {}: {e}", template.id())))?;
+        // The level is known before anything renders: a pod is never
+        // written unchecked for want of it.
+        let labels = self
+            .namespace_labels
+            .as_ref()
+            .expect("checked by reconcile");
+        let held = security_level::resolve(
+            &self.pod_security,
+            Some((self.namespace.as_str(), labels)),
+            &template.id(),
+            &template.annotations,
+        )
+        .map_err(|e| invalid(e.to_string()))?;
         let catalog = self.catalog.as_deref().expect("checked by reconcile");
         let chain = catalog.chain_for(&template.annotations);
         *chain_seen = Some(match &chain {
@@ -258,7 +272,8 @@ impl Reconciler {
         };
         let rendered = check_size(template, self.max_manifest_bytes)
             .and_then(|()| render_timed(template, node, &chain, &self.namespace, &self.metrics))
-            .map_err(render_failed)?;
+            .map_err(render_failed)?
+            .held_to(held);
         let manifest = rendered.peek();
         if manifest.bytes.len() > self.max_manifest_bytes {
             return Err(Failure {
