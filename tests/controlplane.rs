@@ -10,6 +10,13 @@
 //! change made by hand (the rendered manifest copied into place), in one
 //! run; nothing timed is asserted.
 //!
+//! A bad change (a flag the server refuses, an image the node does not
+//! have) takes the API down with it: podstamp, started with the node's CRI
+//! socket, must judge and roll it back from the node alone, also when it
+//! is killed (-9) and started again meanwhile, and report it once the good
+//! server answers. The time from the bad revision written to the good API
+//! answering is printed, not asserted.
+//!
 //! Needs `bash tests/harness/build.sh`, `bash plugins/build.sh` and the
 //! Debian packages containerd, runc and busybox-static (`bash tests/run.sh`
 //! installs them). Runs as root, holding the machine's kubelet lock.
@@ -300,6 +307,11 @@ fn a_flag_the_self_hosted_api_server_refuses_is_rolled_back_from_the_node_with_t
 #[test]
 fn an_api_server_image_the_node_does_not_have_is_rolled_back_from_the_node_with_the_api_down() {
     a_bad_change_is_rolled_back_with_the_api_down("cp-bad-image", Bad::Image, false);
+}
+
+#[test]
+fn podstamp_killed_with_the_bad_api_server_in_place_still_rolls_it_back_after_a_restart() {
+    a_bad_change_is_rolled_back_with_the_api_down("cp-bad-kill", Bad::Flag, true);
 }
 
 /// The control plane's first manifest must be podstamp's rendering of the
