@@ -186,6 +186,8 @@ fn a_bad_change_is_rolled_back_with_the_api_down(name: &str, bad: Bad, kill: boo
     control.wait_status(&daemon, "ready", &good);
     create_configmap(&admin, "made-before-the-change");
 
+    let good_args = control.running_args();
+    assert!(good_args.is_some(), "{:#?}", control.node.containers());
     let mut patch = match bad {
         Bad::Flag => control.flags_patch(&["--v=0", "--no-such-flag"]),
         Bad::Image => json!({"template": {"spec": {"containers": [{
@@ -198,11 +200,15 @@ fn a_bad_change_is_rolled_back_with_the_api_down(name: &str, bad: Bad, kill: boo
         control.revision().filter(|r| *r != good)
     });
     let written = Instant::now();
+    // The kubelet stops the old server a few seconds after the write; from
+    // then on nothing may answer until the good revision is back.
+    wait_for(
+        "the old API server stopped and the API down",
+        COME_UP,
+        || (control.running_args() != good_args && !SelfHosted::answering(&admin)).then_some(()),
+    );
 
     if kill {
-        wait_for("the API server down", COME_UP, || {
-            (!SelfHosted::answering(&admin)).then_some(())
-        });
         let log = daemon.logs();
         // SIGKILL (the Daemon's drop), before any verdict.
         drop(daemon);
@@ -217,8 +223,8 @@ fn a_bad_change_is_rolled_back_with_the_api_down(name: &str, bad: Bad, kill: boo
         daemon = control.restart_podstamp(&history, "podstamp-2.log");
     }
 
-    // Rolled back with the API down all along: it cannot have been judged
-    // through the mirror pod.
+    // Rolled back with the API down all along since the old server
+    // stopped: it cannot have been judged through the mirror pod.
     let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         wait_for("the good revision back in place", ROLLOUT, || {
             daemon.assert_running();
