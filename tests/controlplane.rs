@@ -10,6 +10,13 @@
 //! change made by hand (the rendered manifest copied into place), in one
 //! run; nothing timed is asserted.
 //!
+//! A bad change (a flag the server refuses, an image the node does not
+//! have) takes the API down with it: podstamp, started with the node's CRI
+//! socket, must judge and roll it back from the node alone, also when it
+//! is killed (-9) and started again meanwhile, and report it once the good
+//! server answers. The time from the bad revision written to the good API
+//! answering is printed, not asserted.
+//!
 //! Needs `bash tests/harness/build.sh`, `bash plugins/build.sh` and the
 //! Debian packages containerd, runc and busybox-static (`bash tests/run.sh`
 //! installs them). Runs as root, holding the machine's kubelet lock.
@@ -31,7 +38,9 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use serde_json::json;
 
-use controlplane::{NS, SelfHosted, TEMPLATE, apiserver_template, print_side_by_side, render};
+use controlplane::{
+    COME_UP, NS, ROLLOUT, SelfHosted, TEMPLATE, apiserver_template, print_side_by_side, render,
+};
 use node::{leftovers, serial};
 use support::{Daemon, Kube, identity, shared_server, unique, wait_for};
 
@@ -130,6 +139,185 @@ fn a_good_change_of_the_self_hosted_api_server_is_rolled_out_confirmed_and_keeps
     assert!(status.success(), "teardown: {status}\n{}", node.logs());
     assert_eq!(leftovers(&dir, &cgroup_root), Vec::<String>::new());
     let _ = fs::remove_dir_all(&dir);
+}
+
+/// A bad change of the self-hosted API server, made through podstamp.
+enum Bad {
+    /// A flag podstamp-apiserver refuses: its container exits 2.
+    Flag,
+    /// An image tag the node does not have (`imagePullPolicy: Never`).
+    Image,
+}
+
+/// A bad change's progress deadline: short, to keep the test short (the
+/// verdicts seen on the node come sooner).
+const DEADLINE: &str = "60s";
+
+/// podstamp's rollout state on disk for the API server's template.
+fn rollout_state(history: &Path) -> serde_json::Value {
+    let path = history
+        .join(format!("{NS}_{TEMPLATE}"))
+        .join("rollout.json");
+    serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+/// Makes `bad` through podstamp on a self-hosted control plane: the new
+/// API server never answers, so the revision can only be judged from the
+/// node (the CRI); podstamp must roll it back with the API down, the good
+/// server answer again with every object made before, and the failure be
+/// reported once it does (the `RolloutFailed` Event kept on disk, the
+/// failed revision in `podstamp status`). With `kill`, podstamp is killed
+/// (-9) once the bad revision is in place and the API down, and started
+/// again (the API still down) before any verdict.
+fn a_bad_change_is_rolled_back_with_the_api_down(name: &str, bad: Bad, kill: bool) {
+    let _serial = serial();
+    let dir = node_dir(name);
+    let control = SelfHosted::bootstrap(&dir, name, &["--v=0"], |kube| {
+        create_configmap(kube, "made-before-the-node")
+    });
+    control.wait_running_with("--v=0", None, Instant::now());
+    let admin = control.admin();
+    let history = dir.join("history");
+    let _ = fs::remove_dir_all(&history);
+    let mut daemon = control.start_podstamp(&history, "podstamp.log");
+    let good = control
+        .revision()
+        .expect("the bootstrap manifest has a revision");
+    control.wait_status(&daemon, "ready", &good);
+    create_configmap(&admin, "made-before-the-change");
+
+    let good_args = control.running_args();
+    assert!(good_args.is_some(), "{:#?}", control.node.containers());
+    let mut patch = match bad {
+        Bad::Flag => control.flags_patch(&["--v=0", "--no-such-flag"]),
+        Bad::Image => json!({"template": {"spec": {"containers": [{
+            "name": TEMPLATE, "image": "podstamp.test/apiserver:missing"}]}}}),
+    };
+    patch["metadata"] = json!({"annotations": {"podstamp.io/progress-deadline": DEADLINE}});
+    admin.patch_template(TEMPLATE, patch);
+    let bad_revision = wait_for("podstamp's bad revision in place", ROLLOUT, || {
+        daemon.assert_running();
+        control.revision().filter(|r| *r != good)
+    });
+    let written = Instant::now();
+    // The kubelet stops the old server a few seconds after the write; from
+    // then on nothing may answer until the good revision is back.
+    wait_for(
+        "the old API server stopped and the API down",
+        COME_UP,
+        || (control.running_args() != good_args && !SelfHosted::answering(&admin)).then_some(()),
+    );
+
+    if kill {
+        let log = daemon.logs();
+        // SIGKILL (the Daemon's drop), before any verdict.
+        drop(daemon);
+        assert!(
+            !log.contains("rollout failed"),
+            "killed before the verdict:\n{log}"
+        );
+        assert_eq!(
+            rollout_state(&history)["pending"].as_str(),
+            Some(bad_revision.as_str())
+        );
+        daemon = control.restart_podstamp(&history, "podstamp-2.log");
+    }
+
+    // Rolled back with the API down all along since the old server
+    // stopped: it cannot have been judged through the mirror pod.
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("the good revision back in place", ROLLOUT, || {
+            daemon.assert_running();
+            assert!(
+                control.revision().as_deref() != Some(bad_revision.as_str())
+                    || !SelfHosted::answering(&admin),
+                "the API server answered with the bad revision {bad_revision} in place"
+            );
+            (control.revision().as_deref() == Some(good.as_str())).then_some(())
+        })
+    }));
+    found.unwrap_or_else(|e| {
+        panic!(
+            "{e:?}\ncontainers: {:#?}\n{}\npodstamp's log:\n{}",
+            control.node.containers(),
+            control.node.logs(),
+            daemon.logs()
+        )
+    });
+    let rolled_back = written.elapsed();
+    let log = daemon.logs();
+    let (reason, says) = match bad {
+        Bad::Flag => ("CrashLoopBackOff", "exited with code 2"),
+        Bad::Image => ("ImageNotPresent", "podstamp.test/apiserver:missing"),
+    };
+    assert!(
+        log.contains(says) && log.contains(&format!("rolled back to revision {good}")),
+        "{log}"
+    );
+    assert_eq!(
+        rollout_state(&history)["held"].as_str(),
+        Some(bad_revision.as_str())
+    );
+    let (answering, mirror_ready) = control.wait_running_with("--v=0", Some(&daemon), written);
+    assert_eq!(
+        configmaps(&admin),
+        ["made-before-the-change", "made-before-the-node"]
+    );
+
+    // Reported once the API answers: the Event kept on disk, and the held
+    // revision in podstamp status.
+    let note = control.wait_event(&daemon, "RolloutFailed", &bad_revision);
+    assert!(
+        note.contains(reason)
+            && note.contains(says)
+            && note.contains("reported once the API server answered again"),
+        "{note}"
+    );
+    let mut last = serde_json::Value::Null;
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("the failed revision in podstamp status", ROLLOUT, || {
+            daemon.assert_running();
+            last = control.status();
+            (last["revision"] == good.as_str()
+                && last["failed"]["revision"] == bad_revision.as_str())
+            .then_some(())
+        })
+    }));
+    found.unwrap_or_else(|_| panic!("last status: {last:#}\npodstamp's log:\n{}", daemon.logs()));
+    assert_eq!(last["failed"]["reason"], reason, "{last:#}");
+    // Held: the template still renders the bad revision, which stays out.
+    assert_eq!(control.revision().as_deref(), Some(good.as_str()));
+
+    let secs = |d: Duration| format!("{:.2}s", d.as_secs_f64());
+    println!(
+        "self-hosted API server, {name}: bad revision written -> good revision back {}, -> good API answering {}, -> mirror pod Ready {}",
+        secs(rolled_back),
+        secs(answering),
+        secs(mirror_ready)
+    );
+
+    assert!(daemon.stop().success());
+    let SelfHosted { mut node, .. } = control;
+    let cgroup_root = node.cgroup_root.clone();
+    let status = node.stop().unwrap();
+    assert!(status.success(), "teardown: {status}\n{}", node.logs());
+    assert_eq!(leftovers(&dir, &cgroup_root), Vec::<String>::new());
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_flag_the_self_hosted_api_server_refuses_is_rolled_back_from_the_node_with_the_api_down() {
+    a_bad_change_is_rolled_back_with_the_api_down("cp-bad-flag", Bad::Flag, false);
+}
+
+#[test]
+fn an_api_server_image_the_node_does_not_have_is_rolled_back_from_the_node_with_the_api_down() {
+    a_bad_change_is_rolled_back_with_the_api_down("cp-bad-image", Bad::Image, false);
+}
+
+#[test]
+fn podstamp_killed_with_the_bad_api_server_in_place_still_rolls_it_back_after_a_restart() {
+    a_bad_change_is_rolled_back_with_the_api_down("cp-bad-kill", Bad::Flag, true);
 }
 
 /// The control plane's first manifest must be podstamp's rendering of the

@@ -297,7 +297,26 @@ impl SelfHosted {
     /// `podstamp run` for this node, keeping its revisions in `history`.
     pub fn start_podstamp(&self, history: &Path, log: &str) -> Daemon {
         let kubeconfig = self.podstamp_kubeconfig();
+        self.run_podstamp(&kubeconfig, history, log)
+    }
+
+    /// `podstamp run` started again with the kubeconfig an earlier
+    /// [`SelfHosted::start_podstamp`] made: it needs no API server, which
+    /// may be the one down.
+    pub fn restart_podstamp(&self, history: &Path, log: &str) -> Daemon {
+        let kubeconfig = self.dir.join("podstamp.kubeconfig");
+        assert!(
+            kubeconfig.exists(),
+            "restart_podstamp before start_podstamp"
+        );
+        self.run_podstamp(&kubeconfig, history, log)
+    }
+
+    /// The daemon with the node's CRI socket (mounted into podstamp's pod
+    /// in deploy/): its local evidence while the API server is down.
+    fn run_podstamp(&self, kubeconfig: &Path, history: &Path, log: &str) -> Daemon {
         let manifests = self.node.manifests();
+        let socket = self.node.dir.join("run/containerd.sock");
         Daemon::start(
             &[
                 "--config",
@@ -314,6 +333,8 @@ impl SelfHosted {
                 manifests.to_str().unwrap(),
                 "--revisions-dir",
                 history.to_str().unwrap(),
+                "--cri-socket",
+                socket.to_str().unwrap(),
             ],
             self.dir.join(log),
         )
