@@ -66,6 +66,15 @@ pub enum Untrusted {
     },
 }
 
+/// The holder of Lease `name`: none, or an empty one, speaks for no node.
+fn held_by<'a>(name: &str, holder: Option<&'a str>) -> Result<&'a str, Untrusted> {
+    holder
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| Untrusted::NoHolder {
+            name: name.to_string(),
+        })
+}
+
 /// The node a status Lease named `name`, held by `holder` and labelled
 /// `node_label` speaks for (see the module's invariant).
 pub fn status_owner<'a>(
@@ -73,11 +82,7 @@ pub fn status_owner<'a>(
     holder: Option<&'a str>,
     node_label: Option<&str>,
 ) -> Result<&'a str, Untrusted> {
-    let holder = holder
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| Untrusted::NoHolder {
-            name: name.to_string(),
-        })?;
+    let holder = held_by(name, holder)?;
     let expected = status_name(holder);
     if name != expected {
         return Err(Untrusted::Name {
@@ -106,11 +111,7 @@ pub fn halt_owner<'a>(
     holder: Option<&'a str>,
     template: Option<&str>,
 ) -> Result<&'a str, Untrusted> {
-    let holder = holder
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| Untrusted::NoHolder {
-            name: name.to_string(),
-        })?;
+    let holder = held_by(name, holder)?;
     let template = template
         .filter(|t| !t.is_empty())
         .ok_or_else(|| Untrusted::HaltTemplate {
