@@ -19,24 +19,12 @@ mod common;
 #[path = "daemon/support.rs"]
 mod support;
 
-use std::process::Command;
 use std::time::Duration;
 
 use common::deploy::Deploy;
-use common::run_ok;
+use common::{kubectl, run_ok};
 use serde_json::{Value, json};
 use support::{ApiServer, wait_for};
-
-/// kubectl from PATH; fails saying what to install when it is not there.
-fn kubectl() -> Command {
-    match Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-    {
-        Ok(out) if out.status.success() => Command::new("kubectl"),
-        _ => panic!("kubectl is missing: install kubectl 1.27 or later on PATH"),
-    }
-}
 
 /// The uid of a cluster object of `resource` (a flowcontrol kind).
 fn uid(kubeconfig: &std::path::Path, resource: &str, name: &str) -> String {
@@ -115,7 +103,7 @@ fn podstamps_requests_run_on_a_priority_level_of_their_own() {
                 "metadata": {"name": "other", "namespace": "kube-system"}}),
         )
         .await;
-        let other = other_token(&client).await;
+        let other = deploy.account_token(&client, "other").await;
         (deploy.client(&token).await, deploy.client(&other).await)
     });
     let leases = "/apis/coordination.k8s.io/v1/namespaces/podstamp-rollouts/leases";
@@ -214,19 +202,4 @@ fn podstamps_requests_run_on_a_priority_level_of_their_own() {
         "podstamp's requests rejected"
     );
     assert!(!level.is_empty());
-}
-
-/// A token of the ServiceAccount kube-system/other.
-async fn other_token(client: &kube::Client) -> String {
-    use k8s_openapi::api::authentication::v1::TokenRequest;
-    use k8s_openapi::api::core::v1::ServiceAccount;
-    let request: TokenRequest = serde_json::from_value(json!({"apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenRequest", "metadata": {}, "spec": {"audiences": [], "expirationSeconds": 3600}}))
-    .unwrap();
-    let api: kube::Api<ServiceAccount> = kube::Api::namespaced(client.clone(), "kube-system");
-    let answered: TokenRequest = api
-        .create_subresource("token", "other", &Default::default(), &request)
-        .await
-        .unwrap();
-    answered.status.and_then(|s| s.token).unwrap()
 }

@@ -27,27 +27,13 @@ use std::process::Command;
 use serde::Deserialize;
 use serde_json::Value;
 
-use common::run_ok;
+use common::{kubectl, run_ok};
 use support::ApiServer;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// What deploy/image/push.sh would print for an image it pushed.
 const POINTED: &str = "registry.test:5000/team/podstamp@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-
-/// kubectl from PATH; fails saying what to install when it is not there.
-fn kubectl() -> Command {
-    let found = Command::new("kubectl")
-        .args(["version", "--client"])
-        .output();
-    match found {
-        Ok(out) if out.status.success() => {}
-        _ => panic!(
-            "kubectl is missing: install kubectl 1.27 or later (with its built-in kustomize v5) on PATH"
-        ),
-    }
-    Command::new("kubectl")
-}
 
 /// kustomize's own command, built by tests/harness/build-kustomize.sh.
 fn kustomize() -> Command {

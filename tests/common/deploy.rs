@@ -209,6 +209,7 @@ impl Deploy {
             .uid;
         self.request_token(
             client,
+            "podstamp",
             json!({"kind": "Node", "apiVersion": "v1", "name": node, "uid": uid}),
         )
         .await
@@ -217,10 +218,16 @@ impl Deploy {
     /// A token of podstamp's ServiceAccount bound to no object: it names no
     /// node.
     pub async fn unbound_token(&self, client: &kube::Client) -> String {
-        self.request_token(client, Value::Null).await
+        self.request_token(client, "podstamp", Value::Null).await
     }
 
-    async fn request_token(&self, client: &kube::Client, bound: Value) -> String {
+    /// A token of ServiceAccount `account` of podstamp's namespace, bound
+    /// to no object (another workload's credentials beside podstamp's).
+    pub async fn account_token(&self, client: &kube::Client, account: &str) -> String {
+        self.request_token(client, account, Value::Null).await
+    }
+
+    async fn request_token(&self, client: &kube::Client, account: &str, bound: Value) -> String {
         use k8s_openapi::api::authentication::v1::TokenRequest;
         use k8s_openapi::api::core::v1::ServiceAccount;
         let mut spec = json!({"audiences": [], "expirationSeconds": 3600});
@@ -231,9 +238,14 @@ impl Deploy {
             serde_json::from_value(json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "metadata": {}, "spec": spec})).unwrap();
         let api: kube::Api<ServiceAccount> = kube::Api::namespaced(client.clone(), &self.namespace);
         let answered: TokenRequest = api
-            .create_subresource("token", "podstamp", &Default::default(), &request)
+            .create_subresource("token", account, &Default::default(), &request)
             .await
-            .unwrap_or_else(|e| panic!("TokenRequest for {}: {e}", self.user()));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "TokenRequest for system:serviceaccount:{}:{account}: {e}",
+                    self.namespace
+                )
+            });
         answered
             .status
             .and_then(|s| s.token)

@@ -8,6 +8,20 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+/// kubectl from PATH; fails saying what to install when it is not there.
+pub fn kubectl() -> Command {
+    let found = Command::new("kubectl")
+        .args(["version", "--client"])
+        .output();
+    match found {
+        Ok(out) if out.status.success() => {}
+        _ => panic!(
+            "kubectl is missing: install kubectl 1.27 or later (with its built-in kustomize v5) on PATH"
+        ),
+    }
+    Command::new("kubectl")
+}
+
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
