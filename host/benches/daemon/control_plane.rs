@@ -16,11 +16,10 @@ use std::fs;
 use std::time::{Duration, Instant};
 
 use crate::bench::Bench;
-use crate::common;
 use crate::controlplane::{Measured, SelfHosted, print_side_by_side};
-use crate::kubelet::missing_node_tools;
-use crate::node::{leftovers, serial};
-use crate::report::{Samples, ms};
+use crate::kubelet::node_bench;
+use crate::node::leftovers;
+use crate::report::Samples;
 
 const NODE: &str = "bench-cp";
 
@@ -30,27 +29,9 @@ impl Bench {
         println!(
             "\n== self-hosted API server: a harmless flag changed, API downtime by hand vs through podstamp ({changes} changes each) =="
         );
-        if let Some(missing) = missing_node_tools() {
-            println!("  left out: {missing}");
+        let Some((dir, lock)) = node_bench(NODE) else {
             return;
-        }
-        println!(
-            "  load average before: {}",
-            fs::read_to_string("/proc/loadavg")
-                .unwrap_or_default()
-                .trim()
-        );
-        let dir = common::repo().join("target/kubelet-bench").join(NODE);
-        fs::create_dir_all(&dir).unwrap();
-        let dir = dir.canonicalize().unwrap();
-        let waited = Instant::now();
-        let lock = serial();
-        if waited.elapsed() > Duration::from_secs(1) {
-            println!(
-                "  waited {} for the machine's node lock (a kubelet test was running)",
-                ms(waited.elapsed())
-            );
-        }
+        };
         let control = SelfHosted::bootstrap(&dir, NODE, &["--v=0"], |_| {});
         control.wait_running_with("--v=0", None, Instant::now());
         let history = dir.join("history");

@@ -33,7 +33,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::bench::Bench;
-use crate::node::{Node, leftovers, serial};
+use crate::node::{Node, Serial, leftovers, serial};
 use crate::observe::{Renames, time_to_ready};
 use crate::report::{Samples, ms, verdict};
 use crate::support::Daemon;
@@ -52,30 +52,9 @@ impl Bench {
         println!(
             "\n== template change -> new container running, real kubelet ({updates} changes each) =="
         );
-        if let Some(missing) = missing_node_tools() {
-            println!("  left out: {missing}");
+        let Some((node_dir, lock)) = node_bench(NODE) else {
             return;
-        }
-        println!(
-            "  load average before: {}",
-            fs::read_to_string("/proc/loadavg")
-                .unwrap_or_default()
-                .trim()
-        );
-        // Fixed, outside target/bench-daemon (emptied at start): a node that
-        // was SIGKILLed is swept by podstamp-node when it starts on the same
-        // directory and name again.
-        let node_dir = common::repo().join("target/kubelet-bench").join(NODE);
-        fs::create_dir_all(&node_dir).unwrap();
-        let node_dir = node_dir.canonicalize().unwrap();
-        let waited = Instant::now();
-        let lock = serial();
-        if waited.elapsed() > Duration::from_secs(1) {
-            println!(
-                "  waited {} for the machine's node lock (a kubelet test was running)",
-                ms(waited.elapsed())
-            );
-        }
+        };
         let ns = self.namespace("kubelet");
         let node = Node::start(&node_dir, &self.server.kubeconfig("admin"), NODE);
         let manifests = node.manifests();
@@ -440,6 +419,36 @@ pub(crate) fn kubelet_config(dir: &Path) -> PathBuf {
     )
     .unwrap();
     path
+}
+
+/// What a part on a real node starts with: none if the node cannot run
+/// here (said), else the node's directory and the machine's node lock,
+/// waited for. The directory is fixed, outside target/bench-daemon (emptied
+/// at start): a node that was SIGKILLed is swept by podstamp-node when it
+/// starts on the same directory and name again.
+pub(crate) fn node_bench(node: &str) -> Option<(PathBuf, Serial)> {
+    if let Some(missing) = missing_node_tools() {
+        println!("  left out: {missing}");
+        return None;
+    }
+    println!(
+        "  load average before: {}",
+        fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+    let dir = common::repo().join("target/kubelet-bench").join(node);
+    fs::create_dir_all(&dir).unwrap();
+    let dir = dir.canonicalize().unwrap();
+    let waited = Instant::now();
+    let lock = serial();
+    if waited.elapsed() > Duration::from_secs(1) {
+        println!(
+            "  waited {} for the machine's node lock (a kubelet test was running)",
+            ms(waited.elapsed())
+        );
+    }
+    Some((dir, lock))
 }
 
 /// Why a node cannot run here, if it cannot: podstamp-node needs root, the
