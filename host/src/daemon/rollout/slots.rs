@@ -92,7 +92,6 @@ impl Slots {
         if policy == Policy::AllAtOnce {
             return Decision::Write;
         }
-        self.set_quorum(id, !policy.expires());
         if self.held.contains_key(id) {
             // A newer target while this node updates: it goes on with the
             // slot it holds, and no node ends on the older one.
