@@ -7,22 +7,10 @@
 # saying how to install it.
 set -euo pipefail
 
-packages="protobuf-compiler"
-hint="install it with: sudo apt-get install protobuf-compiler (or set PROTOC to a protoc binary)"
+# shellcheck source=tests/harness/debian-packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/debian-packages.sh"
 
 [[ -n "${PROTOC:-}" && -x "${PROTOC}" ]] && exit 0
-command -v protoc >/dev/null 2>&1 && exit 0
-if [[ "${PODSTAMP_NO_INSTALL:-}" == 1 || "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
-  echo "build-deps.sh: error: missing protoc; $hint" >&2
-  exit 1
-fi
-echo "build-deps.sh: missing protoc: installing the Debian package $packages" >&2
-export DEBIAN_FRONTEND=noninteractive
-if ! apt-get install -y --no-install-recommends $packages >&2; then
-  apt-get update >&2
-  apt-get install -y --no-install-recommends $packages >&2
-fi
-if ! command -v protoc >/dev/null 2>&1; then
-  echo "build-deps.sh: error: still missing protoc after installing $packages" >&2
-  exit 1
-fi
+need_debian_packages build-deps.sh protobuf-compiler \
+  "install it with: sudo apt-get install protobuf-compiler (or set PROTOC to a protoc binary)" \
+  protoc

@@ -8,31 +8,9 @@
 # to install them.
 set -euo pipefail
 
-packages="buildah skopeo binutils"
-hint="install them with: sudo apt-get install -y $packages"
+# shellcheck source=tests/harness/debian-packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/debian-packages.sh"
 
-missing() {
-  local out=()
-  for tool in buildah skopeo objcopy; do
-    command -v "$tool" >/dev/null 2>&1 || out+=("$tool")
-  done
-  echo "${out[*]}"
-}
-
-gone="$(missing)"
-[[ -z "$gone" ]] && exit 0
-if [[ "${PODSTAMP_NO_INSTALL:-}" == 1 || "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
-  echo "image-deps.sh: error: missing $gone; $hint" >&2
-  exit 1
-fi
-echo "image-deps.sh: missing $gone: installing the Debian packages $packages" >&2
-export DEBIAN_FRONTEND=noninteractive
-if ! apt-get install -y --no-install-recommends $packages >&2; then
-  apt-get update >&2
-  apt-get install -y --no-install-recommends $packages >&2
-fi
-gone="$(missing)"
-if [[ -n "$gone" ]]; then
-  echo "image-deps.sh: error: still missing $gone after installing $packages" >&2
-  exit 1
-fi
+need_debian_packages image-deps.sh "buildah skopeo binutils" \
+  "install them with: sudo apt-get install -y buildah skopeo binutils" \
+  buildah skopeo objcopy

@@ -6,23 +6,10 @@
 # it.
 set -euo pipefail
 
-packages="prometheus"
-hint="install it with: sudo apt-get install prometheus"
+# shellcheck source=tests/harness/debian-packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/debian-packages.sh"
 
-command -v promtool >/dev/null 2>&1 && exit 0
-if [[ "${PODSTAMP_NO_INSTALL:-}" == 1 || "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
-  echo "monitoring-deps.sh: error: missing promtool; $hint" >&2
-  exit 1
-fi
-echo "monitoring-deps.sh: missing promtool: installing the Debian package $packages" >&2
-export DEBIAN_FRONTEND=noninteractive
-# Only promtool is used: the package's own Prometheus service is not wanted
-# (without an init system it is not started; it is never started here).
-if ! apt-get install -y --no-install-recommends $packages >&2; then
-  apt-get update >&2
-  apt-get install -y --no-install-recommends $packages >&2
-fi
-if ! command -v promtool >/dev/null 2>&1; then
-  echo "monitoring-deps.sh: error: still missing promtool after installing $packages" >&2
-  exit 1
-fi
+# Only promtool is used: the package's own Prometheus service is never started.
+need_debian_packages monitoring-deps.sh prometheus \
+  "install it with: sudo apt-get install prometheus" \
+  promtool
