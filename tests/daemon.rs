@@ -1873,6 +1873,27 @@ fn api_catalog_setup(server: &ApiServer) -> ApiCatalogSetup {
     }
 }
 
+/// An [`api_catalog_setup`] with podstamp running on it (podstamp's own
+/// credentials): both components from their ConfigMaps (gzip and plain,
+/// pinned) rendered into `a` and `b`, the daemon ready, the catalog applied
+/// once.
+fn api_catalog_started(server: &ApiServer) -> (ApiCatalogSetup, Daemon) {
+    let t = api_catalog_setup(server);
+    let daemon = start_daemon(
+        &t.s,
+        &server.kubeconfig("podstamp"),
+        &t.ns,
+        &t.node,
+        &t.s.manifests,
+    );
+    let (a, b) = (t.s.manifests.join("a.yaml"), t.s.manifests.join("b.yaml"));
+    wait_content(&daemon, &a, &["--say=hello", "--zone=zone-c", "ZONE"]);
+    wait_content(&daemon, &b, &["ZONE"]);
+    daemon.wait_ready(CONVERGE);
+    wait_reloads(&daemon, "applied", 1);
+    (t, daemon)
+}
+
 /// Waits for a refusal line of the log that contains `needle`; returns it.
 /// (Matched by content, not counted: a periodic re-read may refuse the
 /// same catalog again.)
@@ -1898,21 +1919,9 @@ fn wait_refusal(daemon: &Daemon, needle: &str) -> String {
 #[test]
 fn a_catalog_and_plugins_from_configmaps_render_reload_and_refuse() {
     let server = shared_server();
-    let t = api_catalog_setup(server);
+    let (t, daemon) = api_catalog_started(server);
     let (kube, ns) = (&t.kube, &t.ns);
     let (a, b) = (t.s.manifests.join("a.yaml"), t.s.manifests.join("b.yaml"));
-    let daemon = start_daemon(
-        &t.s,
-        &server.kubeconfig("podstamp"),
-        ns,
-        &t.node,
-        &t.s.manifests,
-    );
-    // Both components from ConfigMaps, gzip and plain, pinned: rendered.
-    wait_content(&daemon, &a, &["--say=hello", "--zone=zone-c", "ZONE"]);
-    wait_content(&daemon, &b, &["ZONE"]);
-    daemon.wait_ready(CONVERGE);
-    wait_reloads(&daemon, "applied", 1);
     let first = catalog_in_use(&daemon);
     kubelet_accepts(&[&t.s.manifests], &t.node);
 
@@ -2045,19 +2054,9 @@ fn a_catalog_and_plugins_from_configmaps_render_reload_and_refuse() {
 #[test]
 fn the_catalog_config_map_deleted_keeps_the_catalog_in_use_until_it_is_back() {
     let server = shared_server();
-    let t = api_catalog_setup(server);
+    let (t, daemon) = api_catalog_started(server);
     let (kube, ns) = (&t.kube, &t.ns);
     let (a, b) = (t.s.manifests.join("a.yaml"), t.s.manifests.join("b.yaml"));
-    let daemon = start_daemon(
-        &t.s,
-        &server.kubeconfig("podstamp"),
-        ns,
-        &t.node,
-        &t.s.manifests,
-    );
-    wait_content(&daemon, &a, &["--say=hello", "--zone=zone-c", "ZONE"]);
-    wait_content(&daemon, &b, &["ZONE"]);
-    wait_reloads(&daemon, "applied", 1);
     let in_use = catalog_in_use(&daemon);
     let manifests = (identity(&a), identity(&b));
 
