@@ -38,10 +38,6 @@ use support::*;
 /// well under a second each on a warm node, ten times that is generous.
 const CONVERGE: Duration = Duration::from_secs(30);
 
-/// The directory of the node `name` (short: containerd's socket is in it),
-/// with symlinks resolved as in the mount table (target/ may be a symlink).
-/// Fixed per test, so that a run whose node was SIGKILLed is cleaned up by
-/// the next one (podstamp-node sweeps its directory and cgroups at start).
 /// Node `node`'s credentials as a cluster podstamp is deployed to gives
 /// them: deploy/ applied for `ns` (once per namespace), and a kubeconfig in
 /// `dir` with a token of its ServiceAccount bound to the Node (which must
@@ -71,6 +67,10 @@ fn rollouts(ns: &str) -> String {
     format!("{ns}-rollouts")
 }
 
+/// The directory of the node `name` (short: containerd's socket is in it),
+/// with symlinks resolved as in the mount table (target/ may be a symlink).
+/// Fixed per test, so that a run whose node was SIGKILLed is cleaned up by
+/// the next one (podstamp-node sweeps its directory and cgroups at start).
 fn node_dir(name: &str) -> PathBuf {
     let dir = common::repo().join("target/kubelet-tests").join(name);
     fs::create_dir_all(&dir).unwrap();
@@ -349,8 +349,17 @@ fn start_podstamp_logged(
     extra: &[&str],
     log: &str,
 ) -> Daemon {
-    let config = write_config(dir);
-    let kubeconfig = node_kubeconfig(dir, server, ns, &node.name);
+    write_config(dir);
+    node_kubeconfig(dir, server, ns, &node.name);
+    restart_podstamp(dir, ns, node, extra, log)
+}
+
+/// podstamp started again with the files a [`start_podstamp_logged`] wrote
+/// (its configuration and kubeconfig in `dir`): needs no API server, as a
+/// daemon restarted while it is down.
+fn restart_podstamp(dir: &Path, ns: &str, node: &Node, extra: &[&str], log: &str) -> Daemon {
+    let config = dir.join("podstamp.yaml");
+    let kubeconfig = dir.join(format!("{}.kubeconfig", node.name));
     let manifests = node.manifests();
     let leases = rollouts(ns);
     let mut args = vec![
@@ -461,7 +470,6 @@ fn wait_ready_revision(kube: &Kube, node: &Node, daemon: &Daemon, revision: &str
     })
 }
 
-/// The files the kubelet reads in its manifest directory.
 /// Stops the daemon and the node, each of which must exit cleanly, and
 /// removes the node's directory.
 fn stop_all(daemon: Daemon, mut node: Node, dir: &Path) {
@@ -471,6 +479,7 @@ fn stop_all(daemon: Daemon, mut node: Node, dir: &Path) {
     let _ = fs::remove_dir_all(dir);
 }
 
+/// The files the kubelet reads in its manifest directory.
 fn kubelet_files(node: &Node) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(node.manifests())
         .unwrap()
@@ -1560,6 +1569,111 @@ fn wait_running_on_node(node: &Node, daemon: &Daemon, revision: &str, env: &str)
     })
 }
 
+/// The opening of the API-down tests: an API server of the test's own
+/// (killed and started again by PID; the shared one must stay up for other
+/// tests), a node, podstamp with a history directory and the node's CRI
+/// socket, and the template `web` at VERSION=1 confirmed Ready
+/// (`RolloutSucceeded`): the good revision a bad one is rolled back to.
+struct Offline {
+    api_dir: PathBuf,
+    server: ApiServer,
+    ns: String,
+    dir: PathBuf,
+    node: Node,
+    history: PathBuf,
+    daemon: Daemon,
+    good: String,
+}
+
+impl Offline {
+    /// `name` names the node, its directory and the API server's; `log` is
+    /// podstamp's first log in the node's directory.
+    fn start(name: &str, log: &str) -> Offline {
+        let api_dir = common::repo().join(format!("target/kubelet-tests/{name}-api"));
+        let _ = fs::remove_dir_all(&api_dir);
+        let server = ApiServer::start(&api_dir);
+        let ns = unique(&name.replace('-', ""));
+        let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+        kube.create_namespace();
+        let dir = node_dir(name);
+        let node = Node::start(&dir, &server.kubeconfig("admin"), name);
+        let history = dir.join("history");
+        let _ = fs::remove_dir_all(&history);
+        kube.create_template(template("web", "1"));
+        write_config(&dir);
+        node_kubeconfig(&dir, &server, &ns, name);
+        let daemon = offline_podstamp(&dir, &ns, &node, &history, log);
+        let good = new_revision(&node, &daemon, None);
+        wait_ready_revision(&kube, &node, &daemon, &good, "VERSION=1");
+        wait_event(&kube, &node, &daemon, "RolloutSucceeded", &[&good]);
+        Offline {
+            api_dir,
+            server,
+            ns,
+            dir,
+            node,
+            history,
+            daemon,
+            good,
+        }
+    }
+
+    /// The admin's client of the API server as it is now.
+    fn kube(&self) -> Kube {
+        Kube::new(&self.server.kubeconfig("admin"), &self.ns)
+    }
+
+    /// The template's rollout state directory in the history.
+    fn kept(&self) -> PathBuf {
+        self.history.join(format!("{}_web", self.ns))
+    }
+
+    /// The template's container patched to `container` (merged into the
+    /// one named main), and the new revision podstamp writes for it.
+    fn change(&self, container: Value, old: &str) -> String {
+        let mut main = container;
+        main["name"] = json!("main");
+        self.kube()
+            .patch_template("web", json!({"template": {"spec": {"containers": [main]}}}));
+        new_revision(&self.node, &self.daemon, Some(old))
+    }
+
+    /// The API server stopped (SIGKILL, by its PID).
+    fn api_down(&mut self) {
+        self.server.kill();
+    }
+
+    /// The API server started again on the same directory and URL.
+    fn api_up(&mut self) -> Kube {
+        self.server = ApiServer::start(&self.api_dir);
+        self.kube()
+    }
+
+    /// Everything stopped, each cleanly, and the directories removed.
+    fn stop(self) {
+        let mut server = self.server;
+        stop_all(self.daemon, self.node, &self.dir);
+        server.kill();
+        let _ = fs::remove_dir_all(&self.api_dir);
+    }
+}
+
+/// podstamp on the files an [`Offline`] scene's first start wrote (needs no
+/// API server, as a daemon restarted while it is down): resync every
+/// second, the scene's history directory, the node's CRI socket.
+fn offline_podstamp(dir: &Path, ns: &str, node: &Node, history: &Path, log: &str) -> Daemon {
+    let socket = node.dir.join("run/containerd.sock");
+    let flags = [
+        "--resync",
+        "1s",
+        "--revisions-dir",
+        history.to_str().unwrap(),
+        "--cri-socket",
+        socket.to_str().unwrap(),
+    ];
+    restart_podstamp(dir, ns, node, &flags, log)
+}
+
 /// The API server stops (SIGKILL, by its PID) right after a bad revision
 /// (a container that exits 1) is written: the mirror pod cannot be followed,
 /// so podstamp judges the revision from the node itself (the container
@@ -1572,54 +1686,24 @@ fn wait_running_on_node(node: &Node, daemon: &Daemon, revision: &str, env: &str)
 #[test]
 fn with_the_api_server_down_a_bad_revision_is_rolled_back_from_the_node_itself() {
     let _serial = serial();
-    // A server of its own: the shared one must stay up for other tests.
-    let api_dir = common::repo().join("target/kubelet-tests/kl-local-api");
-    let _ = fs::remove_dir_all(&api_dir);
-    let mut server = ApiServer::start(&api_dir);
-    let ns = unique("kllocal");
-    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
-    kube.create_namespace();
-    let dir = node_dir("kl-local");
-    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-local");
-    let history = dir.join("history");
-    let _ = fs::remove_dir_all(&history);
-    let socket = node.dir.join("run/containerd.sock");
-    kube.create_template(template("web", "1"));
-    let daemon = start_podstamp(
-        &dir,
-        &server,
-        &ns,
-        &node,
-        &[
-            "--resync",
-            "1s",
-            "--revisions-dir",
-            history.to_str().unwrap(),
-            "--cri-socket",
-            socket.to_str().unwrap(),
-        ],
+    let mut scene = Offline::start("kl-local", "podstamp.log");
+    let good = scene.good.clone();
+    let crashing = scene.change(
+        json!({"command": ["sh", "-c", "exit 1"],
+            "env": [{"name": "VERSION", "value": "bad"}]}),
+        &good,
     );
-    let good = new_revision(&node, &daemon, None);
-    wait_ready_revision(&kube, &node, &daemon, &good, "VERSION=1");
-    wait_event(&kube, &node, &daemon, "RolloutSucceeded", &[&good]);
+    scene.api_down();
 
-    kube.patch_template(
-        "web",
-        json!({"template": {"spec": {"containers": [{"name": "main",
-            "command": ["sh", "-c", "exit 1"],
-            "env": [{"name": "VERSION", "value": "bad"}]}]}}}),
-    );
-    let crashing = new_revision(&node, &daemon, Some(&good));
-    server.kill();
-
-    wait_running_on_node(&node, &daemon, &good, "VERSION=1");
+    let (node, daemon) = (&scene.node, &scene.daemon);
+    wait_running_on_node(node, daemon, &good, "VERSION=1");
     let log = daemon.logs();
     assert!(
         log.contains("seen on the node")
             && log.contains(&format!("rolled back to revision {good}")),
         "{log}"
     );
-    let kept = history.join(format!("{ns}_web"));
+    let kept = scene.kept();
     assert_eq!(
         rollout_state(&kept)["held"].as_str(),
         Some(crashing.as_str())
@@ -1631,12 +1715,12 @@ fn with_the_api_server_down_a_bad_revision_is_rolled_back_from_the_node_itself()
 
     // Back: the Event kept on disk is published, and the status shows the
     // failed revision held.
-    server = ApiServer::start(&api_dir);
-    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    let kube = scene.api_up();
+    let (node, daemon) = (&scene.node, &scene.daemon);
     let note = wait_event(
         &kube,
-        &node,
-        &daemon,
+        node,
+        daemon,
         "RolloutFailed",
         &[
             &crashing,
@@ -1646,44 +1730,42 @@ fn with_the_api_server_down_a_bad_revision_is_rolled_back_from_the_node_itself()
         ],
     );
     assert!(note.contains("exited with code 1"), "{note}");
-    converge("the Events kept on disk published", &node, &daemon, || {
+    converge("the Events kept on disk published", node, daemon, || {
         (!kept.join("events.json").exists()).then_some(())
     });
+    let ns = &scene.ns;
     let view = converge(
         "the failed revision in podstamp status",
-        &node,
-        &daemon,
+        node,
+        daemon,
         || {
-            let view = status_json(&server, &ns, &rollouts(&ns));
+            let view = status_json(&scene.server, ns, &rollouts(ns));
             let failed = view["templates"][0]["nodes"][0]["failed"].clone();
             (failed["revision"].as_str() == Some(crashing.as_str())).then_some(view)
         },
     );
     assert!(view.to_string().contains("CrashLoopBackOff"), "{view:#}");
-    wait_ready_revision(&kube, &node, &daemon, &good, "VERSION=1");
+    wait_ready_revision(&kube, node, daemon, &good, "VERSION=1");
 
     // An image the node does not have (imagePullPolicy Never): no container
     // is ever created; the runtime's ImageStatus says it is not there.
-    kube.patch_template(
-        "web",
-        json!({"template": {"spec": {"containers": [{"name": "main",
-            "image": "podstamp.test/missing:1", "command": ["sleep", "3600"],
-            "env": [{"name": "VERSION", "value": "missing"}]}]}}}),
+    let missing = scene.change(
+        json!({"image": "podstamp.test/missing:1", "command": ["sleep", "3600"],
+            "env": [{"name": "VERSION", "value": "missing"}]}),
+        &good,
     );
-    let missing = new_revision(&node, &daemon, Some(&good));
     assert_ne!(missing, crashing);
-    server.kill();
-    wait_running_on_node(&node, &daemon, &good, "VERSION=1");
+    scene.api_down();
+    wait_running_on_node(&scene.node, &scene.daemon, &good, "VERSION=1");
     assert_eq!(
         rollout_state(&kept)["held"].as_str(),
         Some(missing.as_str())
     );
-    server = ApiServer::start(&api_dir);
-    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    let kube = scene.api_up();
     wait_event(
         &kube,
-        &node,
-        &daemon,
+        &scene.node,
+        &scene.daemon,
         "RolloutFailed",
         &[
             &missing,
@@ -1692,10 +1774,7 @@ fn with_the_api_server_down_a_bad_revision_is_rolled_back_from_the_node_itself()
             &format!("rolled back to revision {good}"),
         ],
     );
-
-    stop_all(daemon, node, &dir);
-    server.kill();
-    let _ = fs::remove_dir_all(&api_dir);
+    scene.stop();
 }
 
 /// A port on 127.0.0.1 that was free a moment ago.
@@ -1714,88 +1793,54 @@ fn free_port() -> u16 {
 #[test]
 fn with_the_api_server_down_the_pods_own_probes_confirm_or_fail_a_revision() {
     let _serial = serial();
-    let api_dir = common::repo().join("target/kubelet-tests/kl-probe-api");
-    let _ = fs::remove_dir_all(&api_dir);
-    let mut server = ApiServer::start(&api_dir);
-    let ns = unique("klprobe");
-    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
-    kube.create_namespace();
-    let dir = node_dir("kl-probe");
-    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-probe");
-    let history = dir.join("history");
-    let _ = fs::remove_dir_all(&history);
-    let socket = node.dir.join("run/containerd.sock");
-    kube.create_template(template("web", "1"));
-    let daemon = start_podstamp(
-        &dir,
-        &server,
-        &ns,
-        &node,
-        &[
-            "--resync",
-            "1s",
-            "--revisions-dir",
-            history.to_str().unwrap(),
-            "--cri-socket",
-            socket.to_str().unwrap(),
-        ],
-    );
-    let first = new_revision(&node, &daemon, None);
-    wait_ready_revision(&kube, &node, &daemon, &first, "VERSION=1");
-    wait_event(&kube, &node, &daemon, "RolloutSucceeded", &[&first]);
-    let kept = history.join(format!("{ns}_web"));
+    let mut scene = Offline::start("kl-probe", "podstamp.log");
+    let kept = scene.kept();
 
     // A server on the node's 127.0.0.1, and a readiness probe on its port.
     let port = free_port();
-    kube.patch_template(
-        "web",
-        json!({"template": {"spec": {"containers": [{"name": "main",
-            "command": ["/bin/busybox", "httpd", "-f", "-p", format!("127.0.0.1:{port}"), "-h", "/"],
+    let serving = scene.change(
+        json!({"command": ["/bin/busybox", "httpd", "-f", "-p", format!("127.0.0.1:{port}"), "-h", "/"],
             "env": [{"name": "VERSION", "value": "2"}],
-            "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 1}}]}}}),
+            "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 1}}),
+        &scene.good,
     );
-    let serving = new_revision(&node, &daemon, Some(&first));
-    server.kill();
+    scene.api_down();
     converge(
         "the serving revision confirmed from the node",
-        &node,
-        &daemon,
+        &scene.node,
+        &scene.daemon,
         || (rollout_state(&kept)["good"].as_str() == Some(serving.as_str())).then_some(()),
     );
-    wait_running_on_node(&node, &daemon, &serving, "VERSION=2");
+    wait_running_on_node(&scene.node, &scene.daemon, &serving, "VERSION=2");
 
     // A readiness probe that never passes: nothing listens on its port.
-    server = ApiServer::start(&api_dir);
-    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    scene.api_up();
     let closed = free_port();
-    kube.patch_template(
-        "web",
-        json!({"template": {"spec": {"containers": [{"name": "main",
-            "env": [{"name": "VERSION", "value": "3"}],
+    let unready = scene.change(
+        json!({"env": [{"name": "VERSION", "value": "3"}],
             "readinessProbe": {"tcpSocket": {"port": closed}, "periodSeconds": 1,
-                "failureThreshold": 3}}]}}}),
+                "failureThreshold": 3}}),
+        &serving,
     );
-    let unready = new_revision(&node, &daemon, Some(&serving));
-    server.kill();
-    wait_running_on_node(&node, &daemon, &serving, "VERSION=2");
+    scene.api_down();
+    wait_running_on_node(&scene.node, &scene.daemon, &serving, "VERSION=2");
     assert_eq!(
         rollout_state(&kept)["held"].as_str(),
         Some(unready.as_str())
     );
 
-    server = ApiServer::start(&api_dir);
-    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    let kube = scene.api_up();
     wait_event(
         &kube,
-        &node,
-        &daemon,
+        &scene.node,
+        &scene.daemon,
         "RolloutSucceeded",
         &[&serving, "reported once the API server answered again"],
     );
     let note = wait_event(
         &kube,
-        &node,
-        &daemon,
+        &scene.node,
+        &scene.daemon,
         "RolloutFailed",
         &[
             &unready,
@@ -1805,10 +1850,7 @@ fn with_the_api_server_down_the_pods_own_probes_confirm_or_fail_a_revision() {
         ],
     );
     assert!(note.contains("readiness"), "{note}");
-
-    stop_all(daemon, node, &dir);
-    server.kill();
-    let _ = fs::remove_dir_all(&api_dir);
+    scene.stop();
 }
 
 /// podstamp killed with -9 while a bad revision (a container that exits 1)
@@ -1819,47 +1861,22 @@ fn with_the_api_server_down_the_pods_own_probes_confirm_or_fail_a_revision() {
 #[test]
 fn killed_while_the_api_server_is_down_podstamp_still_rolls_back_after_a_restart() {
     let _serial = serial();
-    let api_dir = common::repo().join("target/kubelet-tests/kl-offline-api");
-    let _ = fs::remove_dir_all(&api_dir);
-    let mut server = ApiServer::start(&api_dir);
-    let ns = unique("kloffline");
-    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
-    kube.create_namespace();
-    let dir = node_dir("kl-offline");
-    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-offline");
-    let history = dir.join("history");
-    let _ = fs::remove_dir_all(&history);
-    let socket = node.dir.join("run/containerd.sock");
-    let flags = [
-        "--resync",
-        "1s",
-        "--revisions-dir",
-        history.to_str().unwrap(),
-        "--cri-socket",
-        socket.to_str().unwrap(),
-    ];
-    kube.create_template(template("web", "1"));
-    let daemon = start_podstamp_logged(&dir, &server, &ns, &node, &flags, "podstamp-1.log");
-    let good = new_revision(&node, &daemon, None);
-    wait_ready_revision(&kube, &node, &daemon, &good, "VERSION=1");
-    wait_event(&kube, &node, &daemon, "RolloutSucceeded", &[&good]);
-
-    kube.patch_template(
-        "web",
-        json!({"template": {"spec": {"containers": [{"name": "main",
-            "command": ["sh", "-c", "exit 1"],
-            "env": [{"name": "VERSION", "value": "bad"}]}]}}}),
+    let mut scene = Offline::start("kl-offline", "podstamp-1.log");
+    let good = scene.good.clone();
+    let kept = scene.kept();
+    let crashing = scene.change(
+        json!({"command": ["sh", "-c", "exit 1"],
+            "env": [{"name": "VERSION", "value": "bad"}]}),
+        &good,
     );
-    let crashing = new_revision(&node, &daemon, Some(&good));
-    server.kill();
-    let log = daemon.logs();
+    scene.api_down();
+    let log = scene.daemon.logs();
     // SIGKILL (the Daemon's drop), before any verdict.
-    drop(daemon);
+    drop(scene.daemon);
     assert!(
         !log.contains("rollout failed"),
         "killed before the verdict:\n{log}"
     );
-    let kept = history.join(format!("{ns}_web"));
     assert_eq!(
         rollout_state(&kept)["pending"].as_str(),
         Some(crashing.as_str())
@@ -1867,28 +1884,15 @@ fn killed_while_the_api_server_is_down_podstamp_still_rolls_back_after_a_restart
 
     // Started again, the API server still down: the same flags and files
     // as the first start (which made them while the API answered).
-    let config = dir.join("podstamp.yaml");
-    let kubeconfig = dir.join(format!("{}.kubeconfig", node.name));
-    let manifests = node.manifests();
-    let leases = rollouts(&ns);
-    let mut args = vec![
-        "--config",
-        config.to_str().unwrap(),
-        "--kubeconfig",
-        kubeconfig.to_str().unwrap(),
-        "--namespace",
-        &ns,
-        "--rollout-namespace",
-        &leases,
-        "--node-name",
-        &node.name,
-        "--manifest-dir",
-        manifests.to_str().unwrap(),
-    ];
-    args.extend_from_slice(&flags);
-    let daemon = Daemon::start(&args, dir.join("podstamp-2.log"));
-    wait_running_on_node(&node, &daemon, &good, "VERSION=1");
-    let log = daemon.logs();
+    scene.daemon = offline_podstamp(
+        &scene.dir,
+        &scene.ns,
+        &scene.node,
+        &scene.history,
+        "podstamp-2.log",
+    );
+    wait_running_on_node(&scene.node, &scene.daemon, &good, "VERSION=1");
+    let log = scene.daemon.logs();
     assert!(
         log.contains("seen on the node")
             && log.contains(&format!("rolled back to revision {good}")),
@@ -1901,12 +1905,11 @@ fn killed_while_the_api_server_is_down_podstamp_still_rolls_back_after_a_restart
 
     // Back: the Event kept on disk is published, and the failed revision
     // stays held (the template still renders it).
-    server = ApiServer::start(&api_dir);
-    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    let kube = scene.api_up();
     wait_event(
         &kube,
-        &node,
-        &daemon,
+        &scene.node,
+        &scene.daemon,
         "RolloutFailed",
         &[
             &crashing,
@@ -1915,11 +1918,8 @@ fn killed_while_the_api_server_is_down_podstamp_still_rolls_back_after_a_restart
             "reported once the API server answered again",
         ],
     );
-    wait_ready_revision(&kube, &node, &daemon, &good, "VERSION=1");
-    let text = fs::read_to_string(node.manifests().join("web.yaml")).unwrap();
+    wait_ready_revision(&kube, &scene.node, &scene.daemon, &good, "VERSION=1");
+    let text = fs::read_to_string(scene.node.manifests().join("web.yaml")).unwrap();
     assert_eq!(revision_of(&text).as_deref(), Some(good.as_str()));
-
-    stop_all(daemon, node, &dir);
-    server.kill();
-    let _ = fs::remove_dir_all(&api_dir);
+    scene.stop();
 }
