@@ -5,10 +5,11 @@
 //! time: the API's downtime side by side.
 //!
 //! By hand, podstamp is not running (it would restore its file): the
-//! manifest podstamp would write is renamed into the kubelet's directory.
-//! Then the stored template is patched to match, podstamp starts (and
-//! leaves the file as it is), and the next change goes through podstamp; it
-//! is stopped once `RolloutSucceeded` is reported. Held under the
+//! manifest podstamp would write is renamed into the kubelet's directory,
+//! and the stored template is then patched to match. Through podstamp, it
+//! starts (and leaves the file as it is), the template is patched, and it
+//! is stopped once `RolloutSucceeded` is reported. The two sides alternate
+//! which goes first, pair by pair. Held under the
 //! machine-wide node lock of the kubelet tests; the node is torn down by
 //! its `Drop` (by PID), its directory swept at the next start.
 
@@ -39,32 +40,50 @@ impl Bench {
         let mut level = 0;
         let mut by_hand: Vec<Measured> = Vec::new();
         let mut through_podstamp: Vec<Measured> = Vec::new();
+        // The order alternates pair by pair (by hand first, then podstamp
+        // first): a change made soon after the other may find the kubelet
+        // still backing off from the outage before it, and the side that
+        // always came second would pay for it.
         for change in 0..changes {
-            level += 1;
-            let flag = format!("--v={level}");
-            let m = control.change_by_hand(&[&flag], &flag);
-            by_hand.push(m);
-            control
-                .admin()
-                .patch_template(crate::controlplane::TEMPLATE, control.flags_patch(&[&flag]));
-            let daemon = control.start_podstamp(&history, &format!("podstamp-{change}.log"));
-            let before = control.revision().unwrap();
-            control.wait_status(&daemon, "ready", &before);
-            level += 1;
-            let flag = format!("--v={level}");
-            let m = control.change_through_podstamp(&daemon, &[&flag], &flag);
-            let after = control.revision().unwrap();
-            let confirmed = Instant::now();
-            control.wait_event(&daemon, "RolloutSucceeded", &after);
+            let podstamp_first = change % 2 == 1;
+            for side in 0..2 {
+                level += 1;
+                let flag = format!("--v={level}");
+                if (side == 0) != podstamp_first {
+                    by_hand.push(control.change_by_hand(&[&flag], &flag));
+                    // podstamp's template made to match what now runs.
+                    control.admin().patch_template(
+                        crate::controlplane::TEMPLATE,
+                        control.flags_patch(&[&flag]),
+                    );
+                    continue;
+                }
+                let daemon = control.start_podstamp(&history, &format!("podstamp-{change}.log"));
+                let before = control.revision().unwrap();
+                control.wait_status(&daemon, "ready", &before);
+                let m = control.change_through_podstamp(&daemon, &[&flag], &flag);
+                let after = control.revision().unwrap();
+                let confirmed = Instant::now();
+                control.wait_event(&daemon, "RolloutSucceeded", &after);
+                println!(
+                    "  change {} ({} first): through podstamp {:.2}s down (RolloutSucceeded {:.1}s after its mirror pod was Ready)",
+                    change + 1,
+                    if podstamp_first {
+                        "podstamp"
+                    } else {
+                        "by hand"
+                    },
+                    m.downtime.as_secs_f64(),
+                    confirmed.elapsed().as_secs_f64()
+                );
+                through_podstamp.push(m);
+                daemon.stop();
+            }
             println!(
-                "  change {}: by hand {:.2}s down, through podstamp {:.2}s down (RolloutSucceeded {:.1}s after its mirror pod was Ready)",
+                "  change {}: by hand {:.2}s down",
                 change + 1,
                 by_hand.last().unwrap().downtime.as_secs_f64(),
-                m.downtime.as_secs_f64(),
-                confirmed.elapsed().as_secs_f64()
             );
-            through_podstamp.push(m);
-            daemon.stop();
         }
         println!(
             "  {:<34} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8}",
