@@ -4,9 +4,11 @@ package main
 // external-etcd topology: `--etcd-only` serves the embedded etcd alone (a
 // process of the test, outside every node), and `--etcd-servers URL` runs
 // the API server alone, on that etcd. Members that must accept each other's
-// service-account tokens share the PKI: the test copies ca.*, apiserver.*
-// and sa.key into each member's DIR before its first start (ensurePKI only
-// makes what is missing).
+// service-account tokens share the CA and the service-account key: the test
+// copies ca.crt, ca.key and sa.key into each member's DIR before its first
+// start (ensurePKI only makes what is missing; each member's serving
+// certificate is its own, for its --host). Members that share a port (each
+// on its own --host) share state.json too.
 
 import (
 	"context"
@@ -21,16 +23,18 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// ownPorts are the ports this process binds: an API server on an external
-// etcd binds no etcd port, an etcd alone no API server port.
-func ownPorts(o options, st *state) []int {
+// ownPorts are the addresses this process binds: an API server on an
+// external etcd binds no etcd port, an etcd alone no API server port.
+func ownPorts(o options, st *state) []string {
+	etcd := []string{fmt.Sprintf("127.0.0.1:%d", st.EtcdClientPort), fmt.Sprintf("127.0.0.1:%d", st.EtcdPeerPort)}
+	api := fmt.Sprintf("%s:%d", o.host, st.APIServerPort)
 	switch {
 	case o.etcdOnly:
-		return []int{st.EtcdClientPort, st.EtcdPeerPort}
+		return etcd
 	case o.etcdServers != "":
-		return []int{st.APIServerPort}
+		return []string{api}
 	default:
-		return []int{st.EtcdClientPort, st.EtcdPeerPort, st.APIServerPort}
+		return append(etcd, api)
 	}
 }
 

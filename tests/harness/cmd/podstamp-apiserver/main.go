@@ -8,7 +8,8 @@
 // Two more shapes, for a control plane of several members on one etcd
 // (kubeadm's external-etcd topology): --etcd-only serves only the etcd,
 // --etcd-servers runs only the API server, on that etcd (external.go); and
-// `podstamp-apiserver readyz --dir DIR` is a member's exec probe (probe.go).
+// --host puts a member on its own loopback address (the members of a
+// control plane share a port, each on its own node's address).
 package main
 
 import (
@@ -20,6 +21,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -69,6 +71,7 @@ type options struct {
 	readyTimeout           time.Duration
 	etcdServers            string
 	etcdOnly               bool
+	host                   string
 	extra                  []string
 }
 
@@ -89,6 +92,7 @@ func parseFlags() options {
 	fs.StringVar(&o.admission, "admission-plugins", defaultAdmission, "admission plugins to keep enabled; all other default-on plugins are disabled")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", 120*time.Second, "exit 1 if not ready within this time")
 	fs.StringVar(&o.etcdServers, "etcd-servers", "", "an external etcd (e.g. http://127.0.0.1:2379): no embedded etcd, the API server stores there")
+	fs.StringVar(&o.host, "host", "127.0.0.1", "the loopback address the API server binds, advertises, is certified for and is named by in the kubeconfigs")
 	fs.BoolVar(&o.etcdOnly, "etcd-only", false, "serve only the embedded etcd (on the state's etcd ports), no API server")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -103,6 +107,9 @@ func parseFlags() options {
 	}
 	if o.etcdOnly && (o.etcdServers != "" || len(o.extra) > 0) {
 		fatalf(2, "--etcd-only runs no API server: it takes neither --etcd-servers nor kube-apiserver flags")
+	}
+	if ip := net.ParseIP(o.host); ip == nil || !ip.IsLoopback() || ip.To4() == nil {
+		fatalf(2, "--host %q: give an IPv4 loopback address (127.x.y.z): the API server serves on loopback only", o.host)
 	}
 	if o.watchCache != "" && o.watchCache != "true" && o.watchCache != "false" {
 		fatalf(2, "--watch-cache must be true or false, got %q", o.watchCache)
@@ -210,8 +217,8 @@ func apiserverArgs(o options, st *state) ([]string, error) {
 	}
 	args := []string{
 		"--etcd-servers=" + etcdServers,
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
+		"--bind-address=" + o.host,
+		"--advertise-address=" + o.host,
 		fmt.Sprintf("--secure-port=%d", st.APIServerPort),
 		"--tls-cert-file=" + filepath.Join(d, servCertFile),
 		"--tls-private-key-file=" + filepath.Join(d, servKeyFile),
@@ -290,9 +297,6 @@ func waitReady(ctx context.Context, dir, serverURL string) error {
 }
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "readyz" {
-		os.Exit(probe(os.Args[2:]))
-	}
 	o := parseFlags()
 	start := time.Now()
 
@@ -320,7 +324,7 @@ func main() {
 	if err != nil {
 		fatalf(1, "state: %v", err)
 	}
-	if err := ensurePKI(dir); err != nil {
+	if err := ensurePKI(dir, o.host); err != nil {
 		fatalf(1, "pki: %v", err)
 	}
 	if err := waitPortsFree(ownPorts(o, st), 10*time.Second); err != nil {
@@ -329,7 +333,7 @@ func main() {
 	if o.etcdOnly {
 		os.Exit(serveEtcdOnly(o, st, readyPath))
 	}
-	serverURL := fmt.Sprintf("https://127.0.0.1:%d", st.APIServerPort)
+	serverURL := fmt.Sprintf("https://%s:%d", o.host, st.APIServerPort)
 	if err := writeKubeconfigs(dir, serverURL); err != nil {
 		fatalf(1, "kubeconfigs: %v", err)
 	}
