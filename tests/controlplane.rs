@@ -605,3 +605,151 @@ fn two_control_plane_members_on_one_etcd_are_never_both_replaced_at_once() {
     );
     tear_down(two, daemons);
 }
+
+/// Issue 27's two control-plane nodes, a bad change of the members'
+/// template (a flag podstamp-apiserver refuses): the first node to write
+/// it sees its member crash, with its own API server down judges it from
+/// the node and rolls it back; the other node never writes it (halted by
+/// the first's failure, and its slot kept until the rolled-back member is
+/// Ready), and its member answers throughout: the cluster never lost its
+/// API.
+#[test]
+fn a_bad_member_revision_is_rolled_back_on_its_node_and_never_written_on_the_other() {
+    let _serial = serial();
+    let two = TwoMembers::bootstrap(
+        &kubelet_tests(),
+        ["cp2-bad-a", "cp2-bad-b"],
+        &["--v=0"],
+        |kube| create_configmap(kube, "made-before-the-nodes"),
+    );
+    for member in &two.members {
+        member.wait_running_with("--v=0", None, Instant::now());
+    }
+    let daemons = start_podstamps(&two);
+    let good: Vec<String> = two
+        .members
+        .iter()
+        .zip(&daemons)
+        .map(|(m, d)| {
+            let revision = m.revision().expect("the bootstrap manifest has a revision");
+            m.wait_status(d, "ready", &revision);
+            revision
+        })
+        .collect();
+
+    let watches: Vec<Timeline> = two
+        .members
+        .iter()
+        .map(|m| Timeline::watch(m, Duration::from_secs(900)))
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let start = Instant::now();
+    let mut patch = two.flags_patch(&["--v=0", "--no-such-flag"]);
+    patch["metadata"] = json!({"annotations": {"podstamp.io/progress-deadline": DEADLINE}});
+    two.members[0].admin().patch_template(TEMPLATE, patch);
+    let (first, bad) = wait_for("a bad revision in place on one node", ROLLOUT, || {
+        (0..2).find_map(|i| {
+            daemons[i].assert_running();
+            let revision = two.members[i].revision()?;
+            (revision != good[i]).then_some((i, revision))
+        })
+    });
+    let second = 1 - first;
+    let (member, daemon) = (&two.members[first], &daemons[first]);
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("the good revision back on the first node", ROLLOUT, || {
+            daemon.assert_running();
+            (member.revision().as_deref() == Some(good[first].as_str())).then_some(())
+        })
+    }));
+    found.unwrap_or_else(|e| {
+        panic!(
+            "{e:?}\ncontainers: {:#?}\npodstamp's log:\n{}",
+            member.node.containers(),
+            daemon.logs()
+        )
+    });
+    let rolled_back = start.elapsed();
+    let log = daemon.logs();
+    assert!(
+        log.contains("exited with code 2")
+            && log.contains(&format!("rolled back to revision {}", good[first])),
+        "{log}"
+    );
+    assert_eq!(
+        rollout_state(&member.dir.join("history"))["held"].as_str(),
+        Some(bad.as_str())
+    );
+    let (answering, _) = member.wait_running_with("--v=0", Some(daemon), start);
+    let note = member.wait_event(daemon, "RolloutFailed", &bad);
+    assert!(note.contains("CrashLoopBackOff"), "{note}");
+    let mut last = serde_json::Value::Null;
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("the failed revision in podstamp status", ROLLOUT, || {
+            daemon.assert_running();
+            last = member.status();
+            (last["revision"] == good[first].as_str() && last["failed"]["revision"] == bad.as_str())
+                .then_some(())
+        })
+    }));
+    found.unwrap_or_else(|_| panic!("last status: {last:#}\npodstamp's log:\n{}", daemon.logs()));
+
+    // The other node: halted by the first's failure, on its good revision.
+    let (other, other_daemon) = (&two.members[second], &daemons[second]);
+    let mut last = serde_json::Value::Null;
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("the other node halted", ROLLOUT, || {
+            other_daemon.assert_running();
+            last = other.status();
+            (last["phase"] == "halted").then_some(())
+        })
+    }));
+    found.unwrap_or_else(|_| {
+        panic!(
+            "last status: {last:#}\npodstamp's log:\n{}",
+            other_daemon.logs()
+        )
+    });
+    // Some time after the first member is back and its slot freed: still
+    // nothing written there.
+    std::thread::sleep(Duration::from_secs(15));
+    let samples: Vec<Vec<Sample>> = watches.into_iter().map(Timeline::stop).collect();
+    other_daemon.assert_running();
+    let written: Vec<&Sample> = samples[second]
+        .iter()
+        .filter(|s| s.revision.as_deref() != Some(good[second].as_str()))
+        .collect();
+    assert!(
+        written.is_empty(),
+        "{} wrote while {} was failing: {written:?}\n{}",
+        other.node.name,
+        member.node.name,
+        other_daemon.logs()
+    );
+    let unanswered: Vec<String> = samples[second]
+        .iter()
+        .filter(|s| !s.ok)
+        .map(|s| offset(&samples[second], s.at))
+        .collect();
+    assert!(
+        unanswered.is_empty(),
+        "{}'s member did not answer at {unanswered:?} (of {} samples)",
+        other.node.name,
+        samples[second].len()
+    );
+    assert!(
+        !outages(&samples[first]).is_empty(),
+        "the bad member never went down"
+    );
+    assert_eq!(configmaps(&other.admin()), ["made-before-the-nodes"]);
+    let secs = |d: Duration| format!("{:.2}s", d.as_secs_f64());
+    println!(
+        "two control-plane members, a refused flag: {} wrote it and rolled back {} after the patch, its member answering again {} after; {}'s member answered all {} samples (every 100 ms) and never got the bad revision",
+        member.node.name,
+        secs(rolled_back),
+        secs(answering),
+        other.node.name,
+        samples[second].len()
+    );
+    tear_down(two, daemons);
+}

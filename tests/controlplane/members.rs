@@ -16,11 +16,15 @@
 //!
 //! The members differ only by node, as on real nodes: one port, each on its
 //! own node's address. Here the address is a loopback one per node
-//! (`127.0.0.2`, `127.0.0.3`), `vars.host` of the substitute plugin in that
-//! node's podstamp configuration, so `${var.host}` in `--host` and in the
-//! probes' `host` (an `httpGet`'s port is an integer no placeholder fills
-//! in, and podstamp runs no exec probe: it would judge such a member ready
-//! once it runs, before it answers). `${node.name}` is in the state
+//! (`127.0.0.2`, `127.0.0.3`), the Node's label [`HOST_LABEL`] (set by the
+//! test once the kubelet registered it; given to the bootstrap render with
+//! `--node-label`), so `${node.label[…]}` in `--host` and in the probes'
+//! `host` (an `httpGet`'s port is an integer no placeholder fills in, and
+//! podstamp runs no exec probe: it would judge such a member ready once it
+//! runs, before it answers). Not a per-node plugin setting: the chain's
+//! settings are part of a rollout's target, so nodes with different
+//! settings roll different targets, and a failure on one halts nothing on
+//! the other. `${node.name}` is in the state
 //! directory's path (`<base>/<node>/api`, a `hostPath`). Both directories
 //! hold the same CA, service-account key and port (copied before the second
 //! member's first start), so a token one member issues is valid on the
@@ -44,7 +48,7 @@ use serde_json::{Value, json};
 
 use crate::common::{deploy::Deploy, harness_bin};
 use crate::controlplane::{
-    COME_UP, IMAGE, NS, ROLLOUTS, SelfHosted, TEMPLATE, render, write_config,
+    COME_UP, IMAGE, NS, ROLLOUTS, SelfHosted, TEMPLATE, render_with, write_config,
 };
 use crate::node::Node;
 use crate::support::{ApiServer, Kube, wait_for};
@@ -119,7 +123,7 @@ pub fn member_template(base: &Path, etcd: &str, port: u16, flags: &[&str]) -> Va
     let state = member_state(base);
     let probe = |failures: u32| {
         json!({
-            "httpGet": {"scheme": "HTTPS", "host": "${var.host}", "port": port, "path": "/readyz"},
+            "httpGet": {"scheme": "HTTPS", "host": HOST, "port": port, "path": "/readyz"},
             "periodSeconds": 1,
             "failureThreshold": failures
         })
@@ -131,7 +135,7 @@ pub fn member_template(base: &Path, etcd: &str, port: u16, flags: &[&str]) -> Va
         "--etcd-servers",
         etcd,
         "--host",
-        "${var.host}",
+        HOST,
     ];
     command.extend_from_slice(flags);
     command.extend_from_slice(&[
@@ -165,20 +169,10 @@ pub fn member_template(base: &Path, etcd: &str, port: u16, flags: &[&str]) -> Va
     })
 }
 
-/// podstamp's configuration on a member's node: [`write_config`]'s, with
-/// the node's address for `${var.host}`.
-pub fn write_member_config(dir: &Path, host: &str) -> PathBuf {
-    let path = write_config(dir);
-    let text = fs::read_to_string(&path).unwrap();
-    let scope = "    scope: [metadata, spec]\n";
-    assert!(text.contains(scope), "{text}");
-    let with_host = text.replace(
-        scope,
-        &format!("{scope}    settings: {{vars: {{host: \"{host}\"}}}}\n"),
-    );
-    fs::write(&path, with_host).unwrap();
-    path
-}
+/// The Node label that says its member's address.
+pub const HOST_LABEL: &str = "podstamp.test/host";
+/// The member's address in the template.
+const HOST: &str = "${node.label[podstamp.test/host]}";
 
 /// Each node's address: its member's `--host`.
 pub const HOSTS: [&str; 2] = ["127.0.0.2", "127.0.0.3"];
@@ -257,9 +251,17 @@ impl TwoMembers {
         let image = format!("{IMAGE}={}", harness_bin("podstamp-apiserver").display());
         let mut started = Vec::new();
         for (i, ((dir, state), name)) in dirs.iter().zip(&states).zip(names).enumerate() {
-            let config = write_member_config(dir, HOSTS[i]);
+            let config = write_config(dir);
             let bootstrap = dir.join("bootstrap.yaml");
-            render(dir, &template, name, &config, &bootstrap);
+            let label = format!("{HOST_LABEL}={}", HOSTS[i]);
+            render_with(
+                dir,
+                &template,
+                name,
+                &["--node-label", &label],
+                &config,
+                &bootstrap,
+            );
             let node = Node::start_with(
                 dir,
                 &state.join("admin.kubeconfig"),
@@ -287,8 +289,21 @@ impl TwoMembers {
         for member in &members {
             member.wait_answering(COME_UP);
         }
-        for member in &members {
+        for (member, host) in members.iter().zip(HOSTS) {
             member.wait_registered();
+            // Before any podstamp reads the Node: what the bootstrap
+            // manifest was rendered with.
+            let kube = member.admin();
+            let nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
+                kube::Api::all(kube.client.clone());
+            let patch = json!({"metadata": {"labels": {HOST_LABEL: host}}});
+            kube.rt
+                .block_on(nodes.patch(
+                    &member.node.name,
+                    &Default::default(),
+                    &kube::api::Patch::Merge(patch),
+                ))
+                .unwrap();
         }
         TwoMembers {
             members,
