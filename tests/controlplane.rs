@@ -24,6 +24,8 @@
 mod common;
 #[path = "controlplane/support.rs"]
 mod controlplane;
+#[path = "controlplane/members.rs"]
+mod members;
 #[path = "kubelet/support.rs"]
 mod node;
 #[allow(unused_imports)]
@@ -41,6 +43,7 @@ use serde_json::json;
 use controlplane::{
     COME_UP, NS, ROLLOUT, SelfHosted, TEMPLATE, apiserver_template, print_side_by_side, render,
 };
+use members::{Sample, Timeline, TwoMembers, outages, written_at};
 use node::{leftovers, serial};
 use support::{Daemon, Kube, identity, shared_server, unique, wait_for};
 
@@ -412,4 +415,341 @@ fn a_first_manifest_rendered_from_the_template_as_written_is_rewritten_and_from_
         }
         assert!(daemon.stop().success());
     }
+}
+
+/// Where the nodes' directories are (symlinks resolved): the members'
+/// template names `<this>/<node>/api`.
+fn kubelet_tests() -> PathBuf {
+    let dir = common::repo().join("target/kubelet-tests");
+    fs::create_dir_all(&dir).unwrap();
+    dir.canonicalize().unwrap()
+}
+
+/// podstamp on each node of `two`, talking to its own node's member.
+fn start_podstamps(two: &TwoMembers) -> Vec<Daemon> {
+    two.members
+        .iter()
+        .map(|m| {
+            let history = m.dir.join("history");
+            let _ = fs::remove_dir_all(&history);
+            m.start_podstamp(&history, "podstamp.log")
+        })
+        .collect()
+}
+
+/// Stops the daemons, then both nodes (their members with them), checks
+/// neither left anything, then stops the etcd.
+fn tear_down(two: TwoMembers, daemons: Vec<Daemon>) {
+    for daemon in daemons {
+        assert!(daemon.stop().success());
+    }
+    let TwoMembers { members, etcd, .. } = two;
+    for member in members {
+        let SelfHosted { mut node, dir, .. } = member;
+        let cgroup_root = node.cgroup_root.clone();
+        let status = node.stop().unwrap();
+        assert!(status.success(), "teardown: {status}\n{}", node.logs());
+        assert_eq!(leftovers(&dir, &cgroup_root), Vec::<String>::new());
+        let _ = fs::remove_dir_all(&dir);
+    }
+    let etcd_dir = etcd.dir.clone();
+    drop(etcd);
+    assert_eq!(
+        leftovers(&etcd_dir, "/podstamp-no-such-cgroup"),
+        Vec::<String>::new()
+    );
+    let _ = fs::remove_dir_all(etcd_dir);
+}
+
+/// The times between the first sample and `at`, for the printed figures.
+fn offset(samples: &[Sample], at: Instant) -> String {
+    format!("{:.2}s", (at - samples[0].at).as_secs_f64())
+}
+
+/// Whether two outages (each from the last ok answer before it to the
+/// first ok answer after it) share a moment.
+fn overlap(a: (Instant, Instant), b: (Instant, Instant)) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
+/// Issue 27's two control-plane nodes: a good change of the API server
+/// members' template (a quorum member) is rolled out on both, one member
+/// at a time: the second node writes its manifest only once the first
+/// member answers again and has been Ready for podstamp's 10 s, their
+/// outages (watched from outside on each member's `/readyz`) never
+/// overlap, so one member answered at every moment, and nothing stored is
+/// lost.
+#[test]
+fn two_control_plane_members_on_one_etcd_are_never_both_replaced_at_once() {
+    let _serial = serial();
+    let two = TwoMembers::bootstrap(
+        &kubelet_tests(),
+        ["cp2-good-a", "cp2-good-b"],
+        &["--v=0"],
+        |kube| create_configmap(kube, "made-before-the-nodes"),
+    );
+    for member in &two.members {
+        member.wait_running_with("--v=0", None, Instant::now());
+    }
+    let daemons = start_podstamps(&two);
+    let before: Vec<String> = two
+        .members
+        .iter()
+        .zip(&daemons)
+        .map(|(m, d)| {
+            let revision = m.revision().expect("the bootstrap manifest has a revision");
+            m.wait_status(d, "ready", &revision);
+            revision
+        })
+        .collect();
+    let admin = two.members[0].admin();
+    create_configmap(&admin, "made-before-the-change");
+
+    let watches: Vec<Timeline> = two
+        .members
+        .iter()
+        .map(|m| Timeline::watch(m, Duration::from_secs(900)))
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let start = Instant::now();
+    admin.patch_template(TEMPLATE, two.flags_patch(&["--v=1"]));
+    for (member, daemon) in two.members.iter().zip(&daemons) {
+        member.wait_running_with("--v=1", Some(daemon), start);
+    }
+    let after: Vec<String> = two
+        .members
+        .iter()
+        .zip(&daemons)
+        .zip(&before)
+        .map(|((m, d), old)| {
+            let revision = m.revision().unwrap();
+            assert_ne!(&revision, old);
+            m.wait_status(d, "ready", &revision);
+            revision
+        })
+        .collect();
+    let samples: Vec<Vec<Sample>> = watches.into_iter().map(Timeline::stop).collect();
+
+    let written: Vec<Instant> = samples
+        .iter()
+        .zip(&after)
+        .map(|(s, r)| written_at(s, r).expect("the new revision seen in place").at)
+        .collect();
+    let down: Vec<Vec<(Instant, Instant)>> = samples.iter().map(|s| outages(s)).collect();
+    let (first, second) = if written[0] <= written[1] {
+        (0, 1)
+    } else {
+        (1, 0)
+    };
+    let names = two.members.each_ref().map(|m| m.node.name.clone());
+    let report = format!(
+        "written {:?} / outages {:?} (from the patch: {})",
+        written
+            .iter()
+            .map(|w| offset(&samples[0], *w))
+            .collect::<Vec<_>>(),
+        down.iter()
+            .map(|o| o
+                .iter()
+                .map(|(a, b)| format!("{}..{}", offset(&samples[0], *a), offset(&samples[0], *b)))
+                .collect::<Vec<_>>())
+            .collect::<Vec<_>>(),
+        offset(&samples[0], start)
+    );
+    for (i, outs) in down.iter().enumerate() {
+        assert!(!outs.is_empty(), "{} never went down: {report}", names[i]);
+    }
+    for a in &down[0] {
+        for b in &down[1] {
+            assert!(!overlap(*a, *b), "both members down at once: {report}");
+        }
+    }
+    // The first member's outage ended (it answered again) before the
+    // second node wrote, and podstamp waited its 10 s of Ready on top
+    // (less a second: podstamp's probe, every second, may see the member
+    // answer up to one of our samples, every 100 ms, earlier).
+    let back = down[first]
+        .iter()
+        .filter(|(since, _)| *since >= start)
+        .map(|(_, until)| *until)
+        .max()
+        .expect("the first member went down after the change");
+    assert!(
+        written[second] > back + Duration::from_secs(9),
+        "{} wrote its member's new revision {:.2}s after {}'s answered again: {report}",
+        names[second],
+        (written[second].saturating_duration_since(back)).as_secs_f64(),
+        names[first]
+    );
+    assert_eq!(
+        configmaps(&two.members[1].admin()),
+        ["made-before-the-change", "made-before-the-nodes"]
+    );
+    let longest = |i: usize| {
+        down[i]
+            .iter()
+            .map(|(a, b)| *b - *a)
+            .max()
+            .unwrap_or_default()
+            .as_secs_f64()
+    };
+    println!(
+        "two control-plane members, a harmless flag changed (--v): {} first (written {:.2}s after the patch, down {:.2}s), {} written {:.2}s after {}'s member answered again (down {:.2}s); both down at once: never",
+        names[first],
+        (written[first] - start).as_secs_f64(),
+        longest(first),
+        names[second],
+        (written[second] - back).as_secs_f64(),
+        names[first],
+        longest(second),
+    );
+    tear_down(two, daemons);
+}
+
+/// Issue 27's two control-plane nodes, a bad change of the members'
+/// template (a flag podstamp-apiserver refuses): the first node to write
+/// it sees its member crash, with its own API server down judges it from
+/// the node and rolls it back; the other node never writes it (halted by
+/// the first's failure, and its slot kept until the rolled-back member is
+/// Ready), and its member answers throughout: the cluster never lost its
+/// API.
+#[test]
+fn a_bad_member_revision_is_rolled_back_on_its_node_and_never_written_on_the_other() {
+    let _serial = serial();
+    let two = TwoMembers::bootstrap(
+        &kubelet_tests(),
+        ["cp2-bad-a", "cp2-bad-b"],
+        &["--v=0"],
+        |kube| create_configmap(kube, "made-before-the-nodes"),
+    );
+    for member in &two.members {
+        member.wait_running_with("--v=0", None, Instant::now());
+    }
+    let daemons = start_podstamps(&two);
+    let good: Vec<String> = two
+        .members
+        .iter()
+        .zip(&daemons)
+        .map(|(m, d)| {
+            let revision = m.revision().expect("the bootstrap manifest has a revision");
+            m.wait_status(d, "ready", &revision);
+            revision
+        })
+        .collect();
+
+    let watches: Vec<Timeline> = two
+        .members
+        .iter()
+        .map(|m| Timeline::watch(m, Duration::from_secs(900)))
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let start = Instant::now();
+    let mut patch = two.flags_patch(&["--v=0", "--no-such-flag"]);
+    patch["metadata"] = json!({"annotations": {"podstamp.io/progress-deadline": DEADLINE}});
+    two.members[0].admin().patch_template(TEMPLATE, patch);
+    let (first, bad) = wait_for("a bad revision in place on one node", ROLLOUT, || {
+        (0..2).find_map(|i| {
+            daemons[i].assert_running();
+            let revision = two.members[i].revision()?;
+            (revision != good[i]).then_some((i, revision))
+        })
+    });
+    let second = 1 - first;
+    let (member, daemon) = (&two.members[first], &daemons[first]);
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("the good revision back on the first node", ROLLOUT, || {
+            daemon.assert_running();
+            (member.revision().as_deref() == Some(good[first].as_str())).then_some(())
+        })
+    }));
+    found.unwrap_or_else(|e| {
+        panic!(
+            "{e:?}\ncontainers: {:#?}\npodstamp's log:\n{}",
+            member.node.containers(),
+            daemon.logs()
+        )
+    });
+    let rolled_back = start.elapsed();
+    let log = daemon.logs();
+    assert!(
+        log.contains("exited with code 2")
+            && log.contains(&format!("rolled back to revision {}", good[first])),
+        "{log}"
+    );
+    assert_eq!(
+        rollout_state(&member.dir.join("history"))["held"].as_str(),
+        Some(bad.as_str())
+    );
+    let (answering, _) = member.wait_running_with("--v=0", Some(daemon), start);
+    let note = member.wait_event(daemon, "RolloutFailed", &bad);
+    assert!(note.contains("CrashLoopBackOff"), "{note}");
+    let mut last = serde_json::Value::Null;
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("the failed revision in podstamp status", ROLLOUT, || {
+            daemon.assert_running();
+            last = member.status();
+            (last["revision"] == good[first].as_str() && last["failed"]["revision"] == bad.as_str())
+                .then_some(())
+        })
+    }));
+    found.unwrap_or_else(|_| panic!("last status: {last:#}\npodstamp's log:\n{}", daemon.logs()));
+
+    // The other node: halted by the first's failure, on its good revision.
+    let (other, other_daemon) = (&two.members[second], &daemons[second]);
+    let mut last = serde_json::Value::Null;
+    let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("the other node halted", ROLLOUT, || {
+            other_daemon.assert_running();
+            last = other.status();
+            (last["phase"] == "halted").then_some(())
+        })
+    }));
+    found.unwrap_or_else(|_| {
+        panic!(
+            "last status: {last:#}\npodstamp's log:\n{}",
+            other_daemon.logs()
+        )
+    });
+    // Some time after the first member is back and its slot freed: still
+    // nothing written there.
+    std::thread::sleep(Duration::from_secs(15));
+    let samples: Vec<Vec<Sample>> = watches.into_iter().map(Timeline::stop).collect();
+    other_daemon.assert_running();
+    let written: Vec<&Sample> = samples[second]
+        .iter()
+        .filter(|s| s.revision.as_deref() != Some(good[second].as_str()))
+        .collect();
+    assert!(
+        written.is_empty(),
+        "{} wrote while {} was failing: {written:?}\n{}",
+        other.node.name,
+        member.node.name,
+        other_daemon.logs()
+    );
+    let unanswered: Vec<String> = samples[second]
+        .iter()
+        .filter(|s| !s.ok)
+        .map(|s| offset(&samples[second], s.at))
+        .collect();
+    assert!(
+        unanswered.is_empty(),
+        "{}'s member did not answer at {unanswered:?} (of {} samples)",
+        other.node.name,
+        samples[second].len()
+    );
+    assert!(
+        !outages(&samples[first]).is_empty(),
+        "the bad member never went down"
+    );
+    assert_eq!(configmaps(&other.admin()), ["made-before-the-nodes"]);
+    let secs = |d: Duration| format!("{:.2}s", d.as_secs_f64());
+    println!(
+        "two control-plane members, a refused flag: {} wrote it and rolled back {} after the patch, its member answering again {} after; {}'s member answered all {} samples (every 100 ms) and never got the bad revision",
+        member.node.name,
+        secs(rolled_back),
+        secs(answering),
+        other.node.name,
+        samples[second].len()
+    );
+    tear_down(two, daemons);
 }

@@ -1626,6 +1626,15 @@ const FAULTS: &[Fault] = &[
         test: "tests/controlplane.rs: a_first_manifest_rendered_from_the_template_as_written_is_rewritten_and_from_the_stored_one_kept",
     },
     Fault {
+        id: "controlplane-member-bad-revision",
+        area: "rollout",
+        fault: "a bad revision (a flag the API server refuses) of an API server member of a two-node control plane on one etcd (`podstamp.io/quorum: \"true\"`), each node's kubelet and podstamp talking to its own node's member",
+        kept: "the first node to write it sees its member crash, judges it from the node while its own API server is down and rolls it back; the other node never writes it (halted by the failure, and the slot is kept until the rolled-back member is Ready), and its member answers throughout (every 100 ms sample), so the cluster keeps its API",
+        reported: "on the first node, once its member answers: `RolloutFailed` (CrashLoopBackOff, exited with code 2) and the failed revision in `podstamp status`; on the other: phase `halted` in `podstamp status`",
+        says: "halted",
+        test: "tests/controlplane.rs: a_bad_member_revision_is_rolled_back_on_its_node_and_never_written_on_the_other",
+    },
+    Fault {
         id: "fuzz-templates",
         area: "fuzzing",
         fault: "random PodTemplates (names with `/`, `..`, dots, upper case, any Unicode; tricky YAML strings in labels, annotations, images, args, env)",

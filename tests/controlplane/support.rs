@@ -122,13 +122,27 @@ pub fn write_config(dir: &Path) -> PathBuf {
 /// into `out`, in the template's namespace: the manifest the daemon itself
 /// writes for it when `template` is as the API server stored it.
 pub fn render(dir: &Path, template: &Value, node: &str, config: &Path, out: &Path) {
+    render_with(dir, template, node, &[], config, out)
+}
+
+/// [`render`] with more of the node given (`--node-label K=V`...).
+pub fn render_with(
+    dir: &Path,
+    template: &Value,
+    node: &str,
+    node_args: &[&str],
+    config: &Path,
+    out: &Path,
+) {
     let namespace = template["metadata"]["namespace"].as_str().unwrap_or(NS);
     let input = dir.join("template.json");
     fs::write(&input, serde_json::to_vec_pretty(template).unwrap()).unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_podstamp"))
         .arg("render")
         .arg(&input)
-        .args(["--node-name", node, "--namespace", namespace, "--config"])
+        .args(["--node-name", node, "--namespace", namespace])
+        .args(node_args)
+        .arg("--config")
         .arg(config)
         .arg("-o")
         .arg(out)

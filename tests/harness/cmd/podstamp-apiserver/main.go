@@ -4,6 +4,12 @@
 // State (ports, PKI, tokens, etcd data) lives in --dir and is reused on the
 // next start with the same dir, so a test can kill the process and start it
 // again at the same URL. See ../../README.md.
+//
+// Two more shapes, for a control plane of several members on one etcd
+// (kubeadm's external-etcd topology): --etcd-only serves only the etcd,
+// --etcd-servers runs only the API server, on that etcd (external.go); and
+// --host puts a member on its own loopback address (the members of a
+// control plane share a port, each on its own node's address).
 package main
 
 import (
@@ -15,6 +21,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -62,6 +69,9 @@ type options struct {
 	etcdUnsafeNoFsync      bool
 	admission              string
 	readyTimeout           time.Duration
+	etcdServers            string
+	etcdOnly               bool
+	host                   string
 	extra                  []string
 }
 
@@ -81,6 +91,9 @@ func parseFlags() options {
 	fs.BoolVar(&o.etcdUnsafeNoFsync, "etcd-unsafe-no-fsync", true, "disable fsync in embedded etcd (survives process kills, not machine crashes)")
 	fs.StringVar(&o.admission, "admission-plugins", defaultAdmission, "admission plugins to keep enabled; all other default-on plugins are disabled")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", 120*time.Second, "exit 1 if not ready within this time")
+	fs.StringVar(&o.etcdServers, "etcd-servers", "", "an external etcd (e.g. http://127.0.0.1:2379): no embedded etcd, the API server stores there")
+	fs.StringVar(&o.host, "host", "127.0.0.1", "the loopback address the API server binds, advertises, is certified for and is named by in the kubeconfigs")
+	fs.BoolVar(&o.etcdOnly, "etcd-only", false, "serve only the embedded etcd (on the state's etcd ports), no API server")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
@@ -91,6 +104,12 @@ func parseFlags() options {
 	if o.dir == "" {
 		fs.Usage()
 		fatalf(2, "--dir is required")
+	}
+	if o.etcdOnly && (o.etcdServers != "" || len(o.extra) > 0) {
+		fatalf(2, "--etcd-only runs no API server: it takes neither --etcd-servers nor kube-apiserver flags")
+	}
+	if ip := net.ParseIP(o.host); ip == nil || !ip.IsLoopback() || ip.To4() == nil {
+		fatalf(2, "--host %q: give an IPv4 loopback address (127.x.y.z): the API server serves on loopback only", o.host)
 	}
 	if o.watchCache != "" && o.watchCache != "true" && o.watchCache != "false" {
 		fatalf(2, "--watch-cache must be true or false, got %q", o.watchCache)
@@ -192,10 +211,14 @@ func startEtcd(o options, st *state) (*embed.Etcd, error) {
 
 func apiserverArgs(o options, st *state) ([]string, error) {
 	d := o.dir
+	etcdServers := fmt.Sprintf("http://127.0.0.1:%d", st.EtcdClientPort)
+	if o.etcdServers != "" {
+		etcdServers = o.etcdServers
+	}
 	args := []string{
-		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", st.EtcdClientPort),
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
+		"--etcd-servers=" + etcdServers,
+		"--bind-address=" + o.host,
+		"--advertise-address=" + o.host,
 		fmt.Sprintf("--secure-port=%d", st.APIServerPort),
 		"--tls-cert-file=" + filepath.Join(d, servCertFile),
 		"--tls-private-key-file=" + filepath.Join(d, servKeyFile),
@@ -301,13 +324,16 @@ func main() {
 	if err != nil {
 		fatalf(1, "state: %v", err)
 	}
-	if err := ensurePKI(dir); err != nil {
+	if err := ensurePKI(dir, o.host); err != nil {
 		fatalf(1, "pki: %v", err)
 	}
-	if err := waitPortsFree([]int{st.EtcdClientPort, st.EtcdPeerPort, st.APIServerPort}, 10*time.Second); err != nil {
+	if err := waitPortsFree(ownPorts(o, st), 10*time.Second); err != nil {
 		fatalf(1, "%v", err)
 	}
-	serverURL := fmt.Sprintf("https://127.0.0.1:%d", st.APIServerPort)
+	if o.etcdOnly {
+		os.Exit(serveEtcdOnly(o, st, readyPath))
+	}
+	serverURL := fmt.Sprintf("https://%s:%d", o.host, st.APIServerPort)
 	if err := writeKubeconfigs(dir, serverURL); err != nil {
 		fatalf(1, "kubeconfigs: %v", err)
 	}
@@ -315,7 +341,11 @@ func main() {
 	if err != nil {
 		fatalf(2, "%v", err)
 	}
-	logf("dir=%s new=%v etcd=127.0.0.1:%d apiserver=%s", dir, created, st.EtcdClientPort, serverURL)
+	etcdURL := fmt.Sprintf("http://127.0.0.1:%d (embedded)", st.EtcdClientPort)
+	if o.etcdServers != "" {
+		etcdURL = o.etcdServers + " (external)"
+	}
+	logf("dir=%s new=%v etcd=%s apiserver=%s", dir, created, etcdURL, serverURL)
 
 	// NewAPIServerCommand installs the SIGTERM/SIGINT handler (first signal: graceful
 	// shutdown via its context; second: exit 1). Create it before etcd so a signal
@@ -324,23 +354,13 @@ func main() {
 	cmd.SetArgs(args)
 	ctx := cmd.Context()
 
-	etcd, err := startEtcd(o, st)
-	if err != nil {
-		fatalf(1, "start etcd: %v", err)
-	}
-	select {
-	case <-etcd.Server.ReadyNotify():
-		logf("etcd ready after %s", time.Since(start).Round(time.Millisecond))
-	case err := <-etcd.Err():
-		etcd.Close()
-		fatalf(1, "etcd failed: %v", err)
-	case <-ctx.Done():
-		etcd.Close()
-		logf("signal received during etcd startup, exiting")
-		os.Exit(0)
-	case <-time.After(60 * time.Second):
-		etcd.Close()
-		fatalf(1, "etcd not ready after 60s")
+	// With an external etcd there is none of our own: etcdErr stays nil
+	// (a receive from it never happens) and nothing is closed at the end.
+	var etcd *embed.Etcd
+	var etcdErr <-chan error
+	if o.etcdServers == "" {
+		etcd = waitEtcd(ctx, o, st, start)
+		etcdErr = etcd.Err()
 	}
 
 	apiDone := make(chan error, 1)
@@ -379,7 +399,7 @@ func main() {
 		} else {
 			logf("kube-apiserver stopped")
 		}
-	case err := <-etcd.Err():
+	case err := <-etcdErr:
 		logf("etcd failed: %v", err)
 		code = 1
 	case err := <-readyErr:
@@ -397,6 +417,10 @@ func main() {
 	os.Remove(readyPath)
 	if code != 0 {
 		os.Exit(code) // don't wait for a graceful etcd close when something broke
+	}
+	if etcd == nil {
+		logf("exiting (the external etcd %s keeps running)", o.etcdServers)
+		return
 	}
 	etcdLogLevel.SetLevel(zapcore.FatalLevel) // Close makes every listener report "server closed"
 	etcd.Close()

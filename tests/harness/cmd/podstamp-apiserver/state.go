@@ -108,16 +108,16 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-// waitPortsFree waits until every port can be bound on 127.0.0.1 (a previous instance may
+// waitPortsFree waits until every address (host:port) can be bound (a previous instance may
 // still be exiting), or fails after timeout with a clear message.
-func waitPortsFree(ports []int, timeout time.Duration) error {
+func waitPortsFree(addrs []string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		var busy error
-		for _, p := range ports {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		for _, a := range addrs {
+			l, err := net.Listen("tcp", a)
 			if err != nil {
-				busy = fmt.Errorf("port 127.0.0.1:%d (saved in %s) is in use: %w", p, stateFile, err)
+				busy = fmt.Errorf("%s (its port saved in %s) is in use: %w", a, stateFile, err)
 				break
 			}
 			l.Close()
@@ -202,8 +202,27 @@ func loadCA(dir string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	return c, k, nil
 }
 
-// ensurePKI creates (only if missing) the CA, the CA-signed serving cert, the SA key and the token file.
-func ensurePKI(dir string) error {
+// certifies tells whether the serving certificate in dir names host (a
+// member moved to another --host needs a new one).
+func certifies(dir, host string) bool {
+	data, err := os.ReadFile(filepath.Join(dir, servCertFile))
+	if err != nil {
+		return false
+	}
+	b, _ := pem.Decode(data)
+	if b == nil {
+		return false
+	}
+	c, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		return false
+	}
+	return c.VerifyHostname(host) == nil
+}
+
+// ensurePKI creates (only if missing) the CA, the CA-signed serving cert (for host too), the SA key
+// and the token file.
+func ensurePKI(dir, host string) error {
 	now := time.Now()
 	if !fileExists(filepath.Join(dir, caCertFile)) || !fileExists(filepath.Join(dir, caKeyFile)) {
 		k, keyPEM, err := newKey()
@@ -237,7 +256,7 @@ func ensurePKI(dir string) error {
 		// A new CA invalidates any old serving cert.
 		os.Remove(filepath.Join(dir, servCertFile))
 	}
-	if !fileExists(filepath.Join(dir, servCertFile)) || !fileExists(filepath.Join(dir, servKeyFile)) {
+	if !certifies(dir, host) || !fileExists(filepath.Join(dir, servKeyFile)) {
 		ca, caKey, err := loadCA(dir)
 		if err != nil {
 			return err
@@ -260,7 +279,7 @@ func ensurePKI(dir string) error {
 			BasicConstraintsValid: true,
 			IsCA:                  false,
 			DNSNames:              []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
-			IPAddresses:           []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")},
+			IPAddresses:           sans(host),
 		}
 		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
 		if err != nil {
@@ -322,4 +341,13 @@ func writeKubeconfigs(dir, serverURL string) error {
 		}
 	}
 	return nil
+}
+
+// sans are the serving certificate's IP addresses: loopback, and host.
+func sans(host string) []net.IP {
+	ips := []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")}
+	if host != "127.0.0.1" {
+		ips = append(ips, net.ParseIP(host))
+	}
+	return ips
 }
