@@ -38,6 +38,10 @@ pub enum Reason {
     /// An update not written on this node: its target failed on a node
     /// (this one or another) and the rollout stopped there.
     RolloutHalted,
+    /// Not a render failure: the kubelet has not started the revision in
+    /// place (no sandbox on the node) by its progress deadline, and there
+    /// is nothing to fall back to (kubernetes/kubernetes#105543).
+    KubeletNotStarted,
 }
 
 impl Reason {
@@ -56,6 +60,7 @@ impl Reason {
             Reason::RolloutSucceeded => "RolloutSucceeded",
             Reason::RolloutFailed => "RolloutFailed",
             Reason::RolloutHalted => "RolloutHalted",
+            Reason::KubeletNotStarted => "KubeletNotStarted",
         }
     }
 }

@@ -149,6 +149,35 @@ impl Node {
         }
     }
 
+    /// Restarts the node's kubelet alone, as systemd would: SIGUSR1 to
+    /// podstamp-node (by its PID), which stops its kubelet and starts it
+    /// again with the same config and flags, its containers left running;
+    /// returns once the new kubelet's /healthz answers (podstamp-node's
+    /// ready file counts the restart), with the new kubelet's PID.
+    pub fn restart_kubelet(&self) -> u32 {
+        let ready = self.dir.join("ready");
+        let read = || -> Option<serde_json::Value> {
+            serde_json::from_str(&fs::read_to_string(&ready).ok()?).ok()
+        };
+        let before = read()
+            .and_then(|v| v["kubeletRestarts"].as_u64())
+            .expect("the node's ready file counts kubelet restarts");
+        let child = self.child.as_ref().expect("the node runs");
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGUSR1);
+        }
+        wait_for(
+            "the kubelet restarted (podstamp-node's ready file)",
+            Duration::from_secs(60),
+            || {
+                let value = read()?;
+                (value["kubeletRestarts"].as_u64() == Some(before + 1))
+                    .then(|| value["kubeletPid"].as_u64())?
+                    .map(|pid| pid as u32)
+            },
+        )
+    }
+
     /// The kubelet's staticPodPath.
     pub fn manifests(&self) -> PathBuf {
         self.dir.join("manifests")
@@ -199,8 +228,18 @@ impl Node {
             let lines: Vec<&str> = text.lines().collect();
             lines[lines.len().saturating_sub(40)..].join("\n")
         };
+        // A kubelet restarted (SIGUSR1) left its log as kubelet.log.0.
+        let earlier = read("kubelet.log.0");
+        let earlier = if earlier.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "\nthe kubelet before its restart (last lines):\n{}",
+                tail(earlier)
+            )
+        };
         format!(
-            "podstamp-node:\n{}\nkubelet (last lines):\n{}",
+            "podstamp-node:\n{}{earlier}\nkubelet (last lines):\n{}",
             read("podstamp-node.log"),
             tail(read("kubelet.log"))
         )

@@ -12,7 +12,8 @@
 //! [`DROP_WARNING_EVERY`]. The log line and the metrics of each failure are
 //! not affected.
 //!
-//! A rollout Event (`RolloutSucceeded`, `RolloutFailed`, `RolloutHalted`)
+//! A rollout Event (`RolloutSucceeded`, `RolloutFailed`, `RolloutHalted`,
+//! `KubeletNotStarted`)
 //! that the API server does not take is kept on disk ([`super::outbox`])
 //! and published, in order, once it answers again (tried every
 //! [`RETRY`]); while some are kept, new rollout Events go after them.
@@ -141,7 +142,10 @@ pub fn recorder(
 fn is_rollout(reason: &Reason) -> bool {
     matches!(
         reason,
-        Reason::RolloutSucceeded | Reason::RolloutFailed | Reason::RolloutHalted
+        Reason::RolloutSucceeded
+            | Reason::RolloutFailed
+            | Reason::RolloutHalted
+            | Reason::KubeletNotStarted
     )
 }
 
@@ -198,6 +202,7 @@ async fn publish_one(recorder: &Recorder, report: &Report) -> Result<(), kube::E
         Reason::RolloutSucceeded => (EventType::Normal, "Rollout"),
         Reason::RolloutFailed => (EventType::Warning, "Rollout"),
         Reason::RolloutHalted => (EventType::Warning, "Rollout"),
+        Reason::KubeletNotStarted => (EventType::Warning, "Rollout"),
         // What podstamp was doing with the object the Event is on.
         Reason::CatalogRefused => (EventType::Warning, "Reload"),
         _ => (EventType::Warning, "Render"),
@@ -243,6 +248,7 @@ async fn flush((client, reporter): &(kube::Client, Reporter), outbox: &Outbox) -
                 Reason::RolloutSucceeded,
                 Reason::RolloutFailed,
                 Reason::RolloutHalted,
+                Reason::KubeletNotStarted,
             ]
             .into_iter()
             .find(|r| r.as_str() == k.reason);

@@ -176,7 +176,13 @@ async fn poll(
         f.prober.containers(&containers, now);
         f.prober.run_due(now).await;
         let state = LocalPodState {
-            sandbox: seen.sandbox.is_some(),
+            // A sandbox the runtime no longer calls ready is one the kubelet
+            // stopped: this revision's pod from before another replaced it
+            // (its sandbox is kept, not removed), not the kubelet acting on
+            // the file now. Seen with a kubelet restarted while its API
+            // server was down: the revision rolled back to had only its
+            // old, stopped sandbox (kubernetes/kubernetes#105543).
+            sandbox: seen.sandbox.as_ref().is_some_and(|s| s.ready),
             containers,
             probes: f.prober.local(),
         };

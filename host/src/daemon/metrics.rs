@@ -75,6 +75,9 @@ struct Inner {
     /// Per template: the revision in place and its rollout phase.
     rollouts: BTreeMap<String, (String, &'static str)>,
     rollout_results: BTreeMap<&'static str, u64>,
+    /// Per template: the kubelet has not started the revision in place
+    /// past its deadline (kubernetes/kubernetes#105543).
+    kubelet_not_started: BTreeMap<String, bool>,
     /// Writes to the API for rollouts across nodes: (object, result).
     fleet_writes: BTreeMap<(&'static str, &'static str), u64>,
     slots_held: usize,
@@ -243,7 +246,17 @@ impl Metrics {
     }
 
     pub fn forget_rollout(&self, id: &str) {
-        self.lock().rollouts.remove(id);
+        let mut inner = self.lock();
+        inner.rollouts.remove(id);
+        inner.kubelet_not_started.remove(id);
+    }
+
+    /// Whether the kubelet has not started template `id`'s revision in
+    /// place past its deadline.
+    pub fn set_kubelet_not_started(&self, id: &str, stalled: bool) {
+        self.lock()
+            .kubelet_not_started
+            .insert(id.to_string(), stalled);
     }
 
     /// A rollout ended: `succeeded`, `failed`; `rolled_back` besides
@@ -445,6 +458,19 @@ impl Metrics {
                 "podstamp_template_revision{{template=\"{}\",revision=\"{}\",phase=\"{phase}\"}} 1",
                 escape(template),
                 escape(revision)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_kubelet_not_started 1 while the kubelet has not started the revision in place of a template (no sandbox on the node) past its progress deadline, with nothing to fall back to (kubernetes/kubernetes#105543).\n\
+             # TYPE podstamp_kubelet_not_started gauge"
+        );
+        for (template, stalled) in &inner.kubelet_not_started {
+            let _ = writeln!(
+                out,
+                "podstamp_kubelet_not_started{{template=\"{}\"}} {}",
+                escape(template),
+                u8::from(*stalled)
             );
         }
         let _ = writeln!(

@@ -36,7 +36,8 @@ pub struct Kept {
     pub namespace: String,
     pub name: String,
     pub uid: Option<String>,
-    /// `RolloutFailed`, `RolloutSucceeded`, `RolloutHalted`.
+    /// `RolloutFailed`, `RolloutSucceeded`, `RolloutHalted`,
+    /// `KubeletNotStarted`.
     pub reason: String,
     pub note: String,
     /// When it happened (RFC 3339), said in the note when published late.

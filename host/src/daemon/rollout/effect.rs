@@ -41,6 +41,10 @@ pub enum Effect {
         revision: String,
         phase: &'static str,
     },
+    /// The kubelet has (true) or no longer has (false) not started the
+    /// revision of template `id` in place past its deadline
+    /// (`podstamp_kubelet_not_started{template}`).
+    Stalled { id: String, stalled: bool },
     /// Count a rollout's result (`podstamp_rollouts_total{result}`).
     Result(&'static str),
     /// Template `id`'s rollout metrics go (the template is gone).

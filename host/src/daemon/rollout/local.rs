@@ -10,8 +10,11 @@
 //! takes it through [`super::Machine::local`].
 //!
 //! The rules, in order (the first that applies):
-//! 1. No sandbox for the revision: `written` (the kubelet has not acted on
-//!    the file yet; the progress deadline judges it).
+//! 1. No ready sandbox for the revision (none, or only one the kubelet
+//!    stopped: the revision's pod from before another replaced it):
+//!    `written` (the kubelet has not acted on the file yet; the progress
+//!    deadline judges it, and the tracker tells the kubelet's stall from a
+//!    failure: [`super::tracker::KUBELET_NOT_STARTED`]).
 //! 2. A container whose image is not present (a pull that failed, or
 //!    `imagePullPolicy: Never` without it): `failed`, `ImageNotPresent`.
 //! 3. A container that exited non-zero and was restarted at least
@@ -40,8 +43,8 @@ pub const CRASH_LOOP_RESTARTS: u32 = 2;
 /// What the node shows of one revision's pod.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LocalPodState {
-    /// The runtime has a sandbox for the revision (the kubelet acted on the
-    /// file).
+    /// The runtime has a ready sandbox for the revision (the kubelet acted
+    /// on the file).
     pub sandbox: bool,
     pub containers: Vec<LocalContainer>,
     /// The pod's declared startup and readiness probes, as run locally.

@@ -20,7 +20,11 @@
 //!   revision to fall back to is rolled back ([`Effect::RollBack`]) and, once
 //!   the good one is back in place, held: not written again while the
 //!   template renders it. A first revision has nothing to fall back to: it
-//!   stays.
+//!   stays. A revision the kubelet never made a sandbox for, seen on the
+//!   node, is reported as the kubelet's stall (kubernetes/kubernetes#105543:
+//!   the log, a `KubeletNotStarted` Event, [`Effect::Stalled`], the node's
+//!   status message), never as that revision's failure when there is
+//!   nothing to fall back to.
 //! * What a restart must know ([`RolloutState`]: good, held, pending) is
 //!   saved ([`Effect::SaveState`]) whenever it changes, and a revision is
 //!   marked pending before its file is written.
@@ -39,7 +43,7 @@ use super::effect::Effect;
 use super::local::{LocalPodState, judge};
 use super::slots::{Decision, Slots, phase_of};
 use super::state::RolloutState;
-use super::tracker::{Phase, Rollout, Tracker, Verdict};
+use super::tracker::{KUBELET_ISSUE, Phase, Rollout, Tracker, Verdict, not_started};
 use crate::daemon::inbox::{Answer, Observation};
 use crate::fleet::{self, TemplateStatus, policy::Policy};
 use crate::reason::Reason;
@@ -342,10 +346,30 @@ impl Machine {
 
     /// What a mirror pod of ours says.
     pub fn observe(&mut self, observation: Observation, now: Instant) {
-        let Some((phase, verdict)) = self.tracker.observe(&observation, now) else {
+        self.observe_from(observation, false, now);
+    }
+
+    /// What a mirror pod, or (`local`) the node itself, says.
+    fn observe_from(&mut self, observation: Observation, local: bool, now: Instant) {
+        let id = observation.source.as_str();
+        let stalled = |t: &Tracker| {
+            t.get(id)
+                .is_some_and(|r| r.stalled.is_some() && r.no_sandbox)
+        };
+        let was_stalled = stalled(&self.tracker);
+        let observed = self.tracker.observe_from(&observation, local, now);
+        if was_stalled && !stalled(&self.tracker) {
+            tracing::info!(template = %id, revision = %observation.revision,
+                "the kubelet started the revision after all ({KUBELET_ISSUE}); judged from now");
+            self.effects.push(Effect::Stalled {
+                id: id.to_string(),
+                stalled: false,
+            });
+            self.report(id);
+        }
+        let Some((phase, verdict)) = observed else {
             return;
         };
-        let id = observation.source.as_str();
         self.phase(id, &observation.revision, phase);
         tracing::info!(template = %id, revision = %observation.revision, phase = phase.as_str(), "rollout phase");
         if let Some(verdict) = verdict {
@@ -404,7 +428,7 @@ impl Machine {
         if self.confirming || !self.local {
             return;
         }
-        self.observe(observation, now);
+        self.observe_from(observation, true, now);
     }
 
     /// The coordinator answers; the templates it concerns render again.
@@ -418,6 +442,22 @@ impl Machine {
 
     /// The verdicts due at `now` (Ready long enough, or a deadline passed).
     pub fn tick(&mut self, now: Instant) {
+        for (id, revision, after) in self.tracker.stalls(now) {
+            let said = not_started(&revision, after);
+            tracing::warn!(template = %id, revision = %revision, node = %self.node,
+                "{said}: nothing to fall back to, so it stays and is judged once the kubelet starts it");
+            self.effects.push(Effect::Stalled {
+                id: id.clone(),
+                stalled: true,
+            });
+            self.effects.push(Effect::Event {
+                id: id.clone(),
+                reason: Reason::KubeletNotStarted,
+                note: format!("node {}: {said}", self.node),
+                related: None,
+            });
+            self.report(&id);
+        }
         for (id, verdict) in self.tracker.expire(now) {
             if let Some(r) = self.tracker.get(&id) {
                 let (revision, phase) = (r.revision.clone(), r.phase);
@@ -649,7 +689,20 @@ impl Machine {
                         (phase, _) => phase,
                     }
                 }),
-                None,
+                // A stall of the kubelet's (kept for this rollout's life,
+                // so that it is still seen once the API answers again).
+                rollout.and_then(|r| {
+                    let after = r.stalled?;
+                    Some(if r.no_sandbox {
+                        not_started(&r.revision, after)
+                    } else {
+                        format!(
+                            "the kubelet started revision {} only after more than {} s; {KUBELET_ISSUE}",
+                            r.revision,
+                            after.as_secs()
+                        )
+                    })
+                }),
             ),
         };
         let target = revision

@@ -750,6 +750,120 @@ mod local_evidence {
         );
     }
 
+    fn stalled(effects: &[Effect]) -> Vec<bool> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Stalled { stalled, .. } => Some(*stalled),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// kubernetes/kubernetes#105543, as seen with the real kubelet
+    /// restarted while its API server was down: the bad revision crashes,
+    /// is rolled back, and the kubelet never makes a sandbox for the
+    /// revision rolled back to. Not that revision's failure: a stall,
+    /// reported once (log, Event, metric, status message), judged anew
+    /// once the kubelet starts it.
+    #[test]
+    fn a_revision_rolled_back_to_that_the_kubelet_never_starts_is_its_stall_not_a_failure() {
+        let now = Instant::now();
+        let mut m = r2_with_the_api_down(now);
+        let crashing = pod(
+            vec![container(
+                ContainerState::Exited { code: 2 },
+                CRASH_LOOP_RESTARTS,
+            )],
+            vec![],
+        );
+        m.local(ID, "r2", &crashing, now);
+        m.take_effects();
+        m.rolled_back(ID, "r1", Ok(()), now);
+        m.take_effects();
+        // No ready sandbox of r1 (its old one was stopped).
+        m.local(ID, "r1", &LocalPodState::default(), now);
+        m.tick(now + MINUTE / 2);
+        assert!(
+            m.take_effects()
+                .iter()
+                .all(|e| matches!(e, Effect::Phase { .. }))
+        );
+        m.tick(now + MINUTE);
+        let effects = m.take_effects();
+        assert!(results(&effects).is_empty(), "no verdict: {effects:?}");
+        assert_eq!(stalled(&effects), vec![true]);
+        assert_eq!(
+            events(&effects),
+            vec![(
+                Reason::KubeletNotStarted,
+                "node n1: the kubelet has not started revision r1: no sandbox after 60 s; kubernetes/kubernetes#105543".to_string()
+            )]
+        );
+        // Once: nothing more is due while the kubelet does nothing.
+        assert_eq!(m.next_deadline(), None);
+        m.tick(now + 10 * MINUTE);
+        assert!(m.take_effects().is_empty());
+        // The kubelet starts it (say, restarted again): judged from then.
+        let later = now + 10 * MINUTE;
+        m.local(ID, "r1", &running(), later);
+        let effects = m.take_effects();
+        assert_eq!(stalled(&effects), vec![false]);
+        assert_eq!(m.next_deadline(), Some(later + STABLE));
+        m.tick(later + STABLE);
+        let effects = m.take_effects();
+        assert_eq!(results(&effects), vec!["succeeded"]);
+        assert!(m.is_held(ID, "r2"));
+
+        // Started, but never ready: its deadline counts from the start.
+        let mut m = r2_with_the_api_down(now);
+        m.local(ID, "r2", &crashing, now);
+        m.rolled_back(ID, "r1", Ok(()), now);
+        m.local(ID, "r1", &LocalPodState::default(), now);
+        m.tick(now + MINUTE);
+        m.take_effects();
+        let starting = pod(
+            vec![container(ContainerState::Running, 0)],
+            vec![probe(false, 1)],
+        );
+        m.local(ID, "r1", &starting, later);
+        m.tick(later + MINUTE / 2);
+        assert!(results(&m.take_effects()).is_empty());
+        m.tick(later + MINUTE);
+        assert_eq!(results(&m.take_effects()), vec!["failed"]);
+    }
+
+    /// A new revision the kubelet never starts still fails (what is in place
+    /// when the kubelet acts again must be the good one), said as the
+    /// kubelet's doing.
+    #[test]
+    fn a_new_revision_the_kubelet_never_starts_fails_as_kubelet_not_started_and_is_rolled_back() {
+        let now = Instant::now();
+        let mut m = r2_with_the_api_down(now);
+        m.local(ID, "r2", &LocalPodState::default(), now);
+        m.tick(now + MINUTE);
+        let effects = m.take_effects();
+        assert_eq!(results(&effects), vec!["failed"]);
+        assert!(stalled(&effects).is_empty());
+        m.rolled_back(ID, "r1", Ok(()), now + MINUTE);
+        let said = events(&m.take_effects());
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert_eq!(said[0].0, Reason::RolloutFailed);
+        assert!(
+            said[0].1.contains("KubeletNotStarted: the kubelet has not started revision r2: no sandbox after 60 s; kubernetes/kubernetes#105543"),
+            "{said:?}"
+        );
+        // Through the mirror pod, a pending pod is not the kubelet's stall.
+        let mut m = machine(false);
+        with_good(&mut m, now);
+        m.in_place(placed("r2", true), || None, now);
+        m.observe(seen("r2", PodState::Pending), now);
+        m.tick(now + MINUTE);
+        m.rolled_back(ID, "r1", Ok(()), now + MINUTE);
+        let events = events(&m.take_effects());
+        assert!(events[0].1.contains(DEADLINE_EXCEEDED), "{events:?}");
+    }
+
     #[test]
     fn without_local_evidence_or_with_the_mirror_pod_followed_it_judges_nothing() {
         let now = Instant::now();

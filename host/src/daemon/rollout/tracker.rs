@@ -19,6 +19,14 @@
 //! * The last status of each template's mirror pod is kept, and applies to
 //!   a rollout that starts after it (a pod Ready before the daemon started,
 //!   whose status never changes again, is still seen Ready).
+//! * A revision the node itself shows no sandbox of (the kubelet has not
+//!   acted on the file) when its deadline passes is the kubelet's fault,
+//!   not the revision's (kubernetes/kubernetes#105543: a kubelet restarted
+//!   while its API source is not ready starts no changed static pod): one
+//!   with a revision to fall back to still fails, as [`KUBELET_NOT_STARTED`];
+//!   one without (a first revision, or the one rolled back to) gets no
+//!   verdict but a stall ([`Tracker::stalls`], once), and is judged anew,
+//!   its deadline counted again, once the kubelet starts it.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -35,6 +43,20 @@ pub const DEADLINE_ANNOTATION: &str = "podstamp.io/progress-deadline";
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(300);
 /// The reason of a revision not Ready within its deadline.
 pub const DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
+/// The reason of a revision the kubelet never made a sandbox for.
+pub const KUBELET_NOT_STARTED: &str = "KubeletNotStarted";
+/// The kubelet issue that explains it, named wherever it is reported.
+pub const KUBELET_ISSUE: &str = "kubernetes/kubernetes#105543";
+
+/// What is said of a revision the kubelet has not started `after` its
+/// write: the same words in the log, the Event and `podstamp status`.
+pub fn not_started(revision: &str, after: Duration) -> String {
+    format!(
+        "the kubelet has not started revision {revision}: no sandbox after {} s; {KUBELET_ISSUE}",
+        after.as_secs()
+    )
+}
+
 /// How long a revision must stay Ready, without a break, to succeed: a
 /// container that exits at once is reported Ready for a moment first (seen
 /// with the real kubelet), and its crash shows within a second or two.
@@ -82,6 +104,12 @@ pub struct Rollout {
     pub ready_since: Option<Instant>,
     /// Its mirror pod, once seen.
     pub pod: Option<ObjectReference>,
+    /// The node's own evidence showed no sandbox of it last (the kubelet
+    /// has not acted on the file).
+    pub no_sandbox: bool,
+    /// Its stall, once reported ([`Tracker::stalls`]): how long after its
+    /// write the kubelet still had not started it.
+    pub stalled: Option<Duration>,
 }
 
 #[derive(Default)]
@@ -131,6 +159,8 @@ impl Tracker {
                 verdict: None,
                 ready_since: None,
                 pod: None,
+                no_sandbox: false,
+                stalled: None,
             },
         );
         true
@@ -184,13 +214,36 @@ impl Tracker {
     /// Applies what a mirror pod says; the verdict, if this gives the
     /// rollout its first, and the phase when it changed. None also when the
     /// pod is not of the revision in place.
+    #[cfg(test)]
     pub fn observe(&mut self, o: &Observation, now: Instant) -> Option<(Phase, Option<Verdict>)> {
+        self.observe_from(o, false, now)
+    }
+
+    /// [`Tracker::observe`], `local`: what the node itself shows (where
+    /// `Pending` means no sandbox), not a mirror pod.
+    pub fn observe_from(
+        &mut self,
+        o: &Observation,
+        local: bool,
+        now: Instant,
+    ) -> Option<(Phase, Option<Verdict>)> {
         if self.seen.get(&o.source) != Some(o) {
             self.seen.insert(o.source.clone(), o.clone());
         }
         let rollout = self.rollouts.get_mut(&o.source)?;
         if rollout.revision != o.revision {
             return None;
+        }
+        rollout.no_sandbox = local && o.state == PodState::Pending;
+        if !rollout.no_sandbox
+            && rollout.verdict.is_none()
+            && rollout.stalled.is_some()
+            && now >= rollout.deadline
+        {
+            // Started at last: judged from now, as if just written.
+            let deadline = rollout.deadline - rollout.started;
+            rollout.started = now;
+            rollout.deadline = now + deadline;
         }
         rollout.pod = Some(o.pod.clone());
         let phase = match &o.state {
@@ -222,17 +275,44 @@ impl Tracker {
         changed.then_some((phase, None))
     }
 
+    /// The rollouts found stalled at `now`, each once: past its deadline,
+    /// no sandbox of it on the node, and nothing to fall back to (see the
+    /// module's invariants); (template, revision, since its write).
+    pub fn stalls(&mut self, now: Instant) -> Vec<(String, String, Duration)> {
+        let mut found = Vec::new();
+        for (id, r) in &mut self.rollouts {
+            if r.verdict.is_none()
+                && r.stalled.is_none()
+                && r.no_sandbox
+                && r.previous.is_none()
+                && now >= r.deadline
+            {
+                let after = now.saturating_duration_since(r.started);
+                r.stalled = Some(after);
+                found.push((id.clone(), r.revision.clone(), after));
+            }
+        }
+        found
+    }
+
     /// The verdicts due at `now`: a success for a rollout Ready for
     /// [`STABLE`] without a break, a failure for one past its deadline.
+    /// A stalled rollout ([`Tracker::stalls`]) waits for the kubelet.
     pub fn expire(&mut self, now: Instant) -> Vec<(String, Verdict)> {
         let mut due = Vec::new();
         for (id, r) in &mut self.rollouts {
-            if r.verdict.is_some() {
+            if r.verdict.is_some() || (r.no_sandbox && r.previous.is_none()) {
                 continue;
             }
             let verdict = if r.ready_since.is_some_and(|t| now >= t + STABLE) {
                 self.good.insert(id.clone(), r.revision.clone());
                 Verdict::Succeeded
+            } else if now >= r.deadline && r.no_sandbox {
+                r.phase = Phase::Failed;
+                Verdict::Failed {
+                    reason: KUBELET_NOT_STARTED.into(),
+                    message: not_started(&r.revision, now.saturating_duration_since(r.started)),
+                }
             } else if now >= r.deadline {
                 r.phase = Phase::Failed;
                 Verdict::Failed {
@@ -255,7 +335,7 @@ impl Tracker {
     pub fn next_deadline(&self) -> Option<Instant> {
         self.rollouts
             .values()
-            .filter(|r| r.verdict.is_none())
+            .filter(|r| r.verdict.is_none() && !(r.stalled.is_some() && r.no_sandbox))
             .map(|r| match r.ready_since {
                 Some(t) => r.deadline.min(t + STABLE),
                 None => r.deadline,

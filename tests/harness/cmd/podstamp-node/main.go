@@ -12,6 +12,11 @@
 //	podstamp-node --dir DIR --kubeconfig FILE --node-name NAME [--registry-hosts DIR]
 //	podstamp-node containers --dir DIR    (JSON: the node's containers)
 //	podstamp-node stop --dir DIR --id ID  (kill one container through the CRI)
+//
+// SIGUSR1 restarts the kubelet alone (SIGTERM, then the same binary, config
+// and flags; its containers keep running, as on a node whose kubelet is
+// restarted by systemd): DIR/ready is written again with kubeletRestarts
+// counted and the new kubeletPid once its /healthz answers.
 package main
 
 import (
@@ -231,6 +236,14 @@ type node struct {
 	l          layout
 	containerd *proc
 	kubelet    *proc
+	// kubeletPath and kubeletArgs start the kubelet, again on SIGUSR1.
+	kubeletPath string
+	kubeletArgs []string
+	// ports are the kubelet's (server, healthz); healthz its URL.
+	ports   []int
+	healthz string
+	// restarts counts the kubelet's restarts on SIGUSR1.
+	restarts int
 }
 
 // died reports a child that exited while it should run.
@@ -364,29 +377,21 @@ func (n *node) bringUp(ctx context.Context, o options) error {
 	if err := os.WriteFile(l.kubeletConfig(), []byte(kubeletConfig(l, ports[0], ports[1])), 0o644); err != nil {
 		return err
 	}
-	n.kubelet, err = child("kubelet", l.path("kubelet.log"), kubelet,
+	n.kubeletPath = kubelet
+	n.kubeletArgs = []string{
 		"--config", l.kubeletConfig(),
 		"--kubeconfig", o.kubeconfig,
 		"--hostname-override", o.node,
 		"--root-dir", l.path("kubelet", "root"),
 		"--cert-dir", l.path("kubelet", "pki"),
 		fmt.Sprintf("--v=%d", o.verbosity),
-	)
-	if err != nil {
-		return fmt.Errorf("start kubelet: %w", err)
 	}
-	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[1])
-	err = ready("the kubelet's "+healthz, func() (bool, error) {
-		resp, err := http.Get(healthz)
-		if err != nil {
-			return false, err
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	})
-	if err != nil {
-		return fmt.Errorf("%w; see %s", err, l.path("kubelet.log"))
+	n.ports = ports
+	n.healthz = fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[1])
+	if err := n.startKubelet(ctx); err != nil {
+		return err
 	}
+	healthz := n.healthz
 	if o.standalone {
 		// The kubelet runs static pods without its API server: the
 		// control plane it will register with may be one of them.
@@ -431,6 +436,53 @@ func (n *node) bringUp(ctx context.Context, o options) error {
 	return n.writeReady(o, ports, healthz)
 }
 
+// startKubelet starts the kubelet with the node's flags and waits for its
+// /healthz. The log of an earlier kubelet of this run is kept, as
+// kubelet.log.N (N its restart), for what it did before it stopped.
+func (n *node) startKubelet(ctx context.Context) error {
+	log := n.l.path("kubelet.log")
+	if n.restarts > 0 {
+		if err := os.Rename(log, fmt.Sprintf("%s.%d", log, n.restarts-1)); err != nil {
+			return err
+		}
+	}
+	var err error
+	n.kubelet, err = child("kubelet", log, n.kubeletPath, n.kubeletArgs...)
+	if err != nil {
+		return fmt.Errorf("start kubelet: %w", err)
+	}
+	err = waitFor(ctx, "the kubelet's "+n.healthz, func() (bool, error) {
+		if err := n.died(); err != nil {
+			return false, err
+		}
+		resp, err := http.Get(n.healthz)
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w; see %s", err, log)
+	}
+	return nil
+}
+
+// restartKubelet stops the kubelet (SIGTERM, SIGKILL after 10 s) and starts
+// it again with the same binary, config and flags, as systemd restarts a
+// node's kubelet; containerd and the containers keep running. Then DIR/ready
+// says so (kubeletRestarts, kubeletPid).
+func (n *node) restartKubelet(ctx context.Context, o options) error {
+	old := n.kubelet.cmd.Process.Pid
+	n.kubelet.stop(10 * time.Second)
+	n.restarts++
+	if err := n.startKubelet(ctx); err != nil {
+		return err
+	}
+	logf("kubelet restarted (SIGUSR1): pid %d -> %d", old, n.kubelet.cmd.Process.Pid)
+	return n.writeReady(o, n.ports, n.healthz)
+}
+
 // writeReady writes DIR/ready: what a test needs to know of the node.
 func (n *node) writeReady(o options, ports []int, healthz string) error {
 	l := n.l
@@ -442,6 +494,9 @@ func (n *node) writeReady(o options, ports []int, healthz string) error {
 		"cgroupRoot":  l.cgroupRoot,
 		"kubeletPort": ports[0],
 		"healthz":     healthz,
+		// The kubelet's own, and how many times SIGUSR1 restarted it.
+		"kubeletPid":      n.kubelet.cmd.Process.Pid,
+		"kubeletRestarts": n.restarts,
 	})
 	return writeFileAtomic(l.readyFile(), append(line, '\n'), 0o644)
 }
@@ -467,6 +522,10 @@ func run(o options) int {
 	}
 	signals := make(chan os.Signal, 2)
 	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)
+	// SIGUSR1: restart the kubelet. Done by the loop below, on the thread
+	// that forked the first one (Pdeathsig is per forking thread).
+	restart := make(chan os.Signal, 1)
+	signal.Notify(restart, syscall.SIGUSR1)
 	// stopped ends on a signal; ctx also when bring-up takes too long.
 	stopped, stop := context.WithCancel(context.Background())
 	defer stop()
@@ -507,7 +566,21 @@ func run(o options) int {
 				code = exitFailed
 				break
 			}
-			time.Sleep(200 * time.Millisecond)
+			select {
+			case <-restart:
+				// Bounded like the first start's healthz wait.
+				c, cancelRestart := context.WithTimeout(stopped, o.readyTimeout)
+				err := n.restartKubelet(c, o)
+				cancelRestart()
+				if err != nil && stopped.Err() == nil {
+					logf("restarting the kubelet: %v", err)
+					code = exitFailed
+				}
+			case <-time.After(200 * time.Millisecond):
+			}
+			if code != 0 {
+				break
+			}
 		}
 	}
 	os.Remove(l.readyFile())
