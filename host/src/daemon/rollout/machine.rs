@@ -235,10 +235,21 @@ impl Machine {
         self.with_slots(|slots| slots.cancel(id));
     }
 
-    /// `revision` of template `id` is about to be written: a daemon killed
-    /// right after the rename still follows it as its own after a restart.
-    pub fn writing(&mut self, id: &str, revision: &str) {
-        self.change_state(id, |s| s.pending = Some(revision.to_string()));
+    /// `revision` of template `id`, whose progress deadline is `deadline`,
+    /// is about to be written: a daemon killed right after the rename still
+    /// follows it as its own after a restart, by the same deadline.
+    pub fn writing(&mut self, id: &str, revision: &str, deadline: Duration) {
+        self.change_state(id, |s| {
+            s.pending = Some(revision.to_string());
+            s.deadline = Some(deadline.as_secs());
+        });
+    }
+
+    /// The progress deadline recorded at the write of `revision` of
+    /// template `id`, while it is pending (for a daemon that cannot read
+    /// the template).
+    pub fn recorded_deadline(&self, id: &str, revision: &str) -> Option<Duration> {
+        self.states.get(id)?.deadline_of(revision)
     }
 
     /// A render ended with its manifest in place. `history` gives, when
@@ -528,9 +539,7 @@ impl Machine {
                 self.fleet_verdict(id, &rollout, None);
                 self.change_state(id, |s| {
                     s.good = Some(rollout.revision.clone());
-                    if s.pending.as_ref() == Some(&rollout.revision) {
-                        s.pending = None;
-                    }
+                    s.settle(&rollout.revision);
                 });
                 if !rollout.written {
                     tracing::debug!(template = %id, revision = %rollout.revision, "revision in place is Ready");
@@ -617,11 +626,7 @@ impl Machine {
 
     /// The rest of a failed verdict, once its rollback (if any) is done.
     fn failed(&mut self, id: &str, rollout: &Rollout, reason: &str, message: &str, outcome: &str) {
-        self.change_state(id, |s| {
-            if s.pending.as_ref() == Some(&rollout.revision) {
-                s.pending = None;
-            }
-        });
+        self.change_state(id, |s| s.settle(&rollout.revision));
         tracing::warn!(template = %id, revision = %rollout.revision, node = %self.node, reason = %reason,
             "rollout failed: {message}; {outcome}");
         self.fleet_verdict(id, rollout, Some((reason, message)));

@@ -113,11 +113,12 @@ fn a_written_revision_ready_for_a_while_succeeds_and_is_remembered_as_good() {
     let now = Instant::now();
     assert!(m.mirror_synced());
     assert!(!m.mirror_synced(), "news once");
-    m.writing(ID, "r1");
+    m.writing(ID, "r1", MINUTE);
     assert_eq!(
         saved(&m.take_effects()),
         vec![RolloutState {
             pending: Some("r1".into()),
+            deadline: Some(60),
             ..RolloutState::default()
         }]
     );
@@ -169,7 +170,7 @@ fn a_failed_revision_is_rolled_back_then_held_and_the_event_says_so() {
     let mut m = machine(false);
     let now = Instant::now();
     with_good(&mut m, now);
-    m.writing(ID, "r2");
+    m.writing(ID, "r2", MINUTE);
     m.in_place(placed("r2", true), || None, now);
     m.take_effects();
     // The old pod's status never fails the new revision.
@@ -202,11 +203,13 @@ fn a_failed_revision_is_rolled_back_then_held_and_the_event_says_so() {
                 good: Some("r1".into()),
                 held: Some("r2".into()),
                 pending: Some("r2".into()),
+                deadline: Some(60),
             },
             RolloutState {
                 good: Some("r1".into()),
                 held: Some("r2".into()),
                 pending: None,
+                deadline: None,
             },
         ]
     );
@@ -475,6 +478,49 @@ fn an_unchanged_manifest_withdraws_an_ask_and_nothing_coordinates_without_slots(
     assert!(m.take_effects().is_empty());
 }
 
+/// A daemon restarted while the API server is down cannot read the
+/// template's `podstamp.io/progress-deadline`: the one recorded at the
+/// write judges the pending revision, not the default.
+#[test]
+fn the_deadline_recorded_at_the_write_is_the_pending_revisions_after_a_restart() {
+    let mut m = machine(false);
+    m.writing(ID, "r2", Duration::from_secs(90));
+    let state = saved(&m.take_effects()).pop().unwrap();
+    assert_eq!(state.deadline, Some(90));
+    // As a restarted daemon reads it back from rollout.json.
+    let text = serde_json::to_string(&state).unwrap();
+    assert_eq!(text, r#"{"pending":"r2","deadline":90}"#);
+    let mut restarted = Machine::new("n1", false).with_clock(at);
+    restarted.load_state(ID, serde_json::from_str(&text).unwrap());
+    assert_eq!(
+        restarted.recorded_deadline(ID, "r2"),
+        Some(Duration::from_secs(90))
+    );
+    // Only for the pending revision; a file of before has none.
+    assert_eq!(restarted.recorded_deadline(ID, "r1"), None);
+    let old: RolloutState = serde_json::from_str(r#"{"pending":"r2"}"#).unwrap();
+    assert_eq!(old.deadline_of("r2"), None);
+    // Judged by it: failed at 90 s, not at the default 5 min.
+    let now = Instant::now();
+    restarted.local_available(true);
+    let deadline = restarted.recorded_deadline(ID, "r2").unwrap();
+    restarted.in_place(
+        InPlace {
+            deadline,
+            ..placed("r2", false)
+        },
+        || Some("r1".into()),
+        now,
+    );
+    restarted.take_effects();
+    assert_eq!(restarted.next_deadline(), Some(now + deadline));
+    // Its verdict settles it: no longer pending, no deadline kept.
+    restarted.tick(now + deadline);
+    restarted.rolled_back(ID, "r1", Ok(()), now + deadline);
+    let last = saved(&restarted.take_effects()).pop().unwrap();
+    assert_eq!((last.pending, last.deadline), (None, None));
+}
+
 #[test]
 fn a_template_gone_forgets_its_state_metrics_and_record() {
     let mut m = machine(true);
@@ -673,7 +719,7 @@ mod local_evidence {
         with_good(&mut m, now);
         m.mirror_lost();
         assert!(m.local_available(true), "news: rollouts followed again");
-        m.writing(ID, "r2");
+        m.writing(ID, "r2", MINUTE);
         m.in_place(placed("r2", true), || None, now);
         m.take_effects();
         m
