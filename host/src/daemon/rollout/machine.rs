@@ -348,7 +348,7 @@ impl Machine {
         self.phase(id, &done.revision, Phase::Written);
         if written {
             tracing::info!(template = %id, revision = %done.revision, deadline = ?done.deadline,
-                "rollout started: waiting for the mirror pod to be Ready");
+                "rollout started: waiting for it to be Ready (the mirror pod says; the node itself while the mirror pod cannot be followed)");
         }
         if let Some(seen) = self.tracker.seen_in_place(id) {
             self.observe(seen, now);
@@ -541,13 +541,14 @@ impl Machine {
                     s.good = Some(rollout.revision.clone());
                     s.settle(&rollout.revision);
                 });
+                let evidence = rollout.evidence();
                 if !rollout.written {
-                    tracing::debug!(template = %id, revision = %rollout.revision, "revision in place is Ready");
+                    tracing::debug!(template = %id, revision = %rollout.revision, "revision in place is Ready, as {evidence} shows");
                     return;
                 }
                 let took = now.saturating_duration_since(rollout.started);
                 tracing::info!(template = %id, revision = %rollout.revision, took_ms = took.as_millis() as u64,
-                    "rollout succeeded: the mirror pod is Ready");
+                    "rollout succeeded: Ready, as {evidence} shows");
                 self.effects.push(Effect::Event {
                     id: id.to_string(),
                     reason: Reason::RolloutSucceeded,
