@@ -566,6 +566,7 @@ impl Reconciler {
                 phase,
             } => self.metrics.set_rollout(&id, &revision, phase),
             Effect::Result(result) => self.metrics.rollout_result(result),
+            Effect::Disagreed { id } => self.metrics.evidence_disagreed(&id),
             Effect::Stalled { id, stalled } => self.metrics.set_kubelet_not_started(&id, stalled),
             Effect::ForgetMetrics { id } => self.metrics.forget_rollout(&id),
             Effect::Render { id } => {

@@ -948,6 +948,62 @@ mod local_evidence {
     }
 }
 
+/// While both can be read, the mirror pod and the node are cross-checked:
+/// a disagreement that lasts is said once and counted; the mirror pod
+/// still decides.
+#[test]
+fn a_lasting_disagreement_of_the_mirror_pod_and_the_node_is_said_once_and_the_mirror_pod_decides() {
+    use crate::daemon::rollout::DISAGREE_AFTER;
+    let disagreed = |effects: &[Effect]| {
+        effects
+            .iter()
+            .filter(|e| matches!(e, Effect::Disagreed { .. }))
+            .count()
+    };
+    let node = |revision: &str, state: PodState| Observation {
+        pod: ObjectReference::default(),
+        ..seen(revision, state)
+    };
+    let now = Instant::now();
+    let mut m = machine(false);
+    m.local_available(true);
+    with_good(&mut m, now);
+    m.in_place(placed("r2", true), || None, now);
+    m.observe(seen("r2", PodState::Ready), now);
+    // The node shows no running container of r2.
+    m.local_observed(node("r2", PodState::Pending), now);
+    assert_eq!(m.next_deadline(), Some(now + DISAGREE_AFTER));
+    m.tick(now + DISAGREE_AFTER / 2);
+    assert_eq!(
+        disagreed(&m.take_effects()),
+        0,
+        "a moment is no disagreement"
+    );
+    m.tick(now + DISAGREE_AFTER);
+    let effects = m.take_effects();
+    assert_eq!(disagreed(&effects), 1);
+    // The mirror pod decides: Ready for 10 s is a success.
+    m.tick(now + STABLE);
+    let effects = m.take_effects();
+    assert_eq!(results(&effects), vec!["succeeded"]);
+    assert_eq!(disagreed(&effects), 0, "said once");
+    // They agree again, then the reverse: the mirror pod says failed, the
+    // node shows it all running.
+    m.local_observed(node("r2", PodState::Ready), now + STABLE);
+    m.in_place(placed("r3", true), || None, now);
+    m.observe(seen("r3", crash()), now);
+    m.take_effects();
+    m.local_observed(node("r3", PodState::Ready), now);
+    m.tick(now + DISAGREE_AFTER);
+    assert_eq!(disagreed(&m.take_effects()), 1);
+    // Without local evidence there is nothing to cross-check.
+    let mut m = machine(false);
+    with_good(&mut m, now);
+    m.local_observed(node("r1", PodState::Pending), now);
+    m.tick(now + MINUTE);
+    assert_eq!(disagreed(&m.take_effects()), 0);
+}
+
 /// A quorum member (`podstamp.io/quorum: "true"`): `r2` granted its one
 /// slot and written over a good `r1`, on a machine that follows rollouts.
 fn quorum_member_writing_r2(now: Instant) -> Machine {
