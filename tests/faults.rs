@@ -1627,12 +1627,21 @@ const FAULTS: &[Fault] = &[
     },
     Fault {
         id: "controlplane-member-bad-revision",
-        area: "rollout",
+        area: "rollouts",
         fault: "a bad revision (a flag the API server refuses) of an API server member of a two-node control plane on one etcd (`podstamp.io/quorum: \"true\"`), each node's kubelet and podstamp talking to its own node's member",
         kept: "the first node to write it sees its member crash, judges it from the node while its own API server is down and rolls it back; the other node never writes it (halted by the failure, and the slot is kept until the rolled-back member is Ready), and its member answers throughout (every 100 ms sample), so the cluster keeps its API",
         reported: "on the first node, once its member answers: `RolloutFailed` (CrashLoopBackOff, exited with code 2) and the failed revision in `podstamp status`; on the other: phase `halted` in `podstamp status`",
         says: "halted",
         test: "tests/controlplane.rs: a_bad_member_revision_is_rolled_back_on_its_node_and_never_written_on_the_other",
+    },
+    Fault {
+        id: "controlplane-kubelet-restarted-api-down",
+        area: "rollouts",
+        fault: "the node's kubelet restarted while a bad revision of the self-hosted API server is in place and the API is down (kubernetes/kubernetes#105543): the real 1.37 kubelet runs the bad revision it finds at its start, but never starts the revision podstamp rolls back to (no sandbox: its API source never becomes ready, so the stopped pod of the same name is never cleaned up)",
+        kept: "the bad revision judged from the node (crash loop) and rolled back, the good manifest in place and the bad one held; the revision rolled back to is not failed nor rolled back further (nothing would help: the kubelet acts on no changed file), and is judged anew, its deadline counted again, once the kubelet starts it (after the kubelet is restarted again: tested)",
+        reported: "after the progress deadline, the warning `the kubelet has not started revision X: no sandbox after N s; kubernetes/kubernetes#105543`, `podstamp_kubelet_not_started{template}` 1, a `KubeletNotStarted` Event kept on disk and published once the API answers, the node's status message in `podstamp status`; `the kubelet started the revision after all` once it does. A new revision the kubelet never started fails as `KubeletNotStarted` (the same words) and is rolled back",
+        says: "kubernetes/kubernetes#105543",
+        test: "tests/controlplane.rs: the_kubelet_restarted_with_the_bad_api_server_in_place_and_the_api_down",
     },
     Fault {
         id: "fuzz-templates",

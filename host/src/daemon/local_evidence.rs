@@ -12,11 +12,20 @@
 //!   made anew at the next poll) and counts as not reachable, said once in
 //!   the log, not at every poll.
 //! * A revision's probes start anew when another revision is in place.
-//! * An observation is sent only when it changed: the machine's clock
-//!   (the progress deadline, the 10 s of a stable Ready) runs on its own.
+//! * An observation is sent only when it changed (and once more when the
+//!   mirror pods start or stop being followed): the machine's clock (the
+//!   progress deadline, the 10 s of a stable Ready) runs on its own.
+//! * The pods' probes run only while the mirror pods are not followed:
+//!   while they are, the kubelet runs the same probes and its verdict
+//!   decides, so running them again would only double the load on the
+//!   pod; the runtime's word alone is then the cross-check (the machine's
+//!   disagreement check). They start anew, fresh records, when the mirror
+//!   pods stop being followed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
@@ -88,11 +97,19 @@ fn in_place(dir: &Path) -> Vec<InPlace> {
 struct Followed {
     revision: String,
     prober: Prober,
+    /// Its probes are being run (the mirror pods not followed).
+    probing: bool,
     sent: Option<LocalPodState>,
 }
 
-/// Polls the node until the reconciler is gone.
-pub async fn watch(socket: PathBuf, manifest_dir: PathBuf, inputs: Sender<Input>) {
+/// Polls the node until the reconciler is gone; `mirror_followed`: the
+/// mirror pods are followed now (the probes are then the kubelet's alone).
+pub async fn watch(
+    socket: PathBuf,
+    manifest_dir: PathBuf,
+    inputs: Sender<Input>,
+    mirror_followed: Arc<AtomicBool>,
+) {
     let mut cri: Option<Cri> = None;
     let mut available = false;
     let mut said: Option<String> = None;
@@ -115,7 +132,8 @@ pub async fn watch(socket: PathBuf, manifest_dir: PathBuf, inputs: Sender<Input>
                         return;
                     }
                 }
-                poll(client, &manifest_dir, &mut followed, &inputs).await
+                let probing = !mirror_followed.load(Ordering::Relaxed);
+                poll(client, &manifest_dir, &mut followed, probing, &inputs).await
             }
             (Err(e), _) => Err(e),
             (Ok(()), None) => continue,
@@ -149,6 +167,7 @@ async fn poll(
     client: &mut Cri,
     manifest_dir: &Path,
     followed: &mut BTreeMap<String, Followed>,
+    probing: bool,
     inputs: &Sender<Input>,
 ) -> Result<(), cri::CriError> {
     let manifests = in_place(manifest_dir);
@@ -159,12 +178,16 @@ async fn poll(
             .or_insert_with(|| Followed {
                 revision: m.revision.clone(),
                 prober: Prober::new(&m.pod),
+                probing,
                 sent: None,
             });
-        if f.revision != m.revision {
+        if f.revision != m.revision || f.probing != probing {
+            // Another revision, or the probes taken up or left to the
+            // kubelet: fresh records, and the state sent again.
             *f = Followed {
                 revision: m.revision.clone(),
                 prober: Prober::new(&m.pod),
+                probing,
                 sent: None,
             };
         }
@@ -173,8 +196,10 @@ async fn poll(
             .await?;
         let containers = cri::containers(&m.pod, &seen);
         let now = Instant::now();
-        f.prober.containers(&containers, now);
-        f.prober.run_due(now).await;
+        if probing {
+            f.prober.containers(&containers, now);
+            f.prober.run_due(now).await;
+        }
         let state = LocalPodState {
             // A sandbox the runtime no longer calls ready is one the kubelet
             // stopped: this revision's pod from before another replaced it
@@ -184,7 +209,11 @@ async fn poll(
             // old, stopped sandbox (kubernetes/kubernetes#105543).
             sandbox: seen.sandbox.as_ref().is_some_and(|s| s.ready),
             containers,
-            probes: f.prober.local(),
+            probes: if probing {
+                f.prober.local()
+            } else {
+                Vec::new()
+            },
         };
         if f.sent.as_ref() == Some(&state) {
             continue;

@@ -78,6 +78,8 @@ struct Inner {
     /// Per template: the kubelet has not started the revision in place
     /// past its deadline (kubernetes/kubernetes#105543).
     kubelet_not_started: BTreeMap<String, bool>,
+    /// Per template: times the mirror pod and the node itself disagreed.
+    evidence_disagreements: BTreeMap<String, u64>,
     /// Writes to the API for rollouts across nodes: (object, result).
     fleet_writes: BTreeMap<(&'static str, &'static str), u64>,
     slots_held: usize,
@@ -249,6 +251,15 @@ impl Metrics {
         let mut inner = self.lock();
         inner.rollouts.remove(id);
         inner.kubelet_not_started.remove(id);
+    }
+
+    /// The mirror pod and the node itself disagreed about template `id`.
+    pub fn evidence_disagreed(&self, id: &str) {
+        *self
+            .lock()
+            .evidence_disagreements
+            .entry(id.to_string())
+            .or_default() += 1;
     }
 
     /// Whether the kubelet has not started template `id`'s revision in
@@ -465,6 +476,18 @@ impl Metrics {
             "# HELP podstamp_kubelet_not_started 1 while the kubelet has not started the revision in place of a template (no sandbox on the node) past its progress deadline, with nothing to fall back to (kubernetes/kubernetes#105543).\n\
              # TYPE podstamp_kubelet_not_started gauge"
         );
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_evidence_disagreements_total Times the mirror pod and the node itself (the container runtime) disagreed about a template's revision in place for 5 s (the mirror pod decides).\n\
+             # TYPE podstamp_evidence_disagreements_total counter"
+        );
+        for (template, n) in &inner.evidence_disagreements {
+            let _ = writeln!(
+                out,
+                "podstamp_evidence_disagreements_total{{template=\"{}\"}} {n}",
+                escape(template)
+            );
+        }
         for (template, stalled) in &inner.kubelet_not_started {
             let _ = writeln!(
                 out,

@@ -135,7 +135,8 @@ fn state(status: &Value) -> PodState {
 /// Watches this node's pods in `namespace` and sends what their mirror pods
 /// say to the reconciler, until it is gone: `MirrorSynced` once listed (or,
 /// after a failure, once the watch resumed where it stopped), `MirrorLost`
-/// at each failure.
+/// at each failure; `followed` says the same to the local evidence poller
+/// (which then leaves the pods' probes to the kubelet).
 pub async fn watch(
     client: Client,
     namespace: String,
@@ -143,6 +144,7 @@ pub async fn watch(
     watch_timeout: Option<u32>,
     inputs: Sender<Input>,
     metrics: Arc<Metrics>,
+    followed: Arc<std::sync::atomic::AtomicBool>,
 ) {
     let api: Api<Raw<Pod>> = Api::namespaced(client, &namespace);
     let spec =
@@ -153,8 +155,14 @@ pub async fn watch(
                 Some(observation) => Input::Mirror(observation),
                 None => return ControlFlow::Continue(()),
             },
-            Event::ListDone | Event::Resumed => Input::MirrorSynced,
-            Event::Failed(_) => Input::MirrorLost,
+            Event::ListDone | Event::Resumed => {
+                followed.store(true, std::sync::atomic::Ordering::Relaxed);
+                Input::MirrorSynced
+            }
+            Event::Failed(_) => {
+                followed.store(false, std::sync::atomic::Ordering::Relaxed);
+                Input::MirrorLost
+            }
             // A pod gone says nothing about the revision now in place:
             // its successor, if any, is another pod.
             Event::Listing | Event::Deleted(_) => return ControlFlow::Continue(()),

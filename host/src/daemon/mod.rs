@@ -382,6 +382,9 @@ async fn serve(
                 inputs.clone(),
                 metrics.clone(),
             ));
+            // Whether the mirror pods are followed: the local evidence
+            // poller runs the pods' probes only while they are not.
+            let followed = Arc::new(std::sync::atomic::AtomicBool::new(false));
             tokio::spawn(mirror::watch(
                 client.clone(),
                 settings.namespace.clone(),
@@ -389,6 +392,7 @@ async fn serve(
                 settings.watch_timeout,
                 inputs.clone(),
                 metrics.clone(),
+                followed.clone(),
             ));
             // The node's own evidence, for when the mirror pods cannot be
             // followed (the API server down). Only with the API source:
@@ -398,6 +402,7 @@ async fn serve(
                 settings.cri_socket.clone(),
                 settings.manifest_dir.clone(),
                 inputs.clone(),
+                followed,
             ));
             tokio::spawn(source::watch_templates(
                 client,

@@ -90,6 +90,7 @@ mod tests {
             good: Some("aaaa".into()),
             held: Some("bbbb".into()),
             pending: Some("cccc".into()),
+            deadline: Some(90),
         };
         save(dir.path(), &state).unwrap();
         assert_eq!(load(dir.path()).unwrap(), state);

@@ -566,6 +566,7 @@ impl Reconciler {
                 phase,
             } => self.metrics.set_rollout(&id, &revision, phase),
             Effect::Result(result) => self.metrics.rollout_result(result),
+            Effect::Disagreed { id } => self.metrics.evidence_disagreed(&id),
             Effect::Stalled { id, stalled } => self.metrics.set_kubelet_not_started(&id, stalled),
             Effect::ForgetMetrics { id } => self.metrics.forget_rollout(&id),
             Effect::Render { id } => {
@@ -583,9 +584,9 @@ impl Reconciler {
     /// Follows `revision` of template `id`, in place in the manifest
     /// directory, before the templates could be listed (a daemon started
     /// while the API server is down): from its rollout state alone (a
-    /// `pending` revision is this daemon's own write), with the default
-    /// progress deadline, so that local evidence can judge it and roll it
-    /// back.
+    /// `pending` revision is this daemon's own write, judged by the progress
+    /// deadline recorded at its write; any other by the default), so that
+    /// local evidence can judge it and roll it back.
     fn follow_offline(&mut self, id: &str, revision: &str) {
         if self
             .rollouts
@@ -602,7 +603,10 @@ impl Reconciler {
                 id: id.to_string(),
                 revision: revision.to_string(),
                 written: false,
-                deadline: DEFAULT_DEADLINE,
+                deadline: self
+                    .rollouts
+                    .recorded_deadline(id, revision)
+                    .unwrap_or(DEFAULT_DEADLINE),
                 held: false,
                 gated: None,
                 target: None,

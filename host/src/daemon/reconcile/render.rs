@@ -399,7 +399,7 @@ impl Reconciler {
             let manifest = rendered.verify().map_err(render_failed)?;
             // Known before the file is in place: a daemon killed right after
             // the rename still follows it as its own after a restart.
-            self.rollouts.writing(&source, &manifest.revision);
+            self.rollouts.writing(&source, &manifest.revision, deadline);
             self.run_effects();
             let outcome =
                 write::replace(&self.dir, &file, &manifest.bytes).map_err(|e| Failure {

@@ -45,6 +45,10 @@ pub enum Effect {
     /// revision of template `id` in place past its deadline
     /// (`podstamp_kubelet_not_started{template}`).
     Stalled { id: String, stalled: bool },
+    /// The mirror pod and the node itself disagreed about template `id`'s
+    /// revision in place for a while
+    /// (`podstamp_evidence_disagreements_total{template}`).
+    Disagreed { id: String },
     /// Count a rollout's result (`podstamp_rollouts_total{result}`).
     Result(&'static str),
     /// Template `id`'s rollout metrics go (the template is gone).

@@ -48,6 +48,19 @@ use crate::daemon::inbox::{Answer, Observation};
 use crate::fleet::{self, TemplateStatus, policy::Policy};
 use crate::reason::Reason;
 
+/// How long the mirror pod and the node itself may disagree before it is
+/// said: a few polls (the node is looked at every second), since either
+/// side sees a change a moment before the other.
+pub const DISAGREE_AFTER: Duration = Duration::from_secs(5);
+
+/// The mirror pod and the node disagreeing about template `id`'s revision
+/// in place (see [`Machine::cross_check`]).
+struct Disagreement {
+    since: Instant,
+    said: bool,
+    what: String,
+}
+
 /// Why an update of a manifest in place is not written yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Gated {
@@ -123,6 +136,10 @@ pub struct Machine {
     states: BTreeMap<String, RolloutState>,
     known: BTreeMap<String, Known>,
     rolling_back: BTreeMap<String, RollingBack>,
+    /// What the node itself showed last, per template (judged without the
+    /// probes while the mirror pod is followed: the kubelet runs them).
+    local_seen: BTreeMap<String, Observation>,
+    disagreements: BTreeMap<String, Disagreement>,
     effects: Vec<Effect>,
     /// The wall clock of a failure record (RFC 3339).
     clock: fn() -> String,
@@ -143,6 +160,8 @@ impl Machine {
             states: BTreeMap::new(),
             known: BTreeMap::new(),
             rolling_back: BTreeMap::new(),
+            local_seen: BTreeMap::new(),
+            disagreements: BTreeMap::new(),
             effects: Vec::new(),
             clock: fleet::now_rfc3339,
         }
@@ -189,7 +208,16 @@ impl Machine {
 
     /// The next time [`Machine::tick`] has something to do.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.tracker.next_deadline()
+        let disagreement = self
+            .disagreements
+            .values()
+            .filter(|d| !d.said)
+            .map(|d| d.since + DISAGREE_AFTER)
+            .min();
+        match (self.tracker.next_deadline(), disagreement) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Whether `revision` of template `id` is held: it failed here and was
@@ -235,10 +263,21 @@ impl Machine {
         self.with_slots(|slots| slots.cancel(id));
     }
 
-    /// `revision` of template `id` is about to be written: a daemon killed
-    /// right after the rename still follows it as its own after a restart.
-    pub fn writing(&mut self, id: &str, revision: &str) {
-        self.change_state(id, |s| s.pending = Some(revision.to_string()));
+    /// `revision` of template `id`, whose progress deadline is `deadline`,
+    /// is about to be written: a daemon killed right after the rename still
+    /// follows it as its own after a restart, by the same deadline.
+    pub fn writing(&mut self, id: &str, revision: &str, deadline: Duration) {
+        self.change_state(id, |s| {
+            s.pending = Some(revision.to_string());
+            s.deadline = Some(deadline.as_secs());
+        });
+    }
+
+    /// The progress deadline recorded at the write of `revision` of
+    /// template `id`, while it is pending (for a daemon that cannot read
+    /// the template).
+    pub fn recorded_deadline(&self, id: &str, revision: &str) -> Option<Duration> {
+        self.states.get(id)?.deadline_of(revision)
     }
 
     /// A render ended with its manifest in place. `history` gives, when
@@ -337,7 +376,7 @@ impl Machine {
         self.phase(id, &done.revision, Phase::Written);
         if written {
             tracing::info!(template = %id, revision = %done.revision, deadline = ?done.deadline,
-                "rollout started: waiting for the mirror pod to be Ready");
+                "rollout started: waiting for it to be Ready (the mirror pod says; the node itself while the mirror pod cannot be followed)");
         }
         if let Some(seen) = self.tracker.seen_in_place(id) {
             self.observe(seen, now);
@@ -346,7 +385,73 @@ impl Machine {
 
     /// What a mirror pod of ours says.
     pub fn observe(&mut self, observation: Observation, now: Instant) {
+        let id = observation.source.clone();
         self.observe_from(observation, false, now);
+        self.cross_check(&id, now);
+    }
+
+    /// While both the mirror pod and the node itself can be read: do they
+    /// agree on the revision in place? They disagree when the mirror pod
+    /// says Ready and the node shows its containers not all running, or
+    /// when the node shows them all running and the mirror pod says the
+    /// pod failed. Said (a warning, [`Effect::Disagreed`]) once it lasted
+    /// [`DISAGREE_AFTER`]; the mirror pod still decides: it is the
+    /// kubelet's own word, covering what podstamp cannot see (`exec` and
+    /// `grpc` probes, another network's probes, the pod's conditions).
+    fn cross_check(&mut self, id: &str, now: Instant) {
+        let mirror = self.tracker.seen_in_place(id);
+        let node = self.local_seen.get(id);
+        let what = match (self.confirming && self.local, mirror, node) {
+            (true, Some(mirror), Some(node)) if mirror.revision == node.revision => {
+                use crate::daemon::inbox::PodState;
+                match (&mirror.state, &node.state) {
+                    (
+                        PodState::Ready,
+                        PodState::Pending | PodState::Running | PodState::Failed { .. },
+                    ) => Some(format!(
+                        "the mirror pod of revision {} is Ready, and the node shows its containers not all running ({:?})",
+                        mirror.revision, node.state
+                    )),
+                    (PodState::Failed { reason, .. }, PodState::Ready) => Some(format!(
+                        "the mirror pod of revision {} says {reason}, and the node shows all its containers running",
+                        mirror.revision
+                    )),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        match what {
+            None => {
+                if self.disagreements.remove(id).is_some_and(|d| d.said) {
+                    tracing::info!(template = %id, "the mirror pod and the node agree again");
+                }
+            }
+            Some(what) => {
+                let d = self
+                    .disagreements
+                    .entry(id.to_string())
+                    .or_insert(Disagreement {
+                        since: now,
+                        said: false,
+                        what: what.clone(),
+                    });
+                d.what = what;
+            }
+        }
+    }
+
+    /// Says the disagreements that lasted [`DISAGREE_AFTER`] by `now`, once.
+    fn disagreements_due(&mut self, now: Instant) {
+        for (id, d) in &mut self.disagreements {
+            if d.said || now < d.since + DISAGREE_AFTER {
+                continue;
+            }
+            d.said = true;
+            tracing::warn!(template = %id, "the mirror pod and the node itself disagree for {}s: {}; the mirror pod decides",
+                (now - d.since).as_secs(), d.what);
+            self.effects.push(Effect::Disagreed { id: id.clone() });
+        }
     }
 
     /// What a mirror pod, or (`local`) the node itself, says.
@@ -425,7 +530,10 @@ impl Machine {
 
     /// The same, already judged (by the shell that read the node).
     pub fn local_observed(&mut self, observation: Observation, now: Instant) {
+        let id = observation.source.clone();
+        self.local_seen.insert(id.clone(), observation.clone());
         if self.confirming || !self.local {
+            self.cross_check(&id, now);
             return;
         }
         self.observe_from(observation, true, now);
@@ -442,6 +550,7 @@ impl Machine {
 
     /// The verdicts due at `now` (Ready long enough, or a deadline passed).
     pub fn tick(&mut self, now: Instant) {
+        self.disagreements_due(now);
         for (id, revision, after) in self.tracker.stalls(now) {
             let said = not_started(&revision, after);
             tracing::warn!(template = %id, revision = %revision, node = %self.node,
@@ -509,6 +618,8 @@ impl Machine {
         self.states.remove(id);
         self.known.remove(id);
         self.rolling_back.remove(id);
+        self.local_seen.remove(id);
+        self.disagreements.remove(id);
         self.effects
             .push(Effect::ForgetState { id: id.to_string() });
         self.effects
@@ -528,17 +639,16 @@ impl Machine {
                 self.fleet_verdict(id, &rollout, None);
                 self.change_state(id, |s| {
                     s.good = Some(rollout.revision.clone());
-                    if s.pending.as_ref() == Some(&rollout.revision) {
-                        s.pending = None;
-                    }
+                    s.settle(&rollout.revision);
                 });
+                let evidence = rollout.evidence();
                 if !rollout.written {
-                    tracing::debug!(template = %id, revision = %rollout.revision, "revision in place is Ready");
+                    tracing::debug!(template = %id, revision = %rollout.revision, "revision in place is Ready, as {evidence} shows");
                     return;
                 }
                 let took = now.saturating_duration_since(rollout.started);
                 tracing::info!(template = %id, revision = %rollout.revision, took_ms = took.as_millis() as u64,
-                    "rollout succeeded: the mirror pod is Ready");
+                    "rollout succeeded: Ready, as {evidence} shows");
                 self.effects.push(Effect::Event {
                     id: id.to_string(),
                     reason: Reason::RolloutSucceeded,
@@ -617,11 +727,7 @@ impl Machine {
 
     /// The rest of a failed verdict, once its rollback (if any) is done.
     fn failed(&mut self, id: &str, rollout: &Rollout, reason: &str, message: &str, outcome: &str) {
-        self.change_state(id, |s| {
-            if s.pending.as_ref() == Some(&rollout.revision) {
-                s.pending = None;
-            }
-        });
+        self.change_state(id, |s| s.settle(&rollout.revision));
         tracing::warn!(template = %id, revision = %rollout.revision, node = %self.node, reason = %reason,
             "rollout failed: {message}; {outcome}");
         self.fleet_verdict(id, rollout, Some((reason, message)));

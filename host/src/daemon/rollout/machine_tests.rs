@@ -113,11 +113,12 @@ fn a_written_revision_ready_for_a_while_succeeds_and_is_remembered_as_good() {
     let now = Instant::now();
     assert!(m.mirror_synced());
     assert!(!m.mirror_synced(), "news once");
-    m.writing(ID, "r1");
+    m.writing(ID, "r1", MINUTE);
     assert_eq!(
         saved(&m.take_effects()),
         vec![RolloutState {
             pending: Some("r1".into()),
+            deadline: Some(60),
             ..RolloutState::default()
         }]
     );
@@ -169,7 +170,7 @@ fn a_failed_revision_is_rolled_back_then_held_and_the_event_says_so() {
     let mut m = machine(false);
     let now = Instant::now();
     with_good(&mut m, now);
-    m.writing(ID, "r2");
+    m.writing(ID, "r2", MINUTE);
     m.in_place(placed("r2", true), || None, now);
     m.take_effects();
     // The old pod's status never fails the new revision.
@@ -202,11 +203,13 @@ fn a_failed_revision_is_rolled_back_then_held_and_the_event_says_so() {
                 good: Some("r1".into()),
                 held: Some("r2".into()),
                 pending: Some("r2".into()),
+                deadline: Some(60),
             },
             RolloutState {
                 good: Some("r1".into()),
                 held: Some("r2".into()),
                 pending: None,
+                deadline: None,
             },
         ]
     );
@@ -475,6 +478,49 @@ fn an_unchanged_manifest_withdraws_an_ask_and_nothing_coordinates_without_slots(
     assert!(m.take_effects().is_empty());
 }
 
+/// A daemon restarted while the API server is down cannot read the
+/// template's `podstamp.io/progress-deadline`: the one recorded at the
+/// write judges the pending revision, not the default.
+#[test]
+fn the_deadline_recorded_at_the_write_is_the_pending_revisions_after_a_restart() {
+    let mut m = machine(false);
+    m.writing(ID, "r2", Duration::from_secs(90));
+    let state = saved(&m.take_effects()).pop().unwrap();
+    assert_eq!(state.deadline, Some(90));
+    // As a restarted daemon reads it back from rollout.json.
+    let text = serde_json::to_string(&state).unwrap();
+    assert_eq!(text, r#"{"pending":"r2","deadline":90}"#);
+    let mut restarted = Machine::new("n1", false).with_clock(at);
+    restarted.load_state(ID, serde_json::from_str(&text).unwrap());
+    assert_eq!(
+        restarted.recorded_deadline(ID, "r2"),
+        Some(Duration::from_secs(90))
+    );
+    // Only for the pending revision; a file of before has none.
+    assert_eq!(restarted.recorded_deadline(ID, "r1"), None);
+    let old: RolloutState = serde_json::from_str(r#"{"pending":"r2"}"#).unwrap();
+    assert_eq!(old.deadline_of("r2"), None);
+    // Judged by it: failed at 90 s, not at the default 5 min.
+    let now = Instant::now();
+    restarted.local_available(true);
+    let deadline = restarted.recorded_deadline(ID, "r2").unwrap();
+    restarted.in_place(
+        InPlace {
+            deadline,
+            ..placed("r2", false)
+        },
+        || Some("r1".into()),
+        now,
+    );
+    restarted.take_effects();
+    assert_eq!(restarted.next_deadline(), Some(now + deadline));
+    // Its verdict settles it: no longer pending, no deadline kept.
+    restarted.tick(now + deadline);
+    restarted.rolled_back(ID, "r1", Ok(()), now + deadline);
+    let last = saved(&restarted.take_effects()).pop().unwrap();
+    assert_eq!((last.pending, last.deadline), (None, None));
+}
+
 #[test]
 fn a_template_gone_forgets_its_state_metrics_and_record() {
     let mut m = machine(true);
@@ -673,7 +719,7 @@ mod local_evidence {
         with_good(&mut m, now);
         m.mirror_lost();
         assert!(m.local_available(true), "news: rollouts followed again");
-        m.writing(ID, "r2");
+        m.writing(ID, "r2", MINUTE);
         m.in_place(placed("r2", true), || None, now);
         m.take_effects();
         m
@@ -900,6 +946,62 @@ mod local_evidence {
         m.tick(now + 10 * MINUTE);
         assert!(results(&m.take_effects()).is_empty());
     }
+}
+
+/// While both can be read, the mirror pod and the node are cross-checked:
+/// a disagreement that lasts is said once and counted; the mirror pod
+/// still decides.
+#[test]
+fn a_lasting_disagreement_of_the_mirror_pod_and_the_node_is_said_once_and_the_mirror_pod_decides() {
+    use crate::daemon::rollout::DISAGREE_AFTER;
+    let disagreed = |effects: &[Effect]| {
+        effects
+            .iter()
+            .filter(|e| matches!(e, Effect::Disagreed { .. }))
+            .count()
+    };
+    let node = |revision: &str, state: PodState| Observation {
+        pod: ObjectReference::default(),
+        ..seen(revision, state)
+    };
+    let now = Instant::now();
+    let mut m = machine(false);
+    m.local_available(true);
+    with_good(&mut m, now);
+    m.in_place(placed("r2", true), || None, now);
+    m.observe(seen("r2", PodState::Ready), now);
+    // The node shows no running container of r2.
+    m.local_observed(node("r2", PodState::Pending), now);
+    assert_eq!(m.next_deadline(), Some(now + DISAGREE_AFTER));
+    m.tick(now + DISAGREE_AFTER / 2);
+    assert_eq!(
+        disagreed(&m.take_effects()),
+        0,
+        "a moment is no disagreement"
+    );
+    m.tick(now + DISAGREE_AFTER);
+    let effects = m.take_effects();
+    assert_eq!(disagreed(&effects), 1);
+    // The mirror pod decides: Ready for 10 s is a success.
+    m.tick(now + STABLE);
+    let effects = m.take_effects();
+    assert_eq!(results(&effects), vec!["succeeded"]);
+    assert_eq!(disagreed(&effects), 0, "said once");
+    // They agree again, then the reverse: the mirror pod says failed, the
+    // node shows it all running.
+    m.local_observed(node("r2", PodState::Ready), now + STABLE);
+    m.in_place(placed("r3", true), || None, now);
+    m.observe(seen("r3", crash()), now);
+    m.take_effects();
+    m.local_observed(node("r3", PodState::Ready), now);
+    m.tick(now + DISAGREE_AFTER);
+    assert_eq!(disagreed(&m.take_effects()), 1);
+    // Without local evidence there is nothing to cross-check.
+    let mut m = machine(false);
+    with_good(&mut m, now);
+    m.local_observed(node("r1", PodState::Pending), now);
+    m.tick(now + MINUTE);
+    assert_eq!(disagreed(&m.take_effects()), 0);
 }
 
 /// A quorum member (`podstamp.io/quorum: "true"`): `r2` granted its one

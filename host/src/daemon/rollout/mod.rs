@@ -24,6 +24,6 @@ mod state;
 mod tracker;
 
 pub use effect::Effect;
-pub use machine::{Gated, InPlace, Machine};
+pub use machine::{DISAGREE_AFTER, Gated, InPlace, Machine};
 pub use state::RolloutState;
 pub use tracker::{DEADLINE_ANNOTATION, DEADLINE_EXCEEDED, DEFAULT_DEADLINE, Phase, STABLE};

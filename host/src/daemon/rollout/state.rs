@@ -25,4 +25,29 @@ pub struct RolloutState {
     /// followed again (see [`super::tracker`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending: Option<String>,
+    /// The `pending` revision's progress deadline in seconds, as its
+    /// template said at the write: a daemon restarted while the API server
+    /// is down cannot read the template's annotation, and would otherwise
+    /// judge it by the default (5 min) instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<u64>,
+}
+
+impl RolloutState {
+    /// `revision` has its verdict: it is no longer pending.
+    pub fn settle(&mut self, revision: &str) {
+        if self.pending.as_deref() == Some(revision) {
+            self.pending = None;
+            self.deadline = None;
+        }
+    }
+
+    /// The progress deadline recorded for `revision`, when it is the
+    /// pending one.
+    pub fn deadline_of(&self, revision: &str) -> Option<std::time::Duration> {
+        (self.pending.as_deref() == Some(revision))
+            .then_some(self.deadline)
+            .flatten()
+            .map(std::time::Duration::from_secs)
+    }
 }

@@ -107,9 +107,24 @@ pub struct Rollout {
     /// The node's own evidence showed no sandbox of it last (the kubelet
     /// has not acted on the file).
     pub no_sandbox: bool,
+    /// Its last status came from the node's own evidence, not the mirror
+    /// pod ([`Rollout::evidence`]).
+    pub local: bool,
     /// Its stall, once reported ([`Tracker::stalls`]): how long after its
     /// write the kubelet still had not started it.
     pub stalled: Option<Duration>,
+}
+
+impl Rollout {
+    /// What its last status came from, as the log says which evidence
+    /// decided its verdict.
+    pub fn evidence(&self) -> &'static str {
+        if self.local {
+            "the node itself (the container runtime and the pod's probes; the mirror pod could not be followed)"
+        } else {
+            "the mirror pod"
+        }
+    }
 }
 
 #[derive(Default)]
@@ -160,6 +175,7 @@ impl Tracker {
                 ready_since: None,
                 pod: None,
                 no_sandbox: false,
+                local: false,
                 stalled: None,
             },
         );
@@ -234,6 +250,7 @@ impl Tracker {
         if rollout.revision != o.revision {
             return None;
         }
+        rollout.local = local;
         rollout.no_sandbox = local && o.state == PodState::Pending;
         if !rollout.no_sandbox
             && rollout.verdict.is_none()
@@ -430,6 +447,23 @@ mod tests {
             if id == "ns/web" && reason == DEADLINE_EXCEEDED));
         assert_eq!(t.get("ns/web").unwrap().phase, Phase::Failed);
         assert!(t.expire(now + MINUTE * 2).is_empty());
+    }
+
+    #[test]
+    fn the_evidence_that_decided_is_the_last_status_s() {
+        let mut t = Tracker::default();
+        let now = Instant::now();
+        t.start("ns/web", "r1", true, MINUTE, None, now);
+        assert_eq!(t.get("ns/web").unwrap().evidence(), "the mirror pod");
+        t.observe_from(&seen("r1", PodState::Ready), true, now);
+        assert!(
+            t.get("ns/web")
+                .unwrap()
+                .evidence()
+                .starts_with("the node itself")
+        );
+        t.observe_from(&seen("r1", PodState::Running), false, now);
+        assert_eq!(t.get("ns/web").unwrap().evidence(), "the mirror pod");
     }
 
     #[test]
