@@ -978,6 +978,15 @@ const FAULTS: &[Fault] = &[
         test: "symlinks_where_manifests_go_are_never_followed",
     },
     Fault {
+        id: "disk-pass-staged-not-renamed",
+        area: "disk",
+        fault: "the daemon killed between a pass's staged, fsynced `.podstamp-*` files and their renames (host/src/daemon/reconcile/batch.rs; the state is planted on disk, since the window cannot be hit from outside)",
+        kept: "every manifest byte for byte as before the pass, accepted by the kubelet's decoder; the restart removes the temp files (which the kubelet ignores) and writes the new versions",
+        reported: "not a failure (the process is killed); an info line at the restart",
+        says: "removed stale temporary files",
+        test: "a_pass_killed_between_its_staged_files_and_their_renames_keeps_every_old_manifest",
+    },
+    Fault {
         id: "disk-kill-9",
         area: "disk",
         fault: "`kill -9` of the daemon during a burst of updates, then a restart",
@@ -3295,6 +3304,71 @@ fn kill_9_during_a_burst_leaves_only_whole_manifests_and_a_restart_converges() {
         names_in(&e.manifests)
     );
     assert!(daemon.logs().contains(fault.says));
+    kubelet_accepts_dir(&e.manifests);
+    assert!(daemon.stop().success());
+}
+
+/// What a daemon killed between a pass's fsyncs and its renames
+/// (host/src/daemon/reconcile/batch.rs, step 2 → 3) leaves: each new
+/// manifest in a synced `.podstamp-*` file beside its target, no rename
+/// done. Planted as that state on disk: the window cannot be hit on purpose
+/// from outside the process.
+#[test]
+fn a_pass_killed_between_its_staged_files_and_their_renames_keeps_every_old_manifest() {
+    let fault = row("disk-pass-staged-not-renamed");
+    let e = env();
+    let names: Vec<String> = (0..20).map(|i| format!("p{i:02}")).collect();
+    for n in &names {
+        e.put(
+            &format!("{n}.yaml"),
+            &template(n, None, &format!("{n}:old")),
+        );
+    }
+    let daemon = e.start(&[], "staged-1.log");
+    daemon.wait_ready(CONVERGE);
+    for n in &names {
+        wait_content(&daemon, &e.manifest(n), &format!("image: {n}:old\n"));
+    }
+    assert!(daemon.stop().success());
+    let before: Vec<Vec<u8>> = names
+        .iter()
+        .map(|n| fs::read(e.manifest(n)).unwrap())
+        .collect();
+    // The pass of the new versions, killed after its fsyncs: every new
+    // manifest staged, none renamed.
+    for (i, n) in names.iter().enumerate() {
+        e.put(
+            &format!("{n}.yaml"),
+            &template(n, None, &format!("{n}:new")),
+        );
+        let staged = String::from_utf8(before[i].clone())
+            .unwrap()
+            .replace(&format!("{n}:old"), &format!("{n}:new"));
+        let temp = e.manifests.join(format!(".podstamp-{n}.yaml.4242.{i}.tmp"));
+        fs::write(&temp, staged).unwrap();
+        fs::File::open(&temp).unwrap().sync_all().unwrap();
+    }
+    assert_eq!(temp_files(&e.manifests).len(), names.len());
+    for (n, old) in names.iter().zip(&before) {
+        assert_eq!(
+            &fs::read(e.manifest(n)).unwrap(),
+            old,
+            "{n}: as before the pass"
+        );
+    }
+    kubelet_accepts_dir(&e.manifests);
+
+    let daemon = e.start(&[], "staged-2.log");
+    daemon.wait_ready(CONVERGE);
+    for n in &names {
+        wait_content(&daemon, &e.manifest(n), &format!("image: {n}:new\n"));
+    }
+    assert!(
+        temp_files(&e.manifests).is_empty(),
+        "{:?}",
+        names_in(&e.manifests)
+    );
+    assert!(daemon.logs().contains(fault.says), "{}", daemon.logs());
     kubelet_accepts_dir(&e.manifests);
     assert!(daemon.stop().success());
 }

@@ -14,7 +14,9 @@
 //!   directories in it are 0700 and the files 0600, readable by this user
 //!   alone, like the manifests.
 //! * Files are written as manifests are ([`crate::write`]): a dot-temp file,
-//!   synced, renamed into place, the directory synced. A revision already
+//!   synced, renamed into place, the directory synced; for many templates at
+//!   once ([`Store::record_many`], [`Store::save_states`]) each step is taken
+//!   for all of them before the next, the syncs in parallel. A revision already
 //!   kept is never written again; recorded again (after an older one came
 //!   back), its file is renamed to the newest `seq`, not rewritten.
 //! * At most `keep` files per template: the oldest go when a new one comes.
@@ -147,6 +149,76 @@ impl Store {
         Ok(written)
     }
 
+    /// [`Store::record`] for many templates at once (`(id, revision,
+    /// bytes)`, one per template): the new files are staged, synced in
+    /// parallel, renamed, and each template's directory synced, in parallel
+    /// too. The result of each, in order.
+    pub fn record_many(&mut self, items: &[(&str, &str, &[u8])]) -> Vec<io::Result<bool>> {
+        // The new files to write, beside the index of their item.
+        let mut staged: Vec<(usize, write::Staged)> = Vec::new();
+        let mut results: Vec<io::Result<bool>> = Vec::with_capacity(items.len());
+        for (i, (id, revision, bytes)) in items.iter().enumerate() {
+            let result = (|| {
+                if self.recorded.get(*id).map(String::as_str) == Some(*revision) {
+                    return Ok(false);
+                }
+                let dir = self.make_template_dir(id)?;
+                let kept = self.kept_in(&dir)?;
+                let next = kept.last().map_or(1, |k| k.seq + 1);
+                let file = file_name(next, revision);
+                match kept.iter().find(|k| k.revision == *revision) {
+                    Some(k) if Some(k) == kept.last() => {}
+                    Some(k) => fs::rename(dir.join(&k.file), dir.join(&file))?,
+                    None => {
+                        if let Some(s) = write::stage(&dir, &file, bytes)? {
+                            staged.push((i, s));
+                        }
+                    }
+                }
+                Ok(true)
+            })();
+            results.push(result);
+        }
+        let (indices, mut files): (Vec<usize>, Vec<write::Staged>) = staged.into_iter().unzip();
+        let synced = write::sync_staged(&mut files);
+        let mut written = vec![false; items.len()];
+        for ((i, file), synced) in indices.into_iter().zip(files).zip(synced) {
+            match synced.and_then(|()| file.commit()) {
+                Ok(()) => written[i] = true,
+                Err(e) => results[i] = Err(e),
+            }
+        }
+        // Pruned, then each directory synced once.
+        let mut dirs = Vec::new();
+        for (i, (id, _, _)) in items.iter().enumerate() {
+            if !matches!(results[i], Ok(true)) {
+                continue;
+            }
+            let dir = self.template_dir(id);
+            let pruned = self.kept_in(&dir).and_then(|kept| {
+                kept[..kept.len().saturating_sub(self.keep)]
+                    .iter()
+                    .try_for_each(|old| fs::remove_file(dir.join(&old.file)))
+            });
+            match pruned {
+                Ok(()) => dirs.push((i, dir)),
+                Err(e) => results[i] = Err(e),
+            }
+        }
+        let (indices, dirs): (Vec<usize>, Vec<PathBuf>) = dirs.into_iter().unzip();
+        for (i, synced) in indices.into_iter().zip(write::sync_dirs(&dirs)) {
+            match synced {
+                Ok(()) => {
+                    let (id, revision, _) = items[i];
+                    self.recorded.insert(id.to_string(), revision.to_string());
+                    results[i] = Ok(written[i]);
+                }
+                Err(e) => results[i] = Err(e),
+            }
+        }
+        results
+    }
+
     /// Creates (0700) the directory of template `id` if missing.
     fn make_template_dir(&self, id: &str) -> io::Result<PathBuf> {
         let dir = self.template_dir(id);
@@ -173,6 +245,43 @@ impl Store {
     pub fn save_state(&self, id: &str, state: &State) -> io::Result<()> {
         let dir = self.make_template_dir(id)?;
         rollout_file::save(&dir, state)
+    }
+
+    /// [`Store::save_state`] for many templates at once: staged, synced in
+    /// parallel, renamed, and each template's directory synced (in parallel)
+    /// before this returns. The result of each, in order.
+    pub fn save_states(&self, states: &[(String, State)]) -> Vec<io::Result<()>> {
+        let mut results = Vec::with_capacity(states.len());
+        let mut staged = Vec::new();
+        for (i, (id, state)) in states.iter().enumerate() {
+            let result = self
+                .make_template_dir(id)
+                .and_then(|dir| rollout_file::stage(&dir, state));
+            match result {
+                Ok(Some(s)) => {
+                    staged.push((i, s));
+                    results.push(Ok(()));
+                }
+                Ok(None) => results.push(Ok(())),
+                Err(e) => results.push(Err(e)),
+            }
+        }
+        let (indices, mut files): (Vec<usize>, Vec<write::Staged>) = staged.into_iter().unzip();
+        let synced = write::sync_staged(&mut files);
+        let mut dirs = Vec::new();
+        for ((i, file), synced) in indices.into_iter().zip(files).zip(synced) {
+            match synced.and_then(|()| file.commit()) {
+                Ok(()) => dirs.push((i, self.template_dir(&states[i].0))),
+                Err(e) => results[i] = Err(e),
+            }
+        }
+        let (indices, dirs): (Vec<usize>, Vec<PathBuf>) = dirs.into_iter().unzip();
+        for (i, synced) in indices.into_iter().zip(write::sync_dirs(&dirs)) {
+            if let Err(e) = synced {
+                results[i] = Err(e);
+            }
+        }
+        results
     }
 
     /// Removes template `id`'s rollout state (the template is gone); its

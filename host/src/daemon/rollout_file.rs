@@ -72,9 +72,20 @@ pub fn load(dir: &Path) -> Result<State, LoadError> {
 
 /// Replaces the state in the template directory `dir` (which exists).
 pub fn save(dir: &Path, state: &State) -> io::Result<()> {
+    write::write_atomic(dir, FILE, &bytes(state)?).map(|_| ())
+}
+
+/// The first step of [`save`] ([`write::stage`]): the new state in a
+/// dot-temp file, to be synced, committed and its directory synced by the
+/// caller. None: the file already holds it.
+pub fn stage(dir: &Path, state: &State) -> io::Result<Option<write::Staged>> {
+    write::stage(dir, FILE, &bytes(state)?)
+}
+
+fn bytes(state: &State) -> io::Result<Vec<u8>> {
     let mut bytes = serde_json::to_vec_pretty(state).map_err(io::Error::other)?;
     bytes.push(b'\n');
-    write::write_atomic(dir, FILE, &bytes).map(|_| ())
+    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -8,8 +8,10 @@
 //! queued is applied before anything is rendered, with no added delay.
 //!
 //! One concern per file: this one (the inputs, the pass, the effects),
-//! `render` (one template: render, check, gate, write), `dir` (the manifest
-//! directory: what is ours, garbage, durability).
+//! `render` (one template: render, check, gate, stage its write), `outcome`
+//! (how a render ends: metrics, log, Event, the machine told), `batch`
+//! (the pass's writes and rollout states, put in place together, crash-safe),
+//! `dir` (the manifest directory: what is ours, garbage, durability).
 //!
 //! The rules it keeps:
 //! * Only files whose `podstamp.io/source` annotation names a template in the
@@ -40,7 +42,9 @@
 //!   ([`super::revisions`]), a held revision, a slot) is the machine's
 //!   decision, carried out here in the order given.
 
+mod batch;
 mod dir;
+mod outcome;
 mod render;
 #[cfg(test)]
 mod tests;
@@ -139,6 +143,8 @@ pub struct Reconciler {
     /// not read yet, and nothing renders until they are.
     namespace_labels: Option<BTreeMap<String, String>>,
     waiting_for_namespace_logged: bool,
+    /// What the pass under way holds back until it commits ([`batch`]).
+    pass: batch::Pass,
 }
 
 impl Reconciler {
@@ -184,6 +190,7 @@ impl Reconciler {
             pod_security: Held::default_level(),
             namespace_labels: Some(BTreeMap::new()),
             waiting_for_namespace_logged: false,
+            pass: batch::Pass::default(),
         })
     }
 
@@ -460,10 +467,13 @@ impl Reconciler {
             .collect();
         dirty.sort();
         let rendered = !dirty.is_empty();
+        self.open_pass();
         for (_, key) in dirty {
             self.render_one(&key);
             self.run_effects();
         }
+        self.close_pass();
+        self.run_effects();
         if rendered && self.synced {
             self.collect_garbage();
         }
@@ -512,6 +522,9 @@ impl Reconciler {
                     let _ = asks.send(ask);
                 }
             }
+            Effect::SaveState { id, state } if self.pass.open => {
+                self.pass.save_state(id, state);
+            }
             Effect::SaveState { id, state } => {
                 if let Some(store) = &self.revisions
                     && let Err(e) = store.save_state(&id, &state)
@@ -521,6 +534,7 @@ impl Reconciler {
                 }
             }
             Effect::ForgetState { id } => {
+                self.pass.forget_state(&id);
                 if let Some(store) = &self.revisions
                     && let Err(e) = store.forget_state(&id)
                 {
@@ -532,6 +546,8 @@ impl Reconciler {
                 revision,
                 failed: _,
             } => {
+                // Nothing staged in this pass may land over the rollback.
+                self.commit_pass();
                 let result = self.roll_back(&id, &revision);
                 self.rollouts
                     .rolled_back(&id, &revision, result, Instant::now());
@@ -614,7 +630,7 @@ impl Reconciler {
                 // Not known before the template is read: as last known.
                 quorum,
             },
-            || render::newest_other(store, id, revision),
+            || outcome::newest_other(store, id, revision),
             Instant::now(),
         );
     }

@@ -5,17 +5,18 @@
 //! Invariants: a render that fails in any way leaves the file as it is and
 //! is reported once per distinct failure; a revision is marked pending
 //! ([`crate::daemon::rollout::Machine::writing`]) and that state saved before
-//! its file is written; bytes already on disk are never written again.
+//! its file is renamed into place (the write is staged, and put in place
+//! with the pass's others by [`super::batch`]); bytes already on disk are
+//! never written again.
 
 use std::fs;
-use std::time::{Duration, Instant};
 
+use super::outcome::{Done, Failure, write_failed};
 use super::{ChainKey, Reconciler, ensure_state, read_regular};
 use crate::chain::{Chain, StepFailure};
-use crate::daemon::events::Report;
-use crate::daemon::metrics::{Metrics, RenderResult};
+use crate::daemon::metrics::Metrics;
 use crate::daemon::revisions::Store;
-use crate::daemon::rollout::{self, Gated, InPlace};
+use crate::daemon::rollout;
 use crate::fleet;
 use crate::fleet::policy::{self, Policy};
 use crate::manifest;
@@ -27,30 +28,6 @@ use crate::selector;
 use crate::template::Template;
 use crate::write::{self, Outcome};
 
-/// The longest failure message logged and kept per template (to report
-/// each distinct failure once). Every part of one is bounded where it is
-/// made (a plugin's error text to 4 KiB, its message and field each); this
-/// holds whatever a future message holds.
-pub(super) const MAX_FAILURE_MESSAGE: usize = 12 << 10;
-
-/// A render that ended with its manifest in place.
-struct Done {
-    file: String,
-    outcome: Outcome,
-    /// `namespace/name` of the template, as the manifest says.
-    source: String,
-    revision: String,
-    deadline: Duration,
-    /// The revision rendered is held (it failed); the file keeps another.
-    held: bool,
-    /// The update is not written for now; the file keeps another revision.
-    gated: Option<Gated>,
-    /// The rollout target rendered (when rollouts are coordinated).
-    target: Option<String>,
-    /// The template is a quorum member (`podstamp.io/quorum`).
-    quorum: bool,
-}
-
 /// How a render ended without a failure.
 enum Placed {
     /// The manifest is in place (written, unchanged, held or gated).
@@ -58,13 +35,10 @@ enum Placed {
     /// The template's `podstamp.io/node-selector` does not select this
     /// node: nothing is rendered, and what it had here goes.
     NotForNode { selector: String },
-}
-
-/// A failed render, as reported.
-struct Failure {
-    reason: Reason,
-    plugin: Option<String>,
-    message: String,
+    /// The new manifest waits in its dot-temp file for the end of the pass
+    /// ([`super::batch`]), which ends the render as a [`Placed::Done`] or
+    /// a failure.
+    Staged { file: String },
 }
 
 impl Reconciler {
@@ -95,71 +69,11 @@ impl Reconciler {
                     self.gc_due = true;
                 }
             }
-            Ok(Placed::Done(done)) => {
-                let Done { file, outcome, .. } = &done;
-                let (file, outcome) = (file.clone(), *outcome);
-                entry.claims = Some(file.clone());
-                self.metrics.render(match outcome {
-                    Outcome::Written => RenderResult::Written,
-                    Outcome::Unchanged => RenderResult::Unchanged,
-                });
-                if outcome == Outcome::Written {
-                    tracing::info!(template = %id, file = %file, "wrote manifest");
-                } else {
-                    tracing::debug!(template = %id, file = %file, "manifest unchanged");
-                }
-                if entry.last_error.take().is_some() {
-                    tracing::info!(template = %id, "renders again");
-                }
-                let generation = entry
-                    .incoming
-                    .template
-                    .as_ref()
-                    .ok()
-                    .and_then(|t| t.generation);
-                let store = self.revisions.as_ref();
-                let (source, revision) = (done.source.clone(), done.revision.clone());
-                self.rollouts.in_place(
-                    InPlace {
-                        id: done.source,
-                        revision: done.revision,
-                        written: outcome == Outcome::Written,
-                        deadline: done.deadline,
-                        held: done.held,
-                        gated: done.gated,
-                        target: done.target,
-                        generation,
-                        quorum: done.quorum,
-                    },
-                    || newest_other(store, &source, &revision),
-                    Instant::now(),
-                );
-            }
-            Err(mut failure) => {
-                failure.message = crate::text::cut(failure.message, MAX_FAILURE_MESSAGE);
-                self.metrics.render(RenderResult::Failed(failure.reason));
-                if entry.last_error.as_deref() == Some(failure.message.as_str()) {
-                    tracing::debug!(template = %id, reason = failure.reason.as_str(), "still failing: {}", failure.message);
-                    return;
-                }
-                tracing::warn!(template = %id, node = %node.name, reason = failure.reason.as_str(),
-                    plugin = failure.plugin.as_deref().unwrap_or(""),
-                    "{}; the last good manifest stays", failure.message);
-                entry.last_error = Some(failure.message.clone());
-                if let (Some(events), Some(reference)) = (&self.events, &entry.incoming.reference) {
-                    events.report(Report {
-                        reference: reference.clone(),
-                        reason: failure.reason,
-                        note: format!(
-                            "node {}: plugin {}: {}",
-                            node.name,
-                            failure.plugin.as_deref().unwrap_or("none"),
-                            failure.message
-                        ),
-                        related: None,
-                    });
-                }
-            }
+            // Claimed now, so that a later template of this pass producing
+            // the same pod name is refused; the rest when the pass commits.
+            Ok(Placed::Staged { file }) => entry.claims = Some(file),
+            Ok(Placed::Done(done)) => self.placed(key, done),
+            Err(failure) => self.failed(key, &node, failure),
         }
     }
 
@@ -398,21 +312,50 @@ impl Reconciler {
         } else {
             let manifest = rendered.verify().map_err(render_failed)?;
             // Known before the file is in place: a daemon killed right after
-            // the rename still follows it as its own after a restart.
+            // the rename still follows it as its own after a restart. (The
+            // state is saved, durably, when the pass commits, before any
+            // rename.)
             self.rollouts.writing(&source, &manifest.revision, deadline);
             self.run_effects();
-            let outcome =
-                write::replace(&self.dir, &file, &manifest.bytes).map_err(|e| Failure {
-                    reason: Reason::WriteFailed,
-                    plugin: None,
-                    message: format!("PodTemplate {template_id}: {file}: {e}"),
-                })?;
-            record_revision(&mut self.revisions, &manifest);
-            outcome
+            let staged = write::stage(&self.dir, &file, &manifest.bytes)
+                .map_err(|e| write_failed(&template_id, &file, e))?;
+            let Some(staged) = staged else {
+                // Already there after all (written meanwhile by hand?).
+                record_revision(&mut self.revisions, &manifest);
+                self.owned.insert(file.clone(), source);
+                return Ok(Placed::Done(Done {
+                    file,
+                    outcome: Outcome::Unchanged,
+                    source: done_source,
+                    revision,
+                    deadline,
+                    held: false,
+                    gated: None,
+                    target,
+                    quorum: policy == Policy::Quorum,
+                }));
+            };
+            let previous = self.entries.get(key).and_then(|e| e.claims.clone());
+            self.pass.writes.push(super::batch::PendingWrite {
+                key: key.to_string(),
+                template_id,
+                staged,
+                manifest,
+                previous_claim: previous,
+                done: Done {
+                    file: file.clone(),
+                    outcome: Outcome::Written,
+                    source: done_source,
+                    revision,
+                    deadline,
+                    held: false,
+                    gated: None,
+                    target,
+                    quorum: policy == Policy::Quorum,
+                },
+            });
+            return Ok(Placed::Staged { file });
         };
-        if outcome == Outcome::Written {
-            self.dir_unsynced = true;
-        }
         self.owned.insert(file.clone(), source);
         Ok(Placed::Done(Done {
             file,
@@ -464,14 +407,4 @@ pub fn render_timed(
         metrics.scope_refusal(&failure.step);
     }
     rendered
-}
-
-/// The newest revision the history keeps for template `id` other than
-/// `revision`: the fallback of a history kept before the rollout state was.
-pub(super) fn newest_other(store: Option<&Store>, id: &str, revision: &str) -> Option<String> {
-    let kept = store?.kept(id).ok()?;
-    kept.into_iter()
-        .rev()
-        .find(|k| k.revision != revision)
-        .map(|k| k.revision)
 }

@@ -177,7 +177,7 @@ fn a_huge_failure_message_is_kept_cut() {
     list(&mut r, vec![huge]);
     let kept = r.entries["a"].last_error.as_deref().unwrap();
     assert!(
-        kept.len() < render::MAX_FAILURE_MESSAGE + 64,
+        kept.len() < outcome::MAX_FAILURE_MESSAGE + 64,
         "{}",
         kept.len()
     );

@@ -1,0 +1,163 @@
+//! A pass's writes, put in place together: what makes the initial sync of
+//! a thousand templates cost a few disk flushes rather than thousands.
+//!
+//! During a pass ([`super::Reconciler::reconcile`]) each template's new
+//! manifest is only staged ([`crate::write::stage`]: its dot-temp file
+//! written beside the target, not synced), and each rollout state the
+//! machine asks to save ([`super::Effect::SaveState`]) is only kept here.
+//! [`super::Reconciler::commit_pass`] then, in this order:
+//! 1. saves the rollout states: staged, fsynced in parallel, renamed, each
+//!    template directory fsynced (in parallel) — every state that marks a
+//!    revision `pending` is durable before any manifest is renamed, as when
+//!    each was written alone;
+//! 2. fsyncs every staged manifest, in parallel threads;
+//! 3. renames each synced manifest over its target, in the pass's order, and
+//!    fsyncs the manifest directory once;
+//! 4. records the revisions written ([`super::super::revisions::Store::record_many`]):
+//!    staged, fsynced in parallel, renamed, their directories fsynced;
+//! 5. ends each template's render as it would have ended alone (metrics, log,
+//!    the rollout machine told), in the pass's order.
+//!
+//! Why it is still crash-safe: a manifest is renamed only after its own
+//! fsync returned, so a crash at any point leaves each manifest either old or
+//! new, whole; the kubelet ignores the dot-temp files and the next start
+//! removes them (a crash between steps 2 and 3 leaves every old manifest as
+//! it was). Identical bytes are never staged. Nothing outside the manifest
+//! directory is staged inside it.
+//!
+//! Invariants: nothing staged outlives the pass (a write that cannot be
+//! committed is a `WriteFailed` render failure and its temp file is
+//! removed); a rollback ([`super::Effect::RollBack`]) commits the pass
+//! first, so that it is never overwritten by a staged write of the same
+//! pass.
+
+use crate::daemon::rollout::RolloutState;
+use crate::manifest::Manifest;
+use crate::write::{self, Staged};
+
+use super::Reconciler;
+use super::outcome::{Done, write_failed};
+
+/// A manifest staged in this pass.
+pub(super) struct PendingWrite {
+    pub(super) key: String,
+    /// `namespace/name`, for the failure's message.
+    pub(super) template_id: String,
+    pub(super) staged: Staged,
+    pub(super) manifest: Manifest,
+    /// The file the entry claimed before this pass; claimed again if the
+    /// write fails.
+    pub(super) previous_claim: Option<String>,
+    /// How the render ends once the file is in place.
+    pub(super) done: Done,
+}
+
+/// What a pass holds back until it commits.
+#[derive(Default)]
+pub(super) struct Pass {
+    /// Whether a pass is under way: rollout states are held back meanwhile.
+    pub(super) open: bool,
+    /// Rollout states to save, one (the latest) per template.
+    pub(super) states: Vec<(String, RolloutState)>,
+    pub(super) writes: Vec<PendingWrite>,
+}
+
+impl Pass {
+    /// Holds back `state` of template `id` (replacing one held before).
+    pub(super) fn save_state(&mut self, id: String, state: RolloutState) {
+        self.states.retain(|(other, _)| *other != id);
+        self.states.push((id, state));
+    }
+
+    /// Template `id`'s state is removed: a state held back for it is moot.
+    pub(super) fn forget_state(&mut self, id: &str) {
+        self.states.retain(|(other, _)| other != id);
+    }
+}
+
+impl Reconciler {
+    /// Opens a pass: manifests are staged and rollout states held back
+    /// until [`Reconciler::commit_pass`].
+    pub(super) fn open_pass(&mut self) {
+        self.pass.open = true;
+    }
+
+    /// Puts in place everything staged in this pass (see the module
+    /// header for the order, and why it is crash-safe), and ends each
+    /// staged render; the effects this has the machine ask for are left to
+    /// the caller's [`Reconciler::run_effects`]. The pass stays open (or
+    /// closed) as it was.
+    pub(super) fn commit_pass(&mut self) {
+        let states = std::mem::take(&mut self.pass.states);
+        if let Some(store) = &self.revisions
+            && !states.is_empty()
+        {
+            for ((id, _), result) in states.iter().zip(store.save_states(&states)) {
+                if let Err(e) = result {
+                    tracing::error!(template = %id, dir = %store.template_dir(id).display(),
+                        "cannot keep the rollout state: {e}; a restart would not know it");
+                }
+            }
+        }
+        let writes = std::mem::take(&mut self.pass.writes);
+        if writes.is_empty() {
+            return;
+        }
+        let mut staged = Vec::with_capacity(writes.len());
+        let mut rest = Vec::with_capacity(writes.len());
+        for w in writes {
+            staged.push(w.staged);
+            rest.push((w.key, w.template_id, w.manifest, w.previous_claim, w.done));
+        }
+        let synced = write::sync_staged(&mut staged);
+        let mut results = Vec::with_capacity(rest.len());
+        for (file, synced) in staged.into_iter().zip(synced) {
+            results.push(synced.and_then(|()| file.commit()));
+        }
+        if results.iter().any(Result::is_ok) {
+            self.dir_unsynced = true;
+            self.sync_dir();
+        }
+        if let Some(store) = &mut self.revisions {
+            let items: Vec<(&str, &str, &[u8])> = rest
+                .iter()
+                .zip(&results)
+                .filter(|(_, r)| r.is_ok())
+                .map(|((_, _, m, _, _), _)| (m.source.as_str(), m.revision.as_str(), &m.bytes[..]))
+                .collect();
+            for ((source, revision, _), result) in items.iter().zip(store.record_many(&items)) {
+                match result {
+                    Ok(true) => tracing::info!(template = %source, revision = %revision,
+                        dir = %store.template_dir(source).display(), "kept revision"),
+                    Ok(false) => {}
+                    Err(e) => tracing::error!(template = %source, revision = %revision,
+                        dir = %store.template_dir(source).display(),
+                        "cannot keep the revision: {e}; the manifest is in place, but it cannot be rolled back to"),
+                }
+            }
+        }
+        let node = self.node.clone().expect("a pass renders only with a node");
+        for ((key, template_id, _, previous, done), result) in rest.into_iter().zip(results) {
+            match result {
+                Ok(()) => {
+                    self.owned.insert(done.file.clone(), done.source.clone());
+                    self.placed(&key, done);
+                }
+                Err(e) => {
+                    let failure = write_failed(&template_id, &done.file, e);
+                    if let Some(entry) = self.entries.get_mut(&key) {
+                        entry.claims = previous;
+                    }
+                    self.failed(&key, &node, failure);
+                }
+            }
+        }
+    }
+
+    /// Closes the pass, committing what it holds; from here on rollout
+    /// states are saved as they are asked for.
+    pub(super) fn close_pass(&mut self) {
+        self.commit_pass();
+        self.pass.open = false;
+    }
+}
