@@ -1520,11 +1520,38 @@ const FAULTS: &[Fault] = &[
     Fault {
         id: "rollout-waiter-starved",
         area: "rollouts",
-        fault: "a node waiting for a rollout slot whose turn keeps coming after other waiters' (slots freed and taken before its turn, for longer than 4 lease durations)",
-        kept: "its place: past 4 lease durations it tries a freed slot at once, ahead of every turn; the rollout's bound (at most max-unavailable nodes at once) holds",
-        reported: "`waited for a rollout slot longer than …: trying freed slots at once, ahead of its turn` in the log, once per ask",
+        fault: "a node waiting for a rollout slot whose turn keeps coming after other waiters' (slots freed and taken before its turn, for longer than 4 lease durations), or that lost races and backed off",
+        kept: "its place: past 4 lease durations it tries a freed slot within the first 250 ms, ahead of every waiter not starved, its backoff dropped; starved waiters keep their turns among themselves (not all at once: they would all race); the rollout's bound (at most max-unavailable nodes at once) holds",
+        reported: "`waited for a rollout slot longer than …: trying freed slots ahead of the other waiters' turns` in the log, once per ask",
         says: "waited for a rollout slot",
-        test: "host/src/daemon/coordinator/ledger.rs: waiters_for_a_freed_slot_try_it_one_after_the_other_and_a_starved_one_at_once",
+        test: "host/src/daemon/coordinator/ledger.rs: waiters_for_a_freed_slot_try_it_one_after_the_other_and_a_starved_one_ahead",
+    },
+    Fault {
+        id: "watch-list-unanswered",
+        area: "daemon",
+        fault: "a list page the API server never answers (an overloaded server whose handler timed out without a response reaching the client: seen in the fleet bench with 500 daemons starting at once)",
+        kept: "the watch: the page is given up after 70 s (`LIST_TIMEOUT`, past the API server's own 60 s) and the list made again with backoff, instead of waiting for good (a rollout coordinator that never lists never writes its record, never takes a slot)",
+        reported: "`podstamp_watch_restarts_total` and `podstamp_watch_lists_total`; the watch's failure `a list page got no answer within 70s` in the log",
+        says: "two lists",
+        test: "host/src/daemon/watch.rs: a_list_that_gets_no_answer_is_given_up_and_made_again",
+    },
+    Fault {
+        id: "rollout-write-unanswered",
+        area: "rollouts",
+        fault: "a rollout Lease write (take, renew, release) that gets no answer within the coordinator's 10 s call timeout (an API server overloaded, or its queue full), though it may have gone through",
+        kept: "one write, not two: the Lease is read back by name first; when it shows this node's take, renewal or release it counts as done (tried against the version it replaced it would be refused, or written twice); otherwise it is tried again after a backoff",
+        reported: "`podstamp_rollout_api_writes_total{result=\"ok\"}` when it landed, `{result=\"error\"}` and `cannot write a rollout Lease: no answer within 10s` otherwise",
+        says: "this node's take went through",
+        test: "host/src/daemon/coordinator/ledger.rs: a_write_unanswered_in_time_counts_as_done_when_read_back_so",
+    },
+    Fault {
+        id: "rollout-waiter-lost-races",
+        area: "rollouts",
+        fault: "a node waiting for a rollout slot whose takes keep being refused (409): the winner's take is slow to reach the other waiters (a loaded API server or watch), so several try one freed slot",
+        kept: "the rollout, with fewer refused writes: each race lost doubles that waiter's spread (up to 8×: its turn comes later at the next freed slot), kept for the same target; past 4 lease durations the starved rule puts it ahead again",
+        reported: "`podstamp_rollout_api_writes_total{object=\"slot\",result=\"conflict\"}`",
+        says: "one race lost",
+        test: "host/src/daemon/coordinator/ledger.rs: a_waiter_that_lost_races_waits_longer_at_the_next_freed_slot",
     },
     Fault {
         id: "rollout-own-record-remade",
@@ -1814,6 +1841,7 @@ fn docs_reliability_md_is_the_fault_table() {
                     include_str!("../host/src/daemon/probes/mod.rs")
                 }
                 "host/src/plugin/declared.rs" => include_str!("../host/src/plugin/declared.rs"),
+                "host/src/daemon/watch.rs" => include_str!("../host/src/daemon/watch.rs"),
                 other => panic!("fault {}: unknown file {other}", f.id),
             };
             assert!(

@@ -40,7 +40,9 @@ pub struct Bench {
 }
 
 impl Bench {
-    pub fn new(updates: usize, daemons: usize) -> Bench {
+    /// `apf`: the API server with API Priority and Fairness on (the
+    /// harness turns it off by default), as the fleet part wants it.
+    pub fn new(updates: usize, daemons: usize, apf: bool) -> Bench {
         let root = common::repo().join("target/bench-daemon");
         let _ = fs::remove_dir_all(&root);
         fs::create_dir_all(root.join("logs")).unwrap();
@@ -50,7 +52,14 @@ impl Bench {
         let binary = root.join("podstamp");
         fs::copy(env!("CARGO_BIN_EXE_podstamp"), &binary).unwrap();
         warm_cache(&binary, &config, &cache);
-        let server = ApiServer::start(&root.join("apiserver"));
+        let server = if apf {
+            ApiServer::start_with(
+                &root.join("apiserver"),
+                &["--", "--enable-priority-and-fairness=true"],
+            )
+        } else {
+            ApiServer::start(&root.join("apiserver"))
+        };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()

@@ -26,6 +26,18 @@
 //! median time a node held its slot in the same run (grant to verdict).
 //! Then 10 s with nothing rolling: the Lease writes (expected none).
 //!
+//! Where the writes come from: the Lease requests by verb and response
+//! code, and podstamp's own count of its writes by what each was for
+//! (status record, halt marker, take, renew, release) and how it ended
+//! (ok, conflict, a call unanswered within the coordinator's timeout and
+//! read back), summed over the fleet ([`Metrics::fleet_writes_by_kind`]).
+//!
+//! The API server runs (unless PODSTAMP_BENCH_FLEET_APF=0) with API
+//! Priority and Fairness on and
+//! deploy/flowcontrol.yaml applied (its subject moved to the fleet's
+//! ServiceAccount): the requests APF rejected or queued, by priority level
+//! and FlowSchema (`apiserver_flowcontrol_*`), are reported.
+//!
 //! Bounded: every wait has a limit (PODSTAMP_BENCH_FLEET_LIMIT seconds a
 //! rollout may take, default 900); a rollout that does not end within it
 //! is reported as such, with how far it got, and the next N is skipped.
@@ -96,6 +108,10 @@ struct Figures {
     rss_mib: f64,
     idle_writes: f64,
     setup: Duration,
+    /// podstamp's writes by (kind, result), over the fleet.
+    kinds: BTreeMap<(&'static str, &'static str), u64>,
+    /// This process's CPU seconds over the rollout (the simulated nodes).
+    own_cpu: f64,
 }
 
 impl SimNode {
@@ -214,6 +230,130 @@ fn observation(id: &str, revision: &str, state: PodState) -> Observation {
     }
 }
 
+/// How often APF's queue gauge is sampled while the fleet rolls.
+const INQUEUE_EVERY: Duration = Duration::from_secs(5);
+
+/// deploy/flowcontrol.yaml applied with its subject, podstamp's
+/// ServiceAccount, in `namespace` (the fleet's stand-in for kube-system).
+fn apply_flowcontrol(admin: &std::path::Path, namespace: &str) -> Result<(), String> {
+    use std::io::Write;
+    let path = crate::common::repo().join("deploy/flowcontrol.yaml");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .replace("namespace: kube-system", &format!("namespace: {namespace}"));
+    let mut child = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(admin)
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("kubectl: {e} (install kubectl)"))?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(text.as_bytes())
+        .map_err(|e| e.to_string())?;
+    match child.wait() {
+        Ok(status) if status.success() => Ok(()),
+        Ok(status) => Err(format!("kubectl apply: {status}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The change of counter `name` from `before` to `after`, by the values
+/// of `labels`, over the samples `filter` keeps (changes of 0 left out).
+fn delta_by(
+    before: &[Sample],
+    after: &[Sample],
+    name: &str,
+    labels: &[&str],
+    filter: &dyn Fn(&Sample) -> bool,
+) -> BTreeMap<Vec<String>, f64> {
+    let mut out = BTreeMap::new();
+    for (samples, sign) in [(after, 1.0), (before, -1.0)] {
+        for s in samples.iter().filter(|s| s.name == name && filter(s)) {
+            let key = labels.iter().map(|l| s.label(l).to_string()).collect();
+            *out.entry(key).or_insert(0.0) += sign * s.value;
+        }
+    }
+    out.retain(|_, v| *v > 0.0);
+    out
+}
+
+/// What API Priority and Fairness did over the rollout: requests rejected
+/// and dispatched, and their time waiting in a queue, by priority level
+/// and FlowSchema; the most queued at once by priority level.
+fn apf_report(before: &[Sample], after: &[Sample], inqueue_max: &BTreeMap<String, f64>) {
+    let all = |_: &Sample| true;
+    let rejected = delta_by(
+        before,
+        after,
+        "apiserver_flowcontrol_rejected_requests_total",
+        &["priority_level", "flow_schema", "reason"],
+        &all,
+    );
+    let dispatched = delta_by(
+        before,
+        after,
+        "apiserver_flowcontrol_dispatched_requests_total",
+        &["priority_level", "flow_schema"],
+        &all,
+    );
+    let key = ["priority_level", "flow_schema"];
+    let waited = delta_by(
+        before,
+        after,
+        "apiserver_flowcontrol_request_wait_duration_seconds_sum",
+        &key,
+        &all,
+    );
+    let waits = delta_by(
+        before,
+        after,
+        "apiserver_flowcontrol_request_wait_duration_seconds_count",
+        &key,
+        &all,
+    );
+    println!("    APF (priority level / FlowSchema): dispatched, mean wait in queue, rejected");
+    if dispatched.is_empty() {
+        println!("      nothing dispatched: is APF on?");
+    }
+    for (k, n) in &dispatched {
+        let mean =
+            waited.get(k).copied().unwrap_or(0.0) / waits.get(k).copied().unwrap_or(1.0).max(1.0);
+        let refused: f64 = rejected
+            .iter()
+            .filter(|(r, _)| r[..2] == k[..])
+            .map(|(_, v)| v)
+            .sum();
+        println!(
+            "      {:<42} {:>9.0}  {:>8.1} ms  {:>6.0}",
+            k.join(" / "),
+            n,
+            mean * 1000.0,
+            refused
+        );
+    }
+    for (k, n) in &rejected {
+        println!("      rejected: {} {n:.0}", k.join(" / "));
+    }
+    let queued: Vec<String> = inqueue_max
+        .iter()
+        .filter(|(_, v)| **v > 0.0)
+        .map(|(l, v)| format!("{l} {v:.0}"))
+        .collect();
+    println!(
+        "      most queued at once (sampled every {INQUEUE_EVERY:?}): {}",
+        if queued.is_empty() {
+            "none".to_string()
+        } else {
+            queued.join(", ")
+        }
+    );
+}
+
 fn sum(samples: &[Sample], name: &str, filter: impl Fn(&Sample) -> bool) -> f64 {
     samples
         .iter()
@@ -260,7 +400,7 @@ impl Bench {
         }
         println!("\n  summary (per node per rollout):");
         println!(
-            "  {:>6} {:>5} {:>8} {:>8} {:>8} {:>8} {:>9} {:>10} {:>9} {:>7} {:>9} {:>8} {:>7} {:>7}",
+            "  {:>6} {:>5} {:>8} {:>8} {:>8} {:>8} {:>9} {:>10} {:>9} {:>7} {:>9} {:>8} {:>9} {:>7} {:>7}",
             "N",
             "max",
             "writes",
@@ -273,6 +413,7 @@ impl Bench {
             "step",
             "apiCPU s",
             "apiRSS",
+            "simCPU s",
             "idle wr",
             "setup"
         );
@@ -286,7 +427,7 @@ impl Bench {
                     / f.nodes as f64
             };
             println!(
-                "  {:>6} {:>5} {:>8.2} {:>8.2} {:>8.2} {:>8.1} {:>9} {:>10} {:>9} {:>6.2}s {:>9.1} {:>6.0}Mi {:>7} {:>6.0}s",
+                "  {:>6} {:>5} {:>8.2} {:>8.2} {:>8.2} {:>8.1} {:>9} {:>10} {:>9} {:>6.2}s {:>9.1} {:>6.0}Mi {:>9.1} {:>7} {:>6.0}s",
                 f.nodes,
                 f.max_unavailable,
                 per(&["POST", "PUT", "PATCH", "create", "update", "patch"]),
@@ -305,9 +446,32 @@ impl Bench {
                 f.hold_median.as_secs_f64(),
                 f.cpu_seconds,
                 f.rss_mib,
+                f.own_cpu,
                 f.idle_writes,
                 f.setup.as_secs_f64(),
             );
+        }
+        println!(
+            "\n  podstamp's writes per node by kind: ok / conflict / timed out (then: landed, read back / error):"
+        );
+        for f in &all {
+            let of = |kind: &str, result: &str| {
+                f.kinds.get(&(kind, result)).copied().unwrap_or(0) as f64 / f.nodes as f64
+            };
+            let cells: Vec<String> = ["status", "take", "renew", "release", "halt"]
+                .iter()
+                .map(|k| {
+                    format!(
+                        "{k} {:.2}/{:.2}/{:.2}/{:.2}/{:.2}",
+                        of(k, "ok"),
+                        of(k, "conflict"),
+                        of(k, "timeout"),
+                        of(k, "landed"),
+                        of(k, "error")
+                    )
+                })
+                .collect();
+            println!("  {:>6}  {}", f.nodes, cells.join("  "));
         }
     }
 
@@ -356,6 +520,12 @@ impl Bench {
         }
         let deploy = Deploy::new(&admin, &ns, &rollouts);
         self.rt.block_on(deploy.apply(&client, &names[0]));
+        if let Err(e) = apply_flowcontrol(&admin, &ns) {
+            println!("  deploy/flowcontrol.yaml: {e}; skipped");
+            return None;
+        }
+        // One count of podstamp's own writes for the whole fleet.
+        let metrics = Arc::new(Metrics::default());
         let clients: Vec<kube::Client> = self.rt.block_on(
             futures::stream::iter(names.iter().map(|name| {
                 let (deploy, client) = (&deploy, &client);
@@ -379,7 +549,7 @@ impl Bench {
                 settings,
                 ask_rx,
                 input_tx,
-                Arc::new(Metrics::default()),
+                metrics.clone(),
             ));
             let mut machine = Machine::new(name, true);
             machine.mirror_synced();
@@ -406,21 +576,40 @@ impl Bench {
             node.effects(&id, policy);
         }
         let leases: Api<Lease> = Api::namespaced(client.clone(), &rollouts);
-        crate::support::wait_for("every node's status record", SETTLE_LIMIT, || {
-            let list =
+        // Bounded; a fleet that cannot start within it is reported, not
+        // measured (with APF on, 2,000 daemons starting at once on this
+        // machine did not).
+        let mut records = 0;
+        let waited = Instant::now();
+        while records < n {
+            if waited.elapsed() >= SETTLE_LIMIT {
+                println!(
+                    "  setup: {records} of {n} status records after {SETTLE_LIMIT:?}; N = {n} not measured"
+                );
+                return None;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+            records =
                 self.rt
                     .block_on(leases.list_metadata(
                         &ListParams::default().labels("podstamp.io/lease=node-status"),
                     ))
-                    .ok()?;
-            (list.items.len() >= n).then_some(())
-        });
+                    .map_or(records, |l| l.items.len());
+        }
         self.settle();
         let setup = started.elapsed();
         println!("  set up in {:.1}s; rolling", setup.as_secs_f64());
 
         let before = self.api_metrics();
+        let kinds_before = metrics.fleet_writes_by_kind();
+        let own_ticks_before = crate::procfs::proc_ticks(std::process::id(), false);
+        let lists_before = metrics.watch_lists("leases");
+        let restarts_before = metrics.watch_restarts("leases");
         let start = Instant::now();
+        // APF's queues, sampled while the fleet rolls (a gauge): the most
+        // requests waiting at once, by priority level.
+        let mut inqueue_max: BTreeMap<String, f64> = BTreeMap::new();
+        let mut sampled = Instant::now();
         for node in &mut fleet {
             node.written = Some((OLD_TARGET.to_string(), start));
             node.ready = false;
@@ -449,6 +638,17 @@ impl Bench {
                     .max()
                     .map(|t| t - start);
                 break;
+            }
+            if sampled.elapsed() >= INQUEUE_EVERY {
+                sampled = Instant::now();
+                for s in self.api_metrics() {
+                    if s.name == "apiserver_flowcontrol_current_inqueue_requests" {
+                        let max = inqueue_max
+                            .entry(s.label("priority_level").to_string())
+                            .or_insert(0.0);
+                        *max = max.max(s.value);
+                    }
+                }
             }
             if !busy {
                 std::thread::sleep(Duration::from_millis(5));
@@ -482,6 +682,15 @@ impl Bench {
         // The last records and releases are written after the verdicts.
         self.settle();
         let after = self.api_metrics();
+        // The simulation's own cost: this process's CPU (the N simulated
+        // nodes and this loop) beside the API server's.
+        let own_cpu = match (
+            own_ticks_before,
+            crate::procfs::proc_ticks(std::process::id(), false),
+        ) {
+            (Some(a), Some(b)) => (b - a) as f64 / crate::procfs::clock_ticks() as f64,
+            _ => f64::NAN,
+        };
         let mut requests = BTreeMap::new();
         for s in after
             .iter()
@@ -500,6 +709,13 @@ impl Bench {
                 .or_insert(0.0) -= s.value;
         }
         requests.retain(|(_, verb), n| *n > 0.0 && verb != "WATCH");
+        let mut kinds = metrics.fleet_writes_by_kind();
+        for (key, n) in kinds_before {
+            if let Some(v) = kinds.get_mut(&key) {
+                *v -= n;
+            }
+        }
+        kinds.retain(|_, n| *n > 0);
         let delta =
             |name: &str, f: &dyn Fn(&Sample) -> bool| sum(&after, name, f) - sum(&before, name, f);
         let conflicts = delta("apiserver_request_total", &|s| {
@@ -531,6 +747,42 @@ impl Bench {
             watch_events / n as f64,
             hold_median.as_secs_f64()
         );
+        let by_code = delta_by(
+            &before,
+            &after,
+            "apiserver_request_total",
+            &["verb", "code"],
+            &|s| is_lease(s) && s.label("verb") != "WATCH",
+        );
+        println!("    Lease requests by verb and code (per node):");
+        for (key, count) in &by_code {
+            println!(
+                "      {:<18} {:>10.0}  {:>7.2}",
+                key.join(" "),
+                count,
+                count / n as f64
+            );
+        }
+        println!("    podstamp's writes by kind and result (per node):");
+        for ((kind, result), count) in &kinds {
+            println!(
+                "      {:<18} {:>10}  {:>7.2}",
+                format!("{kind} {result}"),
+                count,
+                *count as f64 / n as f64
+            );
+        }
+        println!(
+            "    the bench's own process (the simulated nodes): {own_cpu:.1} CPU s over the rollout"
+        );
+        println!(
+            "    podstamp's Lease watches: {} lists, {} restarts ({:.2} / {:.2} per node)",
+            metrics.watch_lists("leases") - lists_before,
+            metrics.watch_restarts("leases") - restarts_before,
+            (metrics.watch_lists("leases") - lists_before) as f64 / n as f64,
+            (metrics.watch_restarts("leases") - restarts_before) as f64 / n as f64,
+        );
+        apf_report(&before, &after, &inqueue_max);
         // Ends every node's coordinator (its asks channel closes).
         drop(fleet);
         std::thread::sleep(Duration::from_secs(1));
@@ -548,6 +800,8 @@ impl Bench {
             rss_mib,
             idle_writes,
             setup,
+            kinds,
+            own_cpu,
         })
     }
 

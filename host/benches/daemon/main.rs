@@ -153,7 +153,12 @@ fn main() {
         "machine: {} CPUs, shared with other work: figures are noisy; nothing here is asserted",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    let mut bench = Bench::new(updates, daemons);
+    // API Priority and Fairness on when the fleet part runs (its figures
+    // include what APF queued or rejected); the other parts keep the
+    // harness's default (off), as their earlier figures were measured.
+    // PODSTAMP_BENCH_FLEET_APF=0: off, as the fleet's figures before it.
+    let apf = run("fleet") && std::env::var("PODSTAMP_BENCH_FLEET_APF").as_deref() != Ok("0");
+    let mut bench = Bench::new(updates, daemons, apf);
     println!(
         "podstamp: a copy of {} (built {}) in {}",
         env!("CARGO_BIN_EXE_podstamp"),

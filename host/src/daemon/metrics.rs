@@ -82,6 +82,10 @@ struct Inner {
     evidence_disagreements: BTreeMap<String, u64>,
     /// Writes to the API for rollouts across nodes: (object, result).
     fleet_writes: BTreeMap<(&'static str, &'static str), u64>,
+    /// The same writes by what they were for (status, halt, take, renew,
+    /// release) and result, a call that got no answer in time apart
+    /// (timeout): what the fleet bench tells the excess writes by.
+    fleet_kinds: BTreeMap<(&'static str, &'static str), u64>,
     slots_held: usize,
     /// Requests sent to the API server: (resource, verb).
     api_requests: BTreeMap<(String, &'static str), u64>,
@@ -284,6 +288,18 @@ impl Metrics {
             .fleet_writes
             .entry((object, result))
             .or_default() += 1;
+    }
+
+    /// One write for rollouts across nodes, by what it was for (`kind`:
+    /// status, halt, take, renew, release) and `result` (ok, conflict,
+    /// timeout, error).
+    pub fn fleet_write_kind(&self, kind: &'static str, result: &'static str) {
+        *self.lock().fleet_kinds.entry((kind, result)).or_default() += 1;
+    }
+
+    /// Every (kind, result) count of [`Metrics::fleet_write_kind`] so far.
+    pub fn fleet_writes_by_kind(&self) -> BTreeMap<(&'static str, &'static str), u64> {
+        self.lock().fleet_kinds.clone()
     }
 
     /// Shows `pulls` (the catalog's registry's) as `podstamp_oci_pulls_total`.

@@ -50,6 +50,11 @@ pub const DEFAULT_TIMEOUT: u32 = 290;
 /// How long past its timeout a watch call may stay silent before its
 /// connection is taken for dead and the watch renewed (kube-rs's margin).
 const IDLE_MARGIN: Duration = Duration::from_secs(5);
+/// The longest one list page may take. The API server gives up on a
+/// request after 60 s (its handler timeout), and under load does not
+/// always answer that it did: the fleet bench saw lists that got no
+/// answer at all, and a watch that waits for one waits for good.
+pub const LIST_TIMEOUT: Duration = Duration::from_secs(70);
 
 /// What is watched, and how it is named.
 #[derive(Debug, Clone)]
@@ -65,6 +70,8 @@ pub struct Spec {
     /// Objects per list page: a page is read whole before any of it is
     /// used, so this times the largest object bounds a list's memory.
     pub page: u32,
+    /// The longest one list page may take ([`LIST_TIMEOUT`]).
+    pub list_timeout: Duration,
 }
 
 impl Spec {
@@ -76,7 +83,14 @@ impl Spec {
             field_selector: None,
             timeout,
             page: PAGE,
+            list_timeout: LIST_TIMEOUT,
         }
+    }
+
+    /// Gives up on a list page after `limit` (then lists again).
+    pub fn list_timeout(mut self, limit: Duration) -> Spec {
+        self.list_timeout = limit;
+        self
     }
 
     /// Lists `objects` a page: for objects that others may make large.
@@ -154,6 +168,8 @@ pub enum WatchError {
     Ended(Box<Status>),
     #[error("no metadata.resourceVersion in the API server's answer")]
     NoResourceVersion,
+    #[error("a list page got no answer within {0:?}")]
+    ListTimedOut(Duration),
 }
 
 impl WatchError {
@@ -161,7 +177,9 @@ impl WatchError {
     pub fn client(&self) -> Option<&kube::Error> {
         match self {
             WatchError::List(e) | WatchError::Start(e) | WatchError::Stream(e) => Some(e),
-            WatchError::Ended(_) | WatchError::NoResourceVersion => None,
+            WatchError::Ended(_) | WatchError::NoResourceVersion | WatchError::ListTimedOut(_) => {
+                None
+            }
         }
     }
 
@@ -187,7 +205,10 @@ impl WatchError {
     /// from the last resourceVersion seen.
     pub fn needs_list(&self) -> bool {
         self.gone()
-            || matches!(self, WatchError::NoResourceVersion)
+            || matches!(
+                self,
+                WatchError::NoResourceVersion | WatchError::ListTimedOut(_)
+            )
             || matches!(self.client(), Some(kube::Error::SerdeError(_)))
     }
 }
@@ -319,7 +340,11 @@ where
         self.emit(Event::Listing)?;
         let mut params = self.spec.list_params();
         loop {
-            let page = self.api.list(&params).await.map_err(WatchError::List)?;
+            let limit = self.spec.list_timeout;
+            let page = tokio::time::timeout(limit, self.api.list(&params))
+                .await
+                .map_err(|_| WatchError::ListTimedOut(limit))?
+                .map_err(WatchError::List)?;
             for object in page.items {
                 self.emit(Event::Listed(object))?;
             }
@@ -457,6 +482,8 @@ mod tests {
         /// continue token.
         Page(Vec<&'static str>, &'static str, Option<&'static str>),
         ListFails(kube::Error),
+        /// A list that never gets an answer.
+        ListHangs,
         /// A watch call accepted, whose stream sends these lines and ends.
         Stream(Vec<Line>),
         WatchFails(kube::Error),
@@ -481,7 +508,8 @@ mod tests {
                     Some(token) => format!("list continue={token}"),
                     None => "list".to_string(),
                 });
-            match self.answers.lock().unwrap().pop_front() {
+            let answer = self.answers.lock().unwrap().pop_front();
+            match answer {
                 Some(Answer::Page(names, version, token)) => {
                     let items: Vec<_> = names
                         .iter()
@@ -493,6 +521,7 @@ mod tests {
                     .unwrap())
                 }
                 Some(Answer::ListFails(e)) => Err(e),
+                Some(Answer::ListHangs) => futures::future::pending().await,
                 _ => panic!("a list the script did not expect"),
             }
         }
@@ -564,7 +593,9 @@ mod tests {
         };
         let metrics = Arc::new(Metrics::default());
         let mut heard = Vec::new();
-        let spec = Spec::new("configmap a", "configmaps", None).fields("metadata.name=a");
+        let spec = Spec::new("configmap a", "configmaps", None)
+            .fields("metadata.name=a")
+            .list_timeout(Duration::from_millis(50));
         let backoff = Backoff::with_bounds(Duration::from_millis(1), Duration::from_millis(2));
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -590,6 +621,24 @@ mod tests {
         );
         let calls = script.calls.into_inner().unwrap();
         (calls, heard, counts)
+    }
+
+    #[test]
+    fn a_list_that_gets_no_answer_is_given_up_and_made_again() {
+        let (calls, heard, counts) =
+            drive(vec![Answer::ListHangs, Answer::Page(vec!["a"], "10", None)]);
+        assert_eq!(calls, ["list", "list", "watch@10"]);
+        assert_eq!(
+            heard,
+            [
+                "listing",
+                "failed: list again",
+                "listing",
+                "listed a",
+                "list done"
+            ]
+        );
+        assert_eq!(counts.0, 2, "two lists");
     }
 
     #[test]

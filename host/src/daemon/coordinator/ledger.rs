@@ -9,8 +9,13 @@
 //! other nodes' records. A target halts when this node's own record, or a
 //! halt marker its own node may have written, says it failed. A slot seen
 //! free is tried after this node's turn ([`lanes::turn`] × [`SPREAD`]), so
-//! that of the waiters for one freed slot the first tries alone; a waiter
-//! that waited longer than [`Ledger::starved_after`] tries at once.
+//! that of the waiters for one freed slot the first tries alone. A waiter
+//! that lost a race widens its own spread (×2 per race lost, up to
+//! ×[`MAX_BACKOFF`]): where the winner's take is slow to be seen, fewer
+//! of the same waiters race again. A waiter that waited longer than
+//! [`Ledger::starved_after`] tries ahead of every other's turn, yet in its
+//! own turn among the starved (in the first [`STARVED_SPREAD`]), never at
+//! once: waiters starved together would otherwise all race.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -24,6 +29,10 @@ use crate::fleet::{
 
 /// Waiters for a freed slot try it within this, each at its turn.
 pub(super) const SPREAD: Duration = Duration::from_millis(1000);
+/// A waiter's spread grows at most this many times over by races lost.
+pub(super) const MAX_BACKOFF: u32 = 8;
+/// Starved waiters try within this, each at its turn: ahead of the others.
+pub(super) const STARVED_SPREAD: Duration = Duration::from_millis(250);
 /// The most halt markers kept, and of one node: a node can write markers
 /// for every template in its own name, and must not push out the others'.
 pub(super) const MAX_HALTS: usize = 4096;
@@ -41,6 +50,9 @@ pub(super) struct Pending {
     /// When it was asked: a waiter past [`Ledger::starved_after`] goes first.
     pub(super) since: Instant,
     pub(super) starved_logged: bool,
+    /// Races for a slot lost while waiting (409 on a take): each doubles
+    /// this waiter's spread, up to [`MAX_BACKOFF`].
+    pub(super) lost: u32,
 }
 
 /// One write the state calls for.
@@ -67,6 +79,19 @@ pub(super) enum Action {
         target: String,
         resource_version: Option<String>,
     },
+}
+
+impl Action {
+    /// What the write is for, as the metrics name it.
+    pub(super) fn kind(&self) -> &'static str {
+        match self {
+            Action::Status { .. } => "status",
+            Action::Release { .. } => "release",
+            Action::Renew { .. } => "renew",
+            Action::Halt { .. } => "halt",
+            Action::Take { .. } => "take",
+        }
+    }
 }
 
 /// What the coordinator knows; every decision is made here, without I/O.
@@ -268,9 +293,9 @@ impl Ledger {
                 slots,
                 expires,
             } => {
-                let since = match self.pending.get(&id) {
-                    Some(p) => p.since,
-                    None => Instant::now(),
+                let (since, lost) = match self.pending.get(&id) {
+                    Some(p) => (p.since, if p.target == target { p.lost } else { 0 }),
+                    None => (Instant::now(), 0),
                 };
                 self.pending.insert(
                     id,
@@ -280,6 +305,7 @@ impl Ledger {
                         expires,
                         since,
                         starved_logged: false,
+                        lost,
                     },
                 );
             }
@@ -432,6 +458,24 @@ impl Ledger {
         self.takes(now).find(|(at, _)| *at <= now).map(|(_, a)| a)
     }
 
+    /// Whether `action`, which got no answer, went through all the same:
+    /// the Lease as read back since is a version other than `tried` (the
+    /// one it was written against; None: none was there) and says what the
+    /// write said. A record or a halt marker needs no such judgement:
+    /// [`Ledger::next`] compares what it says with what it should.
+    pub(super) fn landed(&self, action: &Action, tried: Option<&str>) -> bool {
+        let (name, holder) = match action {
+            Action::Take { name, .. } | Action::Renew { name, .. } => {
+                (name, Some(self.me.as_str()))
+            }
+            Action::Release { name } => (name, None),
+            Action::Status { .. } | Action::Halt { .. } => return false,
+        };
+        self.leases.get(name).is_some_and(|l| {
+            Some(l.resource_version.as_str()) != tried && l.holder.as_deref() == holder
+        })
+    }
+
     /// This node's halt marker that does not say yet what its record says
     /// failed here.
     fn halt_due(&self) -> Option<Action> {
@@ -455,6 +499,24 @@ impl Ledger {
             }
         }
         None
+    }
+
+    /// A take for template `id` was refused (409): another waiter was
+    /// first. This waiter's spread widens.
+    pub(super) fn lost_race(&mut self, id: &str) {
+        if let Some(p) = self.pending.get_mut(id) {
+            p.lost = p.lost.saturating_add(1);
+        }
+    }
+
+    /// This waiter's spread: [`SPREAD`] doubled per race lost, at most
+    /// [`MAX_BACKOFF`] times over; [`STARVED_SPREAD`] once starved.
+    fn spread(&self, pending: &Pending, now: Instant) -> Duration {
+        if self.starved(pending, now) {
+            STARVED_SPREAD
+        } else {
+            SPREAD * 2u32.saturating_pow(pending.lost.min(8)).min(MAX_BACKOFF)
+        }
     }
 
     /// Whether the waiter for `id` waited past [`Ledger::starved_after`].
@@ -486,14 +548,10 @@ impl Ledger {
             } else {
                 lanes::lanes(&self.me, id, &p.target, p.slots)
             };
-            let starved = self.starved(p, now);
+            let spread = self.spread(p, now);
             indexes.into_iter().filter_map(move |index| {
                 let name = slot_name(id, index);
-                let turn = if starved {
-                    Duration::ZERO
-                } else {
-                    SPREAD.mul_f64(lanes::turn(&self.me, id, &p.target, index))
-                };
+                let turn = spread.mul_f64(lanes::turn(&self.me, id, &p.target, index));
                 let take = |resource_version: Option<String>| Action::Take {
                     id: id.clone(),
                     name: name.clone(),
@@ -545,7 +603,7 @@ impl Ledger {
             if !p.starved_logged && now.duration_since(p.since) >= after {
                 p.starved_logged = true;
                 tracing::warn!(template = %id, target = %p.target,
-                    "waited for a rollout slot longer than {after:?}: trying freed slots at once, ahead of its turn");
+                    "waited for a rollout slot longer than {after:?}: trying freed slots ahead of the other waiters' turns");
             }
         }
     }
@@ -697,7 +755,7 @@ mod tests {
         // Freed by its holder (or deleted by an operator): taken.
         s.seen(name.clone(), lease(ROLE_SLOT, None, "6", now + D * 10));
         assert!(matches!(
-            s.next(now + D * 10),
+            s.next(now + D * 10 + STARVED_SPREAD),
             Some(Action::Take { resource_version: Some(rv), .. }) if rv == "6"
         ));
     }
@@ -892,7 +950,7 @@ mod tests {
     }
 
     #[test]
-    fn waiters_for_a_freed_slot_try_it_one_after_the_other_and_a_starved_one_at_once() {
+    fn waiters_for_a_freed_slot_try_it_one_after_the_other_and_a_starved_one_ahead() {
         let now = Instant::now();
         let name = slot_name("ns/web", 0);
         // Ten waiters see the slot freed at `now`: each tries at its own
@@ -910,16 +968,93 @@ mod tests {
         firsts.sort();
         firsts.dedup();
         assert_eq!(firsts.len(), 10, "ten turns, none shared");
-        // A waiter that waited past starved_after tries at once.
+        // A waiter that waited past starved_after tries within
+        // STARVED_SPREAD, at its turn: ahead of the others, not at once.
         let mut s = synced("w0");
         s.seen(name.clone(), lease(ROLE_SLOT, None, "5", now));
         acquire(&mut s, 1);
+        let normal = s.wake_at(now).unwrap() - now;
         let late = now + s.starved_after();
         s.pending.get_mut("ns/web").unwrap().since = now;
         s.seen(name.clone(), lease(ROLE_SLOT, None, "6", late));
-        assert!(s.next(late).is_some(), "waited for a rollout slot");
+        let at = s.wake_at(late).map_or(Duration::ZERO, |at| at - late);
+        assert!(at < STARVED_SPREAD, "{at:?}");
+        let scaled = normal.mul_f64(STARVED_SPREAD.as_secs_f64() / SPREAD.as_secs_f64());
+        assert!(
+            at.abs_diff(scaled) < Duration::from_micros(5),
+            "the same turn, in the starved window: {at:?} against {scaled:?}"
+        );
+        assert!(s.next(late + at).is_some(), "waited for a rollout slot");
         s.note_starved(late);
         assert!(s.pending["ns/web"].starved_logged);
+    }
+
+    #[test]
+    fn a_write_unanswered_in_time_counts_as_done_when_read_back_so() {
+        let now = Instant::now();
+        let name = slot_name("ns/web", 0);
+        let mut s = synced("n1");
+        acquire(&mut s, 1);
+        let take = Action::Take {
+            id: "ns/web".into(),
+            name: name.clone(),
+            target: "t1".into(),
+            resource_version: Some("5".into()),
+        };
+        s.seen(name.clone(), lease(ROLE_SLOT, None, "5", now));
+        assert!(
+            !s.landed(&take, Some("5")),
+            "read back unchanged: not written"
+        );
+        s.seen(name.clone(), lease(ROLE_SLOT, Some("n2"), "6", now));
+        assert!(!s.landed(&take, Some("5")), "another node took it");
+        s.seen(name.clone(), lease(ROLE_SLOT, Some("n1"), "6", now));
+        assert!(s.landed(&take, Some("5")), "this node's take went through");
+        let release = Action::Release { name: name.clone() };
+        assert!(!s.landed(&release, Some("6")));
+        s.seen(name.clone(), lease(ROLE_SLOT, None, "7", now));
+        assert!(s.landed(&release, Some("6")), "the release went through");
+        // A record or a marker is compared with what it should say by next().
+        assert!(!s.landed(
+            &Action::Status {
+                resource_version: None
+            },
+            None
+        ));
+    }
+
+    #[test]
+    fn a_waiter_that_lost_races_waits_longer_at_the_next_freed_slot() {
+        let now = Instant::now();
+        let name = slot_name("ns/web", 0);
+        let mut s = synced("w3");
+        s.seen(name.clone(), lease(ROLE_SLOT, None, "5", now));
+        acquire(&mut s, 1);
+        let first = s.wake_at(now).unwrap() - now;
+        s.lost_race("ns/web");
+        let near = |a: Duration, b: Duration| a.abs_diff(b) < Duration::from_micros(5);
+        assert!(
+            near(s.wake_at(now).unwrap() - now, first * 2),
+            "one race lost"
+        );
+        for _ in 0..10 {
+            s.lost_race("ns/web");
+        }
+        assert!(
+            near(s.wake_at(now).unwrap() - now, first * MAX_BACKOFF),
+            "at most MAX_BACKOFF times over"
+        );
+        // Asked again for the same target: the races lost are kept; for
+        // another target they start over.
+        acquire(&mut s, 1);
+        assert_eq!(s.pending["ns/web"].lost, 11);
+        s.ask(Ask::Acquire {
+            id: "ns/web".into(),
+            target: "t2".into(),
+            slots: 1,
+            expires: true,
+        });
+        assert_eq!(s.pending["ns/web"].lost, 0);
     }
 
     /// A record naming `failures` failed targets of `template`s, held by

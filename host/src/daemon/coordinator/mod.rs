@@ -101,6 +101,12 @@ enum Written {
     /// Another writer was first (409), or the object is gone (404 on a
     /// replace): the watch says what is there now.
     Conflict,
+    /// No answer within [`CALL_TIMEOUT`]: the write may have gone through
+    /// all the same (a loaded API server answers late), so the object is
+    /// read back before it is tried again.
+    TimedOut,
+    /// Timed out, and read back: the object says what was written.
+    Landed,
     Failed(String),
 }
 
@@ -126,7 +132,7 @@ async fn write(api: &Api<Lease>, lease: Lease, create: bool) -> Written {
             status.message
         )),
         Ok(Err(e)) => Written::Failed(e.to_string()),
-        Err(_) => Written::Failed(format!("no answer within {CALL_TIMEOUT:?}")),
+        Err(_) => Written::TimedOut,
     }
 }
 
@@ -280,9 +286,54 @@ pub async fn run(
         // The writes due now, one at a time, each answered before the next.
         while let Some(action) = state.next(Instant::now()) {
             let (object, name, outcome) = perform(&api, &settings, &mut state, &action).await;
+            let kind = action.kind();
+            let outcome = match outcome {
+                Written::TimedOut => {
+                    metrics.fleet_write_kind(kind, "timeout");
+                    // Read back before it is tried again: a write that went
+                    // through unanswered, tried again against the version
+                    // it replaced, is refused (409) or, for a create, read
+                    // again; taken as done, it is neither.
+                    let tried = state.leases.get(&name).map(|l| l.resource_version.clone());
+                    match read_own(&api, &name).await {
+                        Ok(value) => {
+                            match value.as_ref().and_then(|v| {
+                                read_lease(v, Instant::now(), settings.lease_duration)
+                            }) {
+                                Some((name, seen)) => state.seen(name, seen),
+                                None => {
+                                    state.leases.remove(&name);
+                                }
+                            }
+                            if state.landed(&action, tried.as_deref()) {
+                                Written::Landed
+                            } else {
+                                Written::Failed(format!("no answer within {CALL_TIMEOUT:?}"))
+                            }
+                        }
+                        Err(message) => Written::Failed(format!(
+                            "no answer within {CALL_TIMEOUT:?}, nor to reading it back: {message}"
+                        )),
+                    }
+                }
+                outcome => outcome,
+            };
             match outcome {
+                Written::TimedOut => unreachable!("read back above"),
+                Written::Landed => {
+                    metrics.fleet_write(object, "ok");
+                    metrics.fleet_write_kind(kind, "landed");
+                    last_error = None;
+                    write_backoff.reset();
+                    if let Some(answer) = after(&mut state, &action)
+                        && inputs.send(Input::Fleet(answer)).is_err()
+                    {
+                        return;
+                    }
+                }
                 Written::Ok(lease) => {
                     metrics.fleet_write(object, "ok");
+                    metrics.fleet_write_kind(kind, "ok");
                     last_error = None;
                     write_backoff.reset();
                     if let Ok(value) = serde_json::to_value(&*lease)
@@ -303,6 +354,7 @@ pub async fn run(
                     // selects): read it by name and replace it, after a
                     // backoff. Waiting for the watch could wait for good.
                     metrics.fleet_write(object, "conflict");
+                    metrics.fleet_write_kind(kind, "conflict");
                     match read_own(&api, &name).await {
                         Ok(Some(value)) => {
                             if let Some((name, seen)) =
@@ -323,6 +375,7 @@ pub async fn run(
                 }
                 Written::Conflict => {
                     metrics.fleet_write(object, "conflict");
+                    metrics.fleet_write_kind(kind, "conflict");
                     let rv = state
                         .leases
                         .get(&name)
@@ -334,6 +387,11 @@ pub async fn run(
                     // label, or a wrong one) is seen all the same, and
                     // judged like any other. A refused update waits for
                     // the watch, which shows what won.
+                    // A take refused: another waiter was first; this one
+                    // waits longer at the next freed slot.
+                    if let Action::Take { id, .. } = &action {
+                        state.lost_race(id);
+                    }
                     let created = matches!(
                         action,
                         Action::Take {
@@ -351,6 +409,7 @@ pub async fn run(
                 }
                 Written::Failed(message) => {
                     metrics.fleet_write(object, "error");
+                    metrics.fleet_write_kind(kind, "error");
                     if last_error.as_deref() != Some(message.as_str()) {
                         tracing::error!(lease = %name, namespace = %settings.namespace,
                             "cannot write a rollout Lease: {message}; updates that need a slot wait (manifests in place are kept)");
