@@ -154,7 +154,7 @@ impl SimNode {
             if self.granted_at.is_none() {
                 self.granted_at = Some(now);
             }
-            self.machine.writing(id, target);
+            self.machine.writing(id, target, DEADLINE);
             self.written = Some((target.to_string(), now));
             // The kubelet starts the new revision's pod at once.
             self.machine
@@ -202,6 +202,9 @@ impl SimNode {
     }
 }
 
+/// The progress deadline of the fleet's template: the default's.
+const DEADLINE: Duration = Duration::from_secs(300);
+
 fn in_place(
     id: &str,
     revision: &str,
@@ -212,7 +215,7 @@ fn in_place(
         id: id.to_string(),
         revision: revision.to_string(),
         written,
-        deadline: Duration::from_secs(300),
+        deadline: DEADLINE,
         held: false,
         gated,
         target: Some(revision.to_string()),
