@@ -489,11 +489,6 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP podstamp_kubelet_not_started 1 while the kubelet has not started the revision in place of a template (no sandbox on the node) past its progress deadline, with nothing to fall back to (kubernetes/kubernetes#105543).\n\
-             # TYPE podstamp_kubelet_not_started gauge"
-        );
-        let _ = writeln!(
-            out,
             "# HELP podstamp_evidence_disagreements_total Times the mirror pod and the node itself (the container runtime) disagreed about a template's revision in place for 5 s (the mirror pod decides).\n\
              # TYPE podstamp_evidence_disagreements_total counter"
         );
@@ -504,6 +499,13 @@ impl Metrics {
                 escape(template)
             );
         }
+        // Each family's samples right after its own TYPE line: the text
+        // format has a family's samples together.
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_kubelet_not_started 1 while the kubelet has not started the revision in place of a template (no sandbox on the node) past its progress deadline, with nothing to fall back to (kubernetes/kubernetes#105543).\n\
+             # TYPE podstamp_kubelet_not_started gauge"
+        );
         for (template, stalled) in &inner.kubelet_not_started {
             let _ = writeln!(
                 out,
@@ -764,6 +766,36 @@ mod tests {
             "podstamp_plugin_scope_refusals_total{plugin=\"evil\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+    }
+
+    /// The text format keeps a family's samples together, after its TYPE
+    /// line: a sample under another family's TYPE is read as that family's
+    /// or refused, depending on the scraper.
+    #[test]
+    fn every_sample_follows_its_own_familys_type_line() {
+        let m = Metrics::default();
+        m.render(RenderResult::Written);
+        m.plugin_call("node-env", true, Duration::from_micros(700));
+        m.scope_refusal("evil");
+        m.evidence_disagreed("ns/web");
+        m.set_kubelet_not_started("ns/web", true);
+        let text = m.exposition();
+        assert!(text.contains("podstamp_kubelet_not_started{template=\"ns/web\"} 1"));
+        let mut family = String::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                family = rest.split(' ').next().unwrap().to_string();
+                assert!(seen.insert(family.clone()), "{family} typed twice");
+            } else if !line.starts_with('#') && !line.is_empty() {
+                let name = line.split(['{', ' ']).next().unwrap();
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s).filter(|b| *b == family))
+                    .unwrap_or(name);
+                assert_eq!(base, family, "{line} is under {family}'s TYPE line");
+            }
         }
     }
 
