@@ -142,7 +142,14 @@ fn main() {
         std::process::exit(2);
     }
     let config = ConfigFile::read(&repo().join("examples/podstamp.yaml")).unwrap();
-    let runtime = Runtime::new(Limits::default(), None).unwrap();
+    // The default limits but a longer deadline: a call is timed, not
+    // bounded, here, and on a loaded machine (or a debug build) one call in
+    // thousands may stall past the daemon's 100 ms.
+    let limits = Limits {
+        timeout: Duration::from_secs(2),
+        ..Limits::default()
+    };
+    let runtime = Runtime::new(limits, None).unwrap();
     let catalog = config.load_catalog(&runtime).unwrap();
     let node = NodeContext::from_node(
         &serde_json::from_value(read_value(&repo().join("examples/node.yaml"))).unwrap(),
