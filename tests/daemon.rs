@@ -2569,3 +2569,116 @@ fn the_namespace_label_holds_every_render_to_its_pod_security_level() {
     );
     assert!(!s2.manifests.join("web.yaml").exists());
 }
+
+/// The Namespace watch failing after its first read: the labels last read
+/// stay in force. The namespace is labelled restricted and read; then the
+/// daemon's permission to read it is taken away (the ClusterRole loses its
+/// Namespace rule, so the watch, renewed every 2 s, is refused). A template
+/// changed after that is still held to restricted (refused: at the
+/// configured baseline it would be written), and the failure is counted.
+#[test]
+fn a_namespace_watch_that_fails_after_its_first_read_keeps_the_last_level() {
+    let server = shared_server();
+    let ns = unique("psa-lost");
+    let node_name = unique("node");
+    let kube = Kube::admin(server, &ns);
+    kube.create_cluster::<Node>(node(&node_name, "zone-l"));
+    bind(
+        server,
+        &kube,
+        &ns,
+        deploy_rules("Role"),
+        deploy_rules("ClusterRole"),
+    );
+    label_level(&kube, &ns, "restricted");
+    kube.create::<PodTemplate>(template("web", "busybox:1"));
+    let s = setup();
+    let log = s.tmp.path().join(format!("podstamp-{}.log", unique("log")));
+    let daemon = Daemon::start(
+        &[
+            "--config",
+            s.config.to_str().unwrap(),
+            "--kubeconfig",
+            server.kubeconfig("podstamp").to_str().unwrap(),
+            "--namespace",
+            &ns,
+            "--rollout-namespace",
+            &ns,
+            "--node-name",
+            &node_name,
+            "--manifest-dir",
+            s.manifests.to_str().unwrap(),
+            "--watch-timeout",
+            "2s",
+        ],
+        log,
+    );
+    let source = format!(
+        "does not meet Pod Security level restricted:latest (from the namespace {ns}'s label pod-security.kubernetes.io/enforce)"
+    );
+    let refusals = |daemon: &Daemon| {
+        daemon
+            .logs()
+            .lines()
+            .filter(|l| l.contains(&source) && l.contains("the last good manifest stays"))
+            .count()
+    };
+    wait_for("the first render refused at restricted", CONVERGE, || {
+        daemon.assert_running();
+        (refusals(&daemon) >= 1).then_some(())
+    });
+
+    // The Namespace rule taken away: the next watch renewal is refused.
+    let mut cluster_rules = common::for_namespace(deploy_rules("ClusterRole"), &ns);
+    cluster_rules.as_array_mut().unwrap().retain(|rule| {
+        !rule["resources"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("namespaces"))
+    });
+    let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(kube.client.clone());
+    kube.rt
+        .block_on(roles.patch(
+            &format!("podstamp-{ns}"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"rules": cluster_rules})),
+        ))
+        .unwrap();
+    wait_for("the Namespace watch failing", CONVERGE, || {
+        daemon.assert_running();
+        (daemon.metric("podstamp_watch_restarts_total{watch=\"namespace\"}") >= 1.0).then_some(())
+    });
+
+    // A change after the failure (a container `changed` merged in, so that
+    // its refusal is a new line, not the same one again): still held to
+    // restricted, not written.
+    let before = refusals(&daemon);
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "changed", "image": "busybox:2"}]}}}),
+    );
+    let deadline = std::time::Instant::now() + CONVERGE;
+    while refusals(&daemon) <= before {
+        daemon.assert_running();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the changed template was not refused again:\n{}",
+            daemon.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!s.manifests.join("web.yaml").exists());
+    let logs = daemon.logs();
+    assert!(
+        logs.lines()
+            .rfind(|l| l.contains(&source))
+            .is_some_and(|l| l.contains("\"changed\"")),
+        "the last refusal is not the changed template's:\n{logs}"
+    );
+    // Reported: the watch's refusal, and that the last labels hold.
+    assert!(
+        logs.contains("its Pod Security labels as last read hold until it is watched again"),
+        "{logs}"
+    );
+    assert!(daemon.stop().success());
+}

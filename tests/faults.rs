@@ -915,6 +915,15 @@ const FAULTS: &[Fault] = &[
         test: "tests/daemon.rs: the_namespace_label_holds_every_render_to_its_pod_security_level",
     },
     Fault {
+        id: "pod-security-namespace-watch-lost",
+        area: "pod security",
+        fault: "the Namespace watch fails after its first read (the permission to read the Namespace taken away; the watch renewed and refused)",
+        kept: "the Pod Security labels last read stay in force: a template changed after the failure is still held to the namespace's level (refused at restricted, where the configured baseline would write it); manifests on disk are kept",
+        reported: "the watch's refusal, naming the permission; a warning that the labels as last read hold; `podstamp_watch_restarts_total{watch=\"namespace\"}`",
+        says: "its Pod Security labels as last read hold until it is watched again",
+        test: "tests/daemon.rs: a_namespace_watch_that_fails_after_its_first_read_keeps_the_last_level",
+    },
+    Fault {
         id: "pod-security-reload-over-level",
         area: "pod security",
         fault: "a reload of the configuration brings a plugin granted the field it changes (the attacker of issue 26 with `scope: [spec.hostPID]`) whose output fails the level of the template's namespace (labelled `enforce: baseline` after its pod was written at privileged)",

@@ -732,3 +732,156 @@ fn the_librarys_own_fixtures_pass_and_fail_as_it_generated_them() {
     );
     assert!(disagreements.is_empty(), "{disagreements:#?}");
 }
+
+/// A case's pod as a static pod may be (the kubelet refuses a ConfigMap
+/// volume in a static pod): its `config` volume an emptyDir.
+fn static_pod_of(case: &Case) -> Vec<u8> {
+    let mut pod: Value = serde_json::from_slice(&pod_of(case)).unwrap();
+    if let Some(volumes) = pod["spec"]["volumes"].as_array_mut() {
+        for volume in volumes {
+            if volume.get("configMap").is_some() {
+                *volume = json!({"name": volume["name"], "emptyDir": {}});
+            }
+        }
+    }
+    serde_json::to_vec(&pod).unwrap()
+}
+
+/// The combined request (a write held to a level: the kubelet's check and
+/// Pod Security on one decode) answers each question exactly as its own
+/// request does, for every case at every level, through the real helper.
+#[test]
+fn one_request_for_both_checks_answers_each_as_it_would_alone() {
+    let combined = helper();
+    let alone = helper();
+    let (mut compared, mut refused_by_kubelet) = (0, 0);
+    for case in &cases() {
+        let pod = static_pod_of(case);
+        for level in Level::ALL {
+            // A node per level, so that no kubelet verdict is memoized and
+            // every question goes out as one combined request.
+            let node = format!("node-{level}");
+            let policy = Policy::latest(level);
+            let both = combined.check_held(&node, Some("v1.37.2"), &pod, &policy);
+            let kubelet = alone.check(&node, Some("v1.37.2"), &pod);
+            match (both, kubelet) {
+                (Err(a), Err(b)) => {
+                    assert_eq!(a, b, "{} at {level}", case.name);
+                    refused_by_kubelet += 1;
+                }
+                (Ok(security), Ok(())) => {
+                    assert_eq!(
+                        security,
+                        alone.pod_security(&policy, &pod),
+                        "{} at {level}",
+                        case.name
+                    );
+                    compared += 1;
+                }
+                (a, b) => panic!("{} at {level}: combined {a:?}, alone {b:?}", case.name),
+            }
+        }
+    }
+    println!(
+        "{compared} Pod Security verdicts compared, {refused_by_kubelet} pods refused by the kubelet's check alike"
+    );
+    // The cases are pods the kubelet runs but for a few (e.g. a sysctl it
+    // does not allow): nearly every verdict was compared.
+    assert!(compared >= 3 * (cases().len() - 4), "{compared}");
+    // And the attacker's pod, refused at baseline with every check named.
+    let pod = attacker_pod();
+    let policy = Policy::latest(Level::Baseline);
+    match combined.check_held("node-attacker", None, &pod, &policy) {
+        Ok(Err(PodSecurityError::Violated(v))) => assert_eq!(
+            v.ids(),
+            [
+                "hostNamespaces",
+                "hostPathVolumes",
+                "hostPorts",
+                "privileged"
+            ]
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A stand-in helper that logs the first bytes of every request to `log`
+/// and accepts everything; `both`: its hello offers the combined request.
+fn logging_helper(dir: &std::path::Path, both: bool) -> (KubeCheck, std::path::PathBuf) {
+    let log = dir.join("requests.log");
+    let path = dir.join("podstamp-kubecheck");
+    let hello = if both {
+        r#"{"protocol":1,"kubernetes":"v1.37.2","podSecurity":"v0.37.2","both":true}"#
+    } else {
+        r#"{"protocol":1,"kubernetes":"v1.37.2","podSecurity":"v0.37.2"}"#
+    };
+    std::fs::write(
+        &path,
+        format!(
+            r#"#!/usr/bin/python3
+import sys, struct
+out = sys.stdout.buffer
+def frame(b):
+    out.write(struct.pack('<I', len(b)) + b)
+    out.flush()
+frame(b'{hello}')
+log = open({log:?}, 'ab', buffering=0)
+while True:
+    n = sys.stdin.buffer.read(4)
+    if len(n) < 4:
+        break
+    req = sys.stdin.buffer.read(struct.unpack('<I', n)[0])
+    tag = req.split(b'\0')[0] if req[:1] in (b'\x01', b'\x02') else b'kubelet'
+    log.write(tag.lstrip(b'\x01\x02') + b'\n')
+    if req[:1] == b'\x02':
+        frame(b'{{"kubelet":{{"ok":true}},"podSecurity":{{"ok":true}}}}')
+    else:
+        frame(b'{{"ok":true}}')
+"#
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let check = KubeCheck::new(Settings {
+        path: Some(path),
+        ..Settings::default()
+    });
+    (check, log)
+}
+
+fn requests(log: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+/// A write held to a level is one round trip to the helper, and each
+/// verdict is then memoized as if asked alone; a helper whose hello does not
+/// offer the combined request is asked each question in turn.
+#[test]
+fn a_write_held_to_a_level_asks_the_helper_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (check, log) = logging_helper(dir.path(), true);
+    let policy = Policy::latest(Level::Restricted);
+    let pod = b"apiVersion: v1\nkind: Pod\n";
+    assert_eq!(check.check_held("n1", None, pod, &policy), Ok(Ok(())));
+    assert_eq!(requests(&log), ["both"]);
+    // Both verdicts memoized under their own keys: nothing asked again.
+    assert_eq!(check.check_held("n1", None, pod, &policy), Ok(Ok(())));
+    assert_eq!(check.check("n1", None, pod), Ok(()));
+    assert_eq!(check.pod_security(&policy, pod), Ok(()));
+    assert_eq!(requests(&log), ["both"]);
+    // Another level: the kubelet's verdict is memoized, so only the Pod
+    // Security question goes out, on its own.
+    let baseline = Policy::latest(Level::Baseline);
+    assert_eq!(check.check_held("n1", None, pod, &baseline), Ok(Ok(())));
+    assert_eq!(requests(&log), ["both", "pod-security"]);
+
+    let older = tempfile::tempdir().unwrap();
+    let (check, log) = logging_helper(older.path(), false);
+    assert_eq!(check.check_held("n1", None, pod, &policy), Ok(Ok(())));
+    assert_eq!(requests(&log), ["kubelet", "pod-security"]);
+}

@@ -30,7 +30,11 @@
 //! pair on a first render (a template never rendered before each time, so
 //! no memo answers). The Pod Security check before a write has two rows,
 //! as the kubelet's check (memo, helper), and one line adds both checks up
-//! against a render without them: at a resync and on a first render.
+//! against a render without them: at a resync and on a first render. The
+//! issue's cost target is the pair `first render written`: a new template
+//! rendered, verified and written with the scope check and Pod Security
+//! (one helper request for the kubelet's check and Pod Security) against the
+//! same written render without them (the kubelet's check alone).
 //!
 //! Run: `bash plugins/build.sh && bash tests/harness/build-kubecheck.sh && cargo bench --bench render`
 
@@ -138,7 +142,14 @@ fn main() {
         std::process::exit(2);
     }
     let config = ConfigFile::read(&repo().join("examples/podstamp.yaml")).unwrap();
-    let runtime = Runtime::new(Limits::default(), None).unwrap();
+    // The default limits but a longer deadline: a call is timed, not
+    // bounded, here, and on a loaded machine (or a debug build) one call in
+    // thousands may stall past the daemon's 100 ms.
+    let limits = Limits {
+        timeout: Duration::from_secs(2),
+        ..Limits::default()
+    };
+    let runtime = Runtime::new(limits, None).unwrap();
     let catalog = config.load_catalog(&runtime).unwrap();
     let node = NodeContext::from_node(
         &serde_json::from_value(read_value(&repo().join("examples/node.yaml"))).unwrap(),
@@ -468,6 +479,55 @@ fn main() {
             bytes.extend_from_slice(format!("# {asked}\n").as_bytes());
             hold(&bytes);
         });
+        // Both checks in one request to the helper (what a write held to a
+        // level asks when neither verdict is memoized), new bytes each call.
+        let both_helper = measure(|| {
+            asked += 1;
+            let mut bytes = written.bytes.clone();
+            bytes.extend_from_slice(format!("# {asked}\n").as_bytes());
+            match check.check_held(&node.name, kubelet, &bytes, &policy) {
+                Err(podstamp::kube_check::CheckError::Unavailable(e)) => {
+                    panic!("the kubelet check cannot run: {e}")
+                }
+                Ok(Err(podstamp::kube_check::PodSecurityError::Unavailable(e))) => {
+                    panic!("the Pod Security check cannot run: {e}")
+                }
+                verdict => black_box(verdict.is_ok()),
+            };
+        });
+        // A first render that is written (issue 26's cost target): a
+        // template never rendered before, the chain, validation, the read
+        // back, the helper's verdicts and the atomic write, with the scope
+        // check and Pod Security (the example chain with its grants, held to
+        // the default level: both verdicts in one request) against the same
+        // without them (no scope, the kubelet's check alone, which every
+        // write pays since issue 25), in alternating batches. The pod fails
+        // baseline (a host-network kube-apiserver): the helper's slower
+        // path, which tells each failed check apart; the bytes are written
+        // either way, so that both sides write the same.
+        let held = podstamp::security_level::Held::default_level();
+        let written_dir = tempfile::tempdir().unwrap();
+        let written_render = |chain: &Chain, held: Option<&podstamp::security_level::Held>| {
+            let template = fresh();
+            let mut rendered =
+                render_unverified(&template, &node, chain, "kube-system", &mut |_, _, _| {})
+                    .unwrap();
+            if let Some(held) = held {
+                rendered = rendered.held_to(held.clone());
+            }
+            let name = rendered.peek().file_name();
+            let bytes = rendered.peek().bytes.clone();
+            match rendered.verify_with(check) {
+                Ok(_) => {}
+                Err(e) if matches!(e.stage, podstamp::render::Stage::PodSecurity { .. }) => {}
+                Err(e) => panic!("a written render failed: {e}"),
+            }
+            write::write_atomic(written_dir.path(), &name, &bytes).unwrap();
+        };
+        let (written_checked, written_unchecked) = measure_pair(
+            || written_render(&example, Some(&held)),
+            || written_render(&unscoped, None),
+        );
         let ratio = |d: Duration| d.as_secs_f64() / native.as_secs_f64();
         let row = |name: &str, d: Duration, show_ratio: bool, target: &str| {
             let ratio = if show_ratio {
@@ -590,17 +650,41 @@ fn main() {
             true,
             "",
         );
-        // Both checks against the render without them: at a resync (the
-        // scope memo answers; bytes in step are not checked for Pod
-        // Security) and on a first render that is written (the scope check
-        // whole, the Pod Security check by the helper).
+        row(
+            "kubelet + Pod Security, one request (new bytes)",
+            both_helper,
+            true,
+            "",
+        );
+        let written_cost = written_checked.as_secs_f64() / written_unchecked.as_secs_f64() - 1.0;
+        row(
+            "first render written, scope + Pod Security (pair)",
+            written_checked,
+            true,
+            &format!(
+                "{:+.1}% vs without, target <= +10%: {}",
+                written_cost * 100.0,
+                verdict(written_cost <= 0.10)
+            ),
+        );
+        row(
+            "first render written, kubelet check only (pair)",
+            written_unchecked,
+            true,
+            "",
+        );
+        // The older sum, kept for comparison with earlier runs: at a resync
+        // (the scope memo answers; bytes in step are not checked for Pod
+        // Security) and on a first render NOT written (the scope check
+        // whole, plus a Pod Security request of its own to the helper),
+        // against that render without the write or any helper call.
         let resync = (scoped.as_secs_f64() - unscoped_took.as_secs_f64()).max(0.0)
             / unscoped_took.as_secs_f64();
         let first = ((first_scoped.as_secs_f64() - first_unscoped.as_secs_f64()).max(0.0)
             + security_helper.as_secs_f64())
             / first_unscoped.as_secs_f64();
         println!(
-            "{label:<11} both checks: {:+.1}% of a resync render, {:+.1}% of a first render (scope + Pod Security helper), target <= 10%: {} / {}",
+            "{label:<11} both checks (older sum): {:+.1}% of a resync render, {:+.1}% of a first render not written (scope + a Pod Security request of its own), target <= 10%: {} / {}",
             resync * 100.0,
             first * 100.0,
             verdict(resync <= 0.10),

@@ -250,27 +250,32 @@ impl Rendered {
             .manifest
             .verify()
             .map_err(|e| fail(Stage::Manifest(e)))?;
-        check
-            .check(&self.node, self.kubelet_version.as_deref(), &manifest.bytes)
-            .map_err(|e| match e {
-                CheckError::Refused(refusal) => fail(Stage::Refused {
-                    after_plugins: self.after_plugins,
-                    refusal: Box::new(refusal),
-                }),
-                CheckError::Unavailable(e) => fail(Stage::Unchecked(e)),
-            })?;
-        if let Some(held) = self.pod_security {
+        let refused = |e| match e {
+            CheckError::Refused(refusal) => fail(Stage::Refused {
+                after_plugins: self.after_plugins,
+                refusal: Box::new(refusal),
+            }),
+            CheckError::Unavailable(e) => fail(Stage::Unchecked(e)),
+        };
+        let kubelet = self.kubelet_version.as_deref();
+        let Some(held) = self.pod_security else {
             check
-                .pod_security(&held.policy, &manifest.bytes)
-                .map_err(|e| match e {
-                    PodSecurityError::Violated(violation) => fail(Stage::PodSecurity {
-                        after_plugins: self.after_plugins,
-                        held: Box::new(held.clone()),
-                        violation: Box::new(violation),
-                    }),
-                    PodSecurityError::Unavailable(e) => fail(Stage::PodSecurityUnchecked(e)),
-                })?;
-        }
+                .check(&self.node, kubelet, &manifest.bytes)
+                .map_err(refused)?;
+            return Ok(manifest);
+        };
+        // Held to a level: both checks in one request to the helper.
+        check
+            .check_held(&self.node, kubelet, &manifest.bytes, &held.policy)
+            .map_err(refused)?
+            .map_err(|e| match e {
+                PodSecurityError::Violated(violation) => fail(Stage::PodSecurity {
+                    after_plugins: self.after_plugins,
+                    held: Box::new(held.clone()),
+                    violation: Box::new(violation),
+                }),
+                PodSecurityError::Unavailable(e) => fail(Stage::PodSecurityUnchecked(e)),
+            })?;
         Ok(manifest)
     }
 }

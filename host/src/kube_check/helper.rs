@@ -6,6 +6,8 @@
 //! manifest's bytes) gets one verdict (JSON, see `verdict`). A Pod Security
 //! request (`pod_security`) is another frame on the same process: the hello
 //! says whether the helper knows it (`podSecurity`, the library's version).
+//! So does the combined request (both questions on one decode of the
+//! manifest, for a write held to a level): `"both":true` in the hello.
 //!
 //! Every wait is bounded: the helper's stdin and stdout are served by a
 //! thread each, so a helper that stops reading or answering makes the call
@@ -39,6 +41,8 @@ pub struct Helper {
     kubernetes: String,
     /// The Pod Security library's version, when the helper has the check.
     pod_security: Option<String>,
+    /// The helper answers the combined request.
+    both: bool,
     last_used: Instant,
 }
 
@@ -80,6 +84,7 @@ impl Helper {
             answers,
             kubernetes: String::new(),
             pod_security: None,
+            both: false,
             last_used: Instant::now(),
         };
         if let Err(e) = spawned {
@@ -98,9 +103,10 @@ impl Helper {
             }
         };
         match parse_hello(&hello) {
-            Ok((kubernetes, pod_security)) => {
-                helper.kubernetes = kubernetes;
-                helper.pod_security = pod_security;
+            Ok(hello) => {
+                helper.kubernetes = hello.kubernetes;
+                helper.pod_security = hello.pod_security;
+                helper.both = hello.both;
             }
             Err(e) => {
                 helper.stop();
@@ -119,6 +125,12 @@ impl Helper {
     /// a helper older than the Pod Security request.
     pub fn pod_security(&self) -> Option<&str> {
         self.pod_security.as_deref()
+    }
+
+    /// Does the helper answer the combined request (kubelet and Pod
+    /// Security on one decode)? A helper that predates it does not.
+    pub fn both(&self) -> bool {
+        self.both
     }
 
     pub fn idle_for(&self) -> Duration {
@@ -235,15 +247,21 @@ fn log_lines(stderr: impl Read) {
     }
 }
 
-/// The Kubernetes release, and the Pod Security library's version if any.
-fn parse_hello(hello: &[u8]) -> Result<(String, Option<String>), String> {
-    #[derive(serde::Deserialize)]
-    struct Hello {
-        protocol: u64,
-        kubernetes: String,
-        #[serde(rename = "podSecurity")]
-        pod_security: Option<String>,
-    }
+/// What the helper says of itself first.
+#[derive(serde::Deserialize)]
+struct Hello {
+    protocol: u64,
+    /// The Kubernetes release it checks for.
+    kubernetes: String,
+    /// The Pod Security library's version, if it has the check.
+    #[serde(rename = "podSecurity")]
+    pod_security: Option<String>,
+    /// It answers the combined request.
+    #[serde(default)]
+    both: bool,
+}
+
+fn parse_hello(hello: &[u8]) -> Result<Hello, String> {
     let hello: Hello = serde_json::from_slice(hello).map_err(|e| {
         format!(
             "its first answer is not the pod check's greeting ({e}): is it {}?",
@@ -257,5 +275,5 @@ fn parse_hello(hello: &[u8]) -> Result<(String, Option<String>), String> {
             super::HELPER_NAME
         ));
     }
-    Ok((hello.kubernetes, hello.pod_security))
+    Ok(hello)
 }

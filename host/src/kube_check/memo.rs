@@ -69,6 +69,19 @@ impl<V: Clone> Memo<V> {
         found
     }
 
+    /// Is `key` known? Counted neither as a hit nor as a miss: the caller
+    /// then asks with [`Memo::get`].
+    pub fn peek(&self, key: &Key) -> Option<&V> {
+        self.verdicts.get(key)
+    }
+
+    /// A verdict asked of the helper without [`Memo::get`] first (the
+    /// caller [`Memo::peek`]ed): counted as the miss it was, then kept.
+    pub fn record_miss(&mut self, key: Key, verdict: V) {
+        self.misses += 1;
+        self.insert(key, verdict);
+    }
+
     pub fn insert(&mut self, key: Key, verdict: V) {
         if self.verdicts.len() >= CAPACITY {
             self.verdicts.clear();

@@ -35,6 +35,11 @@
 //!   level and version, memoized by the sha256 of both and the bytes. A
 //!   helper that predates the request (its hello has no `podSecurity`) is
 //!   never sent one: the check is [`Unavailable`], nothing is written.
+//! - A write held to a level asks both in one request when neither verdict
+//!   is memoized ([`KubeCheck::check_held`]): one round trip and one decode
+//!   instead of two; each verdict is memoized under its own key, exactly as
+//!   if asked alone, and the Pod Security verdict counts only for a pod the
+//!   kubelet accepts. A helper whose hello lacks `both` is asked in turn.
 //!
 //! One concern per file: `locate` (where the helper is), `helper` (the child
 //! process and its protocol), `verdict` (its answer → podstamp's messages),
@@ -129,6 +134,45 @@ pub enum PodSecurityError {
     Unavailable(#[from] Unavailable),
 }
 
+/// Which request a call makes (a helper is sent only the ones it knows).
+#[derive(Debug, Clone, Copy)]
+enum Request {
+    Kubelet,
+    PodSecurity,
+    Both,
+}
+
+/// The combined request's parts (see the helper's protocol).
+fn both_request<'a>(
+    node: &'a str,
+    kubelet: &'a str,
+    policy: &'a Policy,
+    manifest: &'a [u8],
+) -> [&'a [u8]; 6] {
+    [
+        b"\x02both",
+        node.as_bytes(),
+        kubelet.as_bytes(),
+        policy.level.as_str().as_bytes(),
+        policy.version().as_bytes(),
+        manifest,
+    ]
+}
+
+/// The combined answer's two verdicts, each as its own request's answer.
+fn split_both(answer: &[u8]) -> Result<(Vec<u8>, Vec<u8>), String> {
+    #[derive(serde::Deserialize)]
+    struct Both {
+        kubelet: serde_json::Value,
+        #[serde(rename = "podSecurity")]
+        pod_security: serde_json::Value,
+    }
+    let both: Both = serde_json::from_slice(answer)
+        .map_err(|e| format!("the pod check answered something that is not both verdicts: {e}"))?;
+    let text = |v: &serde_json::Value| serde_json::to_vec(v).map_err(|e| e.to_string());
+    Ok((text(&both.kubelet)?, text(&both.pod_security)?))
+}
+
 /// The check, shared by every render of a process.
 pub struct KubeCheck {
     settings: Settings,
@@ -209,22 +253,114 @@ impl KubeCheck {
             return Err(Refusal::too_large(manifest.len(), KUBELET_MAX_FILE).into());
         }
         let kubelet = kubelet.unwrap_or_default();
-        let key = memo::key(node, kubelet, manifest);
         let (verdict, kubernetes) = {
             let mut state = self.lock();
-            let verdict = match state.memo.get(&key) {
-                Some(known) => known,
-                None => {
-                    let answer = self.ask(&mut state, node, kubelet, manifest)?;
-                    let verdict =
-                        verdict::parse(&answer, state.kubernetes.as_deref().unwrap_or("?"))
-                            .map_err(Unavailable)?;
-                    state.memo.insert(key, verdict.clone());
-                    verdict
-                }
-            };
+            let verdict = self.kubelet_verdict(&mut state, node, kubelet, manifest)?;
             (verdict, state.kubernetes.clone().unwrap_or_default())
         };
+        self.conclude(node, kubelet, verdict, &kubernetes)
+    }
+
+    /// What a write held to `policy` needs: [`KubeCheck::check`], then
+    /// [`KubeCheck::pod_security`] when the kubelet accepts the pod; the
+    /// outer error is the kubelet check's, the inner the Pod Security one's.
+    /// When neither verdict is memoized, the helper answers both in one
+    /// request (one round trip, one decode of the manifest), each verdict
+    /// then memoized on its own as its own request's would be; a helper
+    /// without the combined request is asked each question in turn.
+    pub fn check_held(
+        &self,
+        node: &str,
+        kubelet: Option<&str>,
+        manifest: &[u8],
+        policy: &Policy,
+    ) -> Result<Result<(), PodSecurityError>, CheckError> {
+        if manifest.len() > KUBELET_MAX_FILE {
+            return Err(Refusal::too_large(manifest.len(), KUBELET_MAX_FILE).into());
+        }
+        let kubelet = kubelet.unwrap_or_default();
+        let key = memo::key(node, kubelet, manifest);
+        let security_key =
+            memo::pod_security_key(policy.level.as_str(), policy.version(), manifest);
+        let (verdict, kubernetes, security) = {
+            let mut state = self.lock();
+            let neither_known = state.memo.peek(&key).is_none()
+                && state.pod_security_memo.peek(&security_key).is_none();
+            // Both verdicts from one request, or the kubelet's alone (the
+            // Pod Security one then asked below, if the kubelet accepts).
+            let (verdict, security) = if neither_known && self.helper_answers_both(&mut state)? {
+                let parts = both_request(node, kubelet, policy, manifest);
+                let answer = self.ask_parts(&mut state, &parts, Request::Both)?;
+                let (kubelet_answer, security_answer) = split_both(&answer).map_err(Unavailable)?;
+                let kubernetes = state.kubernetes.clone().unwrap_or_default();
+                let verdict = verdict::parse(&kubelet_answer, &kubernetes).map_err(Unavailable)?;
+                state.memo.record_miss(key, verdict.clone());
+                let security = pod_security::parse(&security_answer, policy).inspect(|security| {
+                    state
+                        .pod_security_memo
+                        .record_miss(security_key, security.clone());
+                });
+                (verdict, Some(security.map_err(Unavailable)))
+            } else {
+                (
+                    self.kubelet_verdict(&mut state, node, kubelet, manifest)?,
+                    None,
+                )
+            };
+            // The Pod Security verdict only for a pod the kubelet accepts,
+            // as when asked in turn.
+            let security = match (&verdict, security) {
+                (Err(_), _) => Ok(()),
+                (Ok(_), Some(answered)) => answered
+                    .map_err(PodSecurityError::from)
+                    .and_then(|v| v.map_err(PodSecurityError::from)),
+                (Ok(_), None) => self
+                    .security_verdict(&mut state, policy, manifest)
+                    .map_err(PodSecurityError::from)
+                    .and_then(|v| v.map_err(PodSecurityError::from)),
+            };
+            (
+                verdict,
+                state.kubernetes.clone().unwrap_or_default(),
+                security,
+            )
+        };
+        self.conclude(node, kubelet, verdict, &kubernetes)?;
+        Ok(security)
+    }
+
+    /// The kubelet's verdict on the question, from the memo or the helper.
+    fn kubelet_verdict(
+        &self,
+        state: &mut State,
+        node: &str,
+        kubelet: &str,
+        manifest: &[u8],
+    ) -> Result<Result<Vec<String>, Refusal>, Unavailable> {
+        let key = memo::key(node, kubelet, manifest);
+        if let Some(known) = state.memo.get(&key) {
+            return Ok(known);
+        }
+        let answer = self.ask_parts(
+            state,
+            &[node.as_bytes(), kubelet.as_bytes(), manifest],
+            Request::Kubelet,
+        )?;
+        let verdict = verdict::parse(&answer, state.kubernetes.as_deref().unwrap_or("?"))
+            .map_err(Unavailable)?;
+        state.memo.insert(key, verdict.clone());
+        Ok(verdict)
+    }
+
+    /// A kubelet verdict to the caller: the newer fields counted, then
+    /// warned about or refused.
+    fn conclude(
+        &self,
+        node: &str,
+        kubelet: &str,
+        verdict: Result<Vec<String>, Refusal>,
+        kubernetes: &str,
+    ) -> Result<(), CheckError> {
         let newer = verdict?;
         if newer.is_empty() {
             return Ok(());
@@ -236,7 +372,7 @@ impl KubeCheck {
             }
         }
         if self.settings.refuse_newer {
-            return Err(Refusal::newer(&newer, kubelet, &kubernetes).into());
+            return Err(Refusal::newer(&newer, kubelet, kubernetes).into());
         }
         tracing::warn!(
             node,
@@ -268,42 +404,36 @@ impl KubeCheck {
             ))
             .into());
         }
-        let key = memo::pod_security_key(policy.level.as_str(), policy.version(), manifest);
         let mut state = self.lock();
+        Ok(self.security_verdict(&mut state, policy, manifest)??)
+    }
+
+    /// The Pod Security verdict, from the memo or the helper.
+    fn security_verdict(
+        &self,
+        state: &mut State,
+        policy: &Policy,
+        manifest: &[u8],
+    ) -> Result<Result<(), Violation>, Unavailable> {
+        let key = memo::pod_security_key(policy.level.as_str(), policy.version(), manifest);
         if let Some(known) = state.pod_security_memo.get(&key) {
-            return Ok(known?);
+            return Ok(known);
         }
         let parts = pod_security::request(policy, manifest);
-        let answer = self.ask_parts(&mut state, &parts, true)?;
+        let answer = self.ask_parts(state, &parts, Request::PodSecurity)?;
         let verdict = pod_security::parse(&answer, policy).map_err(Unavailable)?;
         state.pod_security_memo.insert(key, verdict.clone());
-        Ok(verdict?)
+        Ok(verdict)
     }
 
-    /// One request to the helper, started if it is not running; a helper
-    /// that fails is stopped, and the next call starts a new one.
-    fn ask(
-        &self,
-        state: &mut State,
-        node: &str,
-        kubelet: &str,
-        manifest: &[u8],
-    ) -> Result<Vec<u8>, Unavailable> {
-        self.ask_parts(
-            state,
-            &[node.as_bytes(), kubelet.as_bytes(), manifest],
-            false,
-        )
+    /// Is the helper (started if it is not running) one that answers the
+    /// combined request?
+    fn helper_answers_both(&self, state: &mut State) -> Result<bool, Unavailable> {
+        Ok(self.running(state)?.both())
     }
 
-    /// [`KubeCheck::ask`] for any request; `pod_security`: a Pod Security
-    /// request, which a helper without the check is never sent.
-    fn ask_parts(
-        &self,
-        state: &mut State,
-        parts: &[&[u8]],
-        pod_security: bool,
-    ) -> Result<Vec<u8>, Unavailable> {
+    /// The helper, found and started if it is not running.
+    fn running<'s>(&self, state: &'s mut State) -> Result<&'s mut Helper, Unavailable> {
         // Found once; a helper not found is looked for again at the next
         // call, so that installing it is enough (no restart).
         let path = match &state.path {
@@ -321,14 +451,33 @@ impl KubeCheck {
             state.helper = Some(helper);
             self.reap_when_idle(state.generation);
         }
-        let helper = state.helper.as_mut().expect("started above");
-        if pod_security && helper.pod_security().is_none() {
+        Ok(state.helper.as_mut().expect("started above"))
+    }
+
+    /// One request to the helper, started if it is not running; a request
+    /// the helper does not know is never sent; a helper that fails is
+    /// stopped, and the next call starts a new one.
+    fn ask_parts(
+        &self,
+        state: &mut State,
+        parts: &[&[u8]],
+        request: Request,
+    ) -> Result<Vec<u8>, Unavailable> {
+        let timeout = self.settings.call_timeout;
+        let helper = self.running(state)?;
+        let known = match request {
+            Request::Kubelet => true,
+            Request::PodSecurity => helper.pod_security().is_some(),
+            Request::Both => helper.both(),
+        };
+        if !known {
+            let path = state.path.clone().and_then(Result::ok).unwrap_or_default();
             return Err(Unavailable(format!(
                 "{} is older than this podstamp and has no Pod Security check: install the one built with it (`bash tests/harness/build-kubecheck.sh`)",
                 path.display()
             )));
         }
-        match helper.call_parts(parts, self.settings.call_timeout) {
+        match helper.call_parts(parts, timeout) {
             Ok(answer) => Ok(answer),
             Err(e) => {
                 if let Some(helper) = state.helper.take() {

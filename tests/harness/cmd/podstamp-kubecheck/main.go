@@ -41,7 +41,18 @@
 //	             "checks":[{"id","reason","detail"}...]}, or {"ok":false,
 //	             "bad":"<why the request is not one>"} (the caller's fault)
 //
-// decided by Kubernetes' own k8s.io/pod-security-admission/policy (its
+// The combined request (a manifest about to be written that is held to a
+// level needs both answers; the hello's "both":true says the helper knows
+// it) decodes the manifest once and answers both questions:
+//
+//	<- request:  0x02, "both", NUL, node name, NUL, kubelet version, NUL,
+//	             level, NUL, version, NUL, the manifest's bytes
+//	-> verdict:  {"kubelet":<the kubelet verdict above>,
+//	              "podSecurity":<the Pod Security verdict above>}
+//
+// each exactly what its own request would have answered for those bytes.
+//
+// Pod Security is decided by Kubernetes' own k8s.io/pod-security-admission/policy (its
 // DefaultChecks, the evaluator the admission plugin builds) on the pod as
 // the API server would hold it (decoded with its defaults). The hello's
 // "podSecurity" is that module's version: a helper without it predates the
@@ -277,21 +288,38 @@ func missing(path string, before, after any, out *[]string) {
 
 // check decides one manifest as the kubelet's file source does (tryDecodeSinglePod).
 func check(node, kubelet string, data []byte) verdict {
+	pod, refused := decodeManifest(data)
+	if refused != nil {
+		return *refused
+	}
+	return checkPod(pod, node, kubelet)
+}
+
+// decodeManifest is the first half of the kubelet's decision: the bytes to
+// the internal pod, with the scheme's defaults. A manifest it refuses is
+// refused with the kubelet's words.
+func decodeManifest(data []byte) (*api.Pod, *verdict) {
 	if len(data) > maxConfigLength {
-		return verdict{Error: fmt.Sprintf("the file is %d bytes; the kubelet reads at most %d", len(data), maxConfigLength)}
+		return nil, &verdict{Error: fmt.Sprintf("the file is %d bytes; the kubelet reads at most %d", len(data), maxConfigLength)}
 	}
 	js, err := utilyaml.ToJSON(data)
 	if err != nil {
-		return verdict{Error: err.Error()}
+		return nil, &verdict{Error: err.Error()}
 	}
 	obj, err := runtime.Decode(legacyscheme.Codecs.UniversalDecoder(), js)
 	if err != nil {
-		return verdict{Error: err.Error()}
+		return nil, &verdict{Error: err.Error()}
 	}
 	pod, ok := obj.(*api.Pod)
 	if !ok {
-		return verdict{Error: fmt.Sprintf("invalid pod: %#v", obj)}
+		return nil, &verdict{Error: fmt.Sprintf("invalid pod: %#v", obj)}
 	}
+	return pod, nil
+}
+
+// checkPod is the rest of it, on a decoded pod (which it changes: the
+// static-pod defaults).
+func checkPod(pod *api.Pod, node, kubelet string) verdict {
 	if pod.Name == "" {
 		return verdict{Error: "invalid pod: name is needed for the pod",
 			Fields: []fieldError{{Field: "metadata.name", Type: string(field.ErrorTypeRequired)}}}
@@ -335,12 +363,18 @@ func decodePod(data []byte) (*v1.Pod, error) {
 	if !ok {
 		return nil, fmt.Errorf("not a pod: %T", obj)
 	}
+	return toV1(pod)
+}
+
+// toV1 converts an internal pod (decoded as decodePod does) to v1.
+func toV1(pod *api.Pod) (*v1.Pod, error) {
 	out := &v1.Pod{}
 	if err := k8s_api_v1.Convert_core_Pod_To_v1_Pod(pod, out, nil); err != nil {
 		return nil, err
 	}
 	return out, nil
 }
+
 func writeFrame(w *bufio.Writer, payload []byte) error {
 	var n [4]byte
 	binary.LittleEndian.PutUint32(n[:], uint32(len(payload)))
@@ -400,7 +434,7 @@ func serve(in io.Reader, out io.Writer) error {
 	r := bufio.NewReaderSize(in, 64<<10)
 	w := bufio.NewWriterSize(out, 64<<10)
 	hello, _ := json.Marshal(map[string]any{"protocol": protocol, "kubernetes": kubernetesVersion(),
-		"podSecurity": moduleVersion("k8s.io/pod-security-admission")})
+		"podSecurity": moduleVersion("k8s.io/pod-security-admission"), "both": true})
 	if err := writeFrame(w, hello); err != nil {
 		return err
 	}
@@ -412,8 +446,14 @@ func serve(in io.Reader, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if len(req) > 0 && req[0] == podSecurityMark {
-			reply, err := json.Marshal(podSecurityRequest(req[1:]))
+		if len(req) > 0 && (req[0] == podSecurityMark || req[0] == bothMark) {
+			var answer any
+			if req[0] == podSecurityMark {
+				answer = podSecurityRequest(req[1:])
+			} else {
+				answer = bothRequest(req[1:])
+			}
+			reply, err := json.Marshal(answer)
 			if err != nil {
 				return err
 			}

@@ -23,12 +23,67 @@ import (
 	"slices"
 	"strings"
 
+	v1 "k8s.io/api/core/v1"
 	psaapi "k8s.io/pod-security-admission/api"
 	"k8s.io/pod-security-admission/policy"
 )
 
-// podSecurityMark starts a Pod Security request (a node name never does).
-const podSecurityMark = 0x01
+// podSecurityMark starts a Pod Security request, bothMark the combined
+// request (a node name never starts with either).
+const (
+	podSecurityMark = 0x01
+	bothMark        = 0x02
+)
+
+// both is the combined request's answer: each verdict as its own request
+// would have given it.
+type both struct {
+	Kubelet     verdict            `json:"kubelet"`
+	PodSecurity podSecurityVerdict `json:"podSecurity"`
+}
+
+// bothRequest answers "both", NUL, node, NUL, kubelet version, NUL, level,
+// NUL, version, NUL, the manifest: one decode for the two checks. Pod
+// Security is decided first, on the pod as decoded (as decodePod has it),
+// since the kubelet's check then changes the pod (the static-pod defaults).
+func bothRequest(req []byte) both {
+	parts := strings.SplitN(string(req), "\x00", 6)
+	if len(parts) != 6 || parts[0] != "both" {
+		bad := "a combined request is \"both\", node, kubelet version, level, version and the manifest, NUL between them"
+		return both{Kubelet: verdict{Error: bad}, PodSecurity: podSecurityVerdict{Bad: bad}}
+	}
+	node, kubelet := parts[1], parts[2]
+	lv, bad := levelVersion(parts[3], parts[4])
+	pod, refused := decodeManifest([]byte(parts[5]))
+	if refused != nil {
+		if bad == "" {
+			bad = "the manifest is not a pod: " + refused.Error
+		}
+		return both{Kubelet: *refused, PodSecurity: podSecurityVerdict{Bad: bad}}
+	}
+	var security podSecurityVerdict
+	if bad != "" {
+		security = podSecurityVerdict{Bad: bad}
+	} else if v1pod, err := toV1(pod); err != nil {
+		security = podSecurityVerdict{Bad: fmt.Sprintf("the manifest is not a pod: %v", err)}
+	} else {
+		security = evaluate(lv, v1pod)
+	}
+	return both{Kubelet: checkPod(pod, node, kubelet), PodSecurity: security}
+}
+
+// levelVersion parses a request's level and version; bad says why not.
+func levelVersion(levelText, versionText string) (lv psaapi.LevelVersion, bad string) {
+	level, err := psaapi.ParseLevel(levelText)
+	if err != nil {
+		return lv, fmt.Sprintf("level %q: %v", levelText, err)
+	}
+	version, err := psaapi.ParseVersion(versionText)
+	if err != nil {
+		return lv, fmt.Sprintf("version %q: %v", versionText, err)
+	}
+	return psaapi.LevelVersion{Level: level, Version: version}, ""
+}
 
 type failedCheck struct {
 	ID     string `json:"id"`
@@ -100,19 +155,20 @@ func podSecurityRequest(req []byte) podSecurityVerdict {
 	if len(parts) != 4 || parts[0] != "pod-security" {
 		return podSecurityVerdict{Bad: "a Pod Security request is \"pod-security\", level, version and the manifest, NUL between them"}
 	}
-	level, err := psaapi.ParseLevel(parts[1])
-	if err != nil {
-		return podSecurityVerdict{Bad: fmt.Sprintf("level %q: %v", parts[1], err)}
-	}
-	version, err := psaapi.ParseVersion(parts[2])
-	if err != nil {
-		return podSecurityVerdict{Bad: fmt.Sprintf("version %q: %v", parts[2], err)}
+	lv, bad := levelVersion(parts[1], parts[2])
+	if bad != "" {
+		return podSecurityVerdict{Bad: bad}
 	}
 	pod, err := decodePod([]byte(parts[3]))
 	if err != nil {
 		return podSecurityVerdict{Bad: fmt.Sprintf("the manifest is not a pod: %v", err)}
 	}
-	lv := psaapi.LevelVersion{Level: level, Version: version}
+	return evaluate(lv, pod)
+}
+
+// evaluate decides one pod at one level and version.
+func evaluate(lv psaapi.LevelVersion, pod *v1.Pod) podSecurityVerdict {
+	level := lv.Level
 	results := fullEvaluator.EvaluatePod(lv, &pod.ObjectMeta, &pod.Spec)
 	aggregate := policy.AggregateCheckResults(results)
 	if aggregate.Allowed {
