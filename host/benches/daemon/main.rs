@@ -50,6 +50,9 @@
 //! PODSTAMP_BENCH_IDLE_SECONDS (default 60), PODSTAMP_BENCH_FLEET (the
 //! fleet sizes, default `100,500,2000`), PODSTAMP_BENCH_FLEET_LIMIT
 //! (seconds one fleet's rollout may take, default 900),
+//! PODSTAMP_BENCH_FLEET_APF (`0`: the API server without API Priority and
+//! Fairness, as the fleet figures before it; on by default when the fleet
+//! part runs),
 //! PODSTAMP_BENCH_CONTROL_PLANE_CHANGES (default 3 of each kind, about 3
 //! minutes a pair).
 
