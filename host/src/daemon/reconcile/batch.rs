@@ -25,6 +25,10 @@
 //! it was). Identical bytes are never staged. Nothing outside the manifest
 //! directory is staged inside it.
 //!
+//! A pass of many templates commits every [`MAX_STAGED`] staged files, so
+//! that it never holds more files open than that (a staged file is open
+//! until its fsync) and a low open-file limit is not met halfway.
+//!
 //! Invariants: nothing staged outlives the pass (a write that cannot be
 //! committed is a `WriteFailed` render failure and its temp file is
 //! removed); a rollback ([`super::Effect::RollBack`]) commits the pass
@@ -37,6 +41,11 @@ use crate::write::{self, Staged};
 
 use super::Reconciler;
 use super::outcome::{Done, write_failed};
+
+/// The most manifests (and, apart, rollout states) a pass holds staged
+/// before it commits them: each is an open file until it is synced, and
+/// 128 fsyncs at once already share their journal commits.
+pub(super) const MAX_STAGED: usize = 128;
 
 /// A manifest staged in this pass.
 pub(super) struct PendingWrite {
@@ -152,6 +161,12 @@ impl Reconciler {
                 }
             }
         }
+    }
+
+    /// Whether the pass holds as much as it may ([`MAX_STAGED`]): time to
+    /// commit.
+    pub(super) fn pass_full(&self) -> bool {
+        self.pass.writes.len() >= MAX_STAGED || self.pass.states.len() >= MAX_STAGED
     }
 
     /// Closes the pass, committing what it holds; from here on rollout

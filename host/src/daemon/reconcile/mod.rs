@@ -471,6 +471,10 @@ impl Reconciler {
         for (_, key) in dirty {
             self.render_one(&key);
             self.run_effects();
+            if self.pass_full() {
+                self.commit_pass();
+                self.run_effects();
+            }
         }
         self.close_pass();
         self.run_effects();

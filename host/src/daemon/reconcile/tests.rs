@@ -436,3 +436,44 @@ fn a_template_is_kept_only_where_its_node_selector_selects() {
     r.reconcile();
     assert_eq!(fs::read(dir.join("cp.yaml")).unwrap(), before);
 }
+
+/// A pass of more templates than a commit holds ([`batch::MAX_STAGED`]):
+/// every manifest and revision lands, two templates producing one pod name
+/// in the same pass leave it to the first, and no temp file stays.
+#[test]
+fn a_large_pass_lands_whole_in_commits_and_keeps_its_rules() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("manifests");
+    fs::create_dir(&dir).unwrap();
+    let mut r = reconciler(&dir);
+    let store = Store::open(root.path().join("revisions"), 3, &dir).unwrap();
+    r.set_revisions(store);
+    let n = 2 * batch::MAX_STAGED + 5;
+    let mut items: Vec<Incoming> = (0..n)
+        .map(|i| incoming(&format!("t{i:04}"), &format!("t{i:04}"), "x:1"))
+        .collect();
+    // Arrives after t0000 (sequence), renders in the same pass.
+    items.push(incoming("zz-dup", "t0000", "dup:1"));
+    list(&mut r, items);
+    let names: Vec<String> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), n, "one manifest per template, no temp file");
+    assert!(names.iter().all(|n| !n.starts_with('.')), "{names:?}");
+    let first = fs::read_to_string(dir.join("t0000.yaml")).unwrap();
+    assert!(first.contains("x:1"), "{first}");
+    assert!(
+        r.entries["zz-dup"]
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("already produced")
+    );
+    let store = r.revisions.as_ref().unwrap();
+    for i in [0, batch::MAX_STAGED, n - 1] {
+        let id = format!("kube-system/t{i:04}");
+        assert_eq!(store.kept(&id).unwrap().len(), 1, "{id}");
+    }
+    assert_eq!(r.owned.len(), n);
+}
