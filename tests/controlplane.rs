@@ -567,6 +567,30 @@ fn start_podstamps(two: &TwoMembers) -> Vec<Daemon> {
         .collect()
 }
 
+/// Two members bootstrapped on nodes `names` (a ConfigMap made before
+/// them), each running at `--v=0`, each node's podstamp started and its
+/// bootstrap revision confirmed `ready`: the daemons and those revisions.
+fn two_members_ready(names: [&str; 2]) -> (TwoMembers, Vec<Daemon>, Vec<String>) {
+    let two = TwoMembers::bootstrap(&kubelet_tests(), names, &["--v=0"], |kube| {
+        create_configmap(kube, "made-before-the-nodes")
+    });
+    for member in &two.members {
+        member.wait_running_with("--v=0", None, Instant::now());
+    }
+    let daemons = start_podstamps(&two);
+    let ready: Vec<String> = two
+        .members
+        .iter()
+        .zip(&daemons)
+        .map(|(m, d)| {
+            let revision = m.revision().expect("the bootstrap manifest has a revision");
+            m.wait_status(d, "ready", &revision);
+            revision
+        })
+        .collect();
+    (two, daemons, ready)
+}
+
 /// Stops the daemons, then both nodes (their members with them), checks
 /// neither left anything, then stops the etcd.
 fn tear_down(two: TwoMembers, daemons: Vec<Daemon>) {
@@ -612,26 +636,7 @@ fn overlap(a: (Instant, Instant), b: (Instant, Instant)) -> bool {
 #[test]
 fn two_control_plane_members_on_one_etcd_are_never_both_replaced_at_once() {
     let _serial = serial();
-    let two = TwoMembers::bootstrap(
-        &kubelet_tests(),
-        ["cp2-good-a", "cp2-good-b"],
-        &["--v=0"],
-        |kube| create_configmap(kube, "made-before-the-nodes"),
-    );
-    for member in &two.members {
-        member.wait_running_with("--v=0", None, Instant::now());
-    }
-    let daemons = start_podstamps(&two);
-    let before: Vec<String> = two
-        .members
-        .iter()
-        .zip(&daemons)
-        .map(|(m, d)| {
-            let revision = m.revision().expect("the bootstrap manifest has a revision");
-            m.wait_status(d, "ready", &revision);
-            revision
-        })
-        .collect();
+    let (two, daemons, before) = two_members_ready(["cp2-good-a", "cp2-good-b"]);
     let admin = two.members[0].admin();
     create_configmap(&admin, "made-before-the-change");
 
@@ -746,26 +751,7 @@ fn two_control_plane_members_on_one_etcd_are_never_both_replaced_at_once() {
 #[test]
 fn a_bad_member_revision_is_rolled_back_on_its_node_and_never_written_on_the_other() {
     let _serial = serial();
-    let two = TwoMembers::bootstrap(
-        &kubelet_tests(),
-        ["cp2-bad-a", "cp2-bad-b"],
-        &["--v=0"],
-        |kube| create_configmap(kube, "made-before-the-nodes"),
-    );
-    for member in &two.members {
-        member.wait_running_with("--v=0", None, Instant::now());
-    }
-    let daemons = start_podstamps(&two);
-    let good: Vec<String> = two
-        .members
-        .iter()
-        .zip(&daemons)
-        .map(|(m, d)| {
-            let revision = m.revision().expect("the bootstrap manifest has a revision");
-            m.wait_status(d, "ready", &revision);
-            revision
-        })
-        .collect();
+    let (two, daemons, good) = two_members_ready(["cp2-bad-a", "cp2-bad-b"]);
 
     let watches: Vec<Timeline> = two
         .members

@@ -550,13 +550,14 @@ fn bind(server: &ApiServer, kube: &Kube, ns: &str, role_rules: Value, cluster_ru
     });
 }
 
-#[test]
-fn the_deploy_rbac_is_enough_and_a_missing_permission_is_named() {
-    let server = shared_server();
-    let ns = unique("rbac");
+/// A namespace named after `prefix` bound to deploy/'s Role and
+/// ClusterRole for the `podstamp` user, and a Node in `zone`: the admin's
+/// client, the namespace and the Node's name.
+fn deployed_namespace(server: &ApiServer, prefix: &str, zone: &str) -> (Kube, String, String) {
+    let ns = unique(prefix);
     let node_name = unique("node");
     let kube = Kube::admin(server, &ns);
-    kube.create_cluster::<Node>(node(&node_name, "zone-r"));
+    kube.create_cluster::<Node>(node(&node_name, zone));
     bind(
         server,
         &kube,
@@ -564,6 +565,13 @@ fn the_deploy_rbac_is_enough_and_a_missing_permission_is_named() {
         deploy_rules("Role"),
         deploy_rules("ClusterRole"),
     );
+    (kube, ns, node_name)
+}
+
+#[test]
+fn the_deploy_rbac_is_enough_and_a_missing_permission_is_named() {
+    let server = shared_server();
+    let (kube, ns, node_name) = deployed_namespace(server, "rbac", "zone-r");
     kube.create::<PodTemplate>(template("ok", "busybox:1"));
     let mut failing = template("broken", "busybox:1");
     failing["template"]["spec"]["containers"][0]["command"] = json!(["${node.label[none]}"]);
@@ -2438,17 +2446,7 @@ fn label_level(kube: &Kube, ns: &str, level: &str) {
 fn the_namespace_label_holds_every_render_to_its_pod_security_level() {
     use k8s_openapi::api::core::v1::Namespace;
     let server = shared_server();
-    let ns = unique("psa");
-    let node_name = unique("node");
-    let kube = Kube::admin(server, &ns);
-    kube.create_cluster::<Node>(node(&node_name, "zone-p"));
-    bind(
-        server,
-        &kube,
-        &ns,
-        deploy_rules("Role"),
-        deploy_rules("ClusterRole"),
-    );
+    let (kube, ns, node_name) = deployed_namespace(server, "psa", "zone-p");
 
     // The narrowest rule: only with the name's field selector.
     let podstamp = kube.rt.block_on(client(&server.kubeconfig("podstamp")));
@@ -2579,17 +2577,7 @@ fn the_namespace_label_holds_every_render_to_its_pod_security_level() {
 #[test]
 fn a_namespace_watch_that_fails_after_its_first_read_keeps_the_last_level() {
     let server = shared_server();
-    let ns = unique("psa-lost");
-    let node_name = unique("node");
-    let kube = Kube::admin(server, &ns);
-    kube.create_cluster::<Node>(node(&node_name, "zone-l"));
-    bind(
-        server,
-        &kube,
-        &ns,
-        deploy_rules("Role"),
-        deploy_rules("ClusterRole"),
-    );
+    let (kube, ns, node_name) = deployed_namespace(server, "psa-lost", "zone-l");
     label_level(&kube, &ns, "restricted");
     kube.create::<PodTemplate>(template("web", "busybox:1"));
     let s = setup();

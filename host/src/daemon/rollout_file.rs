@@ -112,6 +112,19 @@ mod tests {
     }
 
     #[test]
+    fn a_field_of_a_later_version_leaves_the_rest_read() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join(FILE),
+            "{\"good\": \"aaaa\", \"held\": \"bbbb\", \"fromLater\": {\"x\": 1}}",
+        )
+        .unwrap();
+        let state = load(dir.path()).unwrap();
+        assert_eq!(state.held.as_deref(), Some("bbbb"));
+        assert_eq!(state.good.as_deref(), Some("aaaa"));
+    }
+
+    #[test]
     fn a_damaged_file_is_named() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(FILE), "{\"held\": 3}").unwrap();

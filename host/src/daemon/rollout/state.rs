@@ -8,8 +8,12 @@
 //! machine last decided; a failed save leaves the change in force for this
 //! run only.
 
+// Fields a later podstamp adds are ignored, not refused: a file that
+// cannot be read is read as empty, and an empty state forgets the held
+// revision, so refusing them would make a downgrade write a failed revision
+// once more. Every field is optional and additive.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct RolloutState {
     /// The last revision whose rollout succeeded (Ready, and stayed so):
     /// what a failed revision is rolled back to.
