@@ -16,8 +16,12 @@
 // 3. refuses it unless every import is the podstamp host interface or a WASI
 //    0.2 interface the host grants (the list is read from
 //    host/src/plugin/wasi.rs, the host's own), and it exports the transformer;
-// 4. writes OUT.wasm atomically (a temporary file renamed into place).
+// 4. writes OUT.wasm atomically (a temporary file renamed into place), with
+//    the scope the plugin declares (package.json `podstamp.scope`, a list of
+//    grants; `[]`: it changes nothing) added by plugins/scope-section.py as a
+//    custom section, as the Rust SDK's scope! writes it.
 
+import { execFileSync } from 'node:child_process';
 import { mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, dirname, join, resolve } from 'node:path';
@@ -65,6 +69,11 @@ for (const field of ['name', 'version']) {
   }
 }
 const entry = resolve(pluginDir, pkg.main ?? 'plugin.js');
+// Checked before the long componentize, so that a bad declaration fails fast.
+const scope = pkg.podstamp?.scope;
+if (scope !== undefined && !(Array.isArray(scope) && scope.every((g) => typeof g === 'string'))) {
+  fail(`${pkgPath}: podstamp.scope must be a list of grants, e.g. "podstamp": {"scope": ["spec.containers[*].env"]} ([]: the plugin changes nothing)`);
+}
 
 // --- 1. bundle ----------------------------------------------------------------
 // A fresh directory of its own: componentize-js maps the current directory
@@ -144,6 +153,16 @@ for (const required of REQUIRED_EXPORTS) {
 // --- 4. write ------------------------------------------------------------------------
 const tmp = `${out}.tmp`;
 await writeFile(tmp, component);
+if (scope !== undefined) {
+  // componentize-js cannot write a custom section: the shared tool appends
+  // it, and says itself what is wrong with a grant.
+  try {
+    execFileSync('python3', [join(here, '..', 'scope-section.py'), tmp, ...scope], { stdio: 'inherit' });
+  } catch (e) {
+    await rm(tmp, { force: true });
+    fail(`${pkg.name}: cannot write its declared scope (${e.code === 'ENOENT' ? 'python3 is missing: install it, e.g. apt-get install -y python3' : e.message})`);
+  }
+}
 await rename(tmp, out);
 await rm(work, { recursive: true, force: true });
 console.error(`build.mjs: ${basename(out)}: ${pkg.name} ${pkg.version}, ${component.length} bytes`);
