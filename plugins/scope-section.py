@@ -12,6 +12,15 @@ plugins/js/build.mjs) run this on the component they made:
       declares the grants of APP.py's module-level `PODSTAMP_SCOPE`, a
       list or tuple of string literals; without one, writes nothing (the
       plugin declares nothing)
+  python3 plugins/scope-section.py --check-python APP.py
+  python3 plugins/scope-section.py --check WHERE [GRANT ...]
+      only check APP.py's declaration, or these grants (WHERE names where
+      they are declared, for the error); run before the long componentize,
+      so that a bad one fails fast
+
+A declaration that is not a list of grants, or a grant that is empty, has
+surrounding blanks or a line break, is refused with one line naming the
+file and the field, and nothing is written.
 
 The declaration is the custom section `podstamp:scope` that the host reads
 (host/src/plugin/declared.rs): the line `podstamp-scope 1`, then one grant a
@@ -96,7 +105,12 @@ def grants_of_python(app):
         fail(f"cannot read {app}: {e}")
     found = None
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        else:
+            continue
         if not any(isinstance(t, ast.Name) and t.id == "PODSTAMP_SCOPE" for t in targets):
             continue
         try:
@@ -112,7 +126,28 @@ def grants_of_python(app):
     return found
 
 
+def check(where, grants):
+    for grant in grants:
+        # One grant a line: a line break or surrounding blanks would make the
+        # host read another grant than the one written.
+        if grant == "" or grant != grant.strip() or "\n" in grant or "\r" in grant:
+            fail(
+                f"{where}: grant {grant!r} is not a field path: "
+                "write it as in a catalog entry's scope:, e.g. spec.containers[*].env"
+            )
+
+
 def main(argv):
+    if argv[:1] == ["--check-python"]:
+        if len(argv) != 2:
+            fail("usage: scope-section.py --check-python APP.py")
+        check(f"{argv[1]}: PODSTAMP_SCOPE", grants_of_python(argv[1]) or [])
+        return
+    if argv[:1] == ["--check"]:
+        if len(argv) < 2:
+            fail("usage: scope-section.py --check WHERE [GRANT ...]")
+        check(argv[1], argv[2:])
+        return
     if len(argv) < 1 or argv[0].startswith("-"):
         fail("usage: scope-section.py COMPONENT.wasm [GRANT ...] | COMPONENT.wasm --from-python APP.py")
     component, rest = argv[0], argv[1:]
@@ -122,15 +157,11 @@ def main(argv):
         grants = grants_of_python(rest[1])
         if grants is None:
             return
-        where = f"{rest[1]}'s PODSTAMP_SCOPE"
+        where = f"{rest[1]}: PODSTAMP_SCOPE"
     else:
         grants = rest
         where = "the declared scope"
-    for grant in grants:
-        # One grant a line: a line break or surrounding blanks would make the
-        # host read another grant than the one written.
-        if grant == "" or grant != grant.strip() or "\n" in grant or "\r" in grant:
-            fail(f"{where}: grant {grant!r} is not a field path: write it as in a catalog entry's scope:, e.g. spec.containers[*].env")
+    check(where, grants)
     try:
         with open(component, "rb") as f:
             data = f.read()

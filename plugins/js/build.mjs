@@ -69,10 +69,24 @@ for (const field of ['name', 'version']) {
   }
 }
 const entry = resolve(pluginDir, pkg.main ?? 'plugin.js');
-// Checked before the long componentize, so that a bad declaration fails fast.
+// The declared scope, checked before the long componentize so that a bad
+// one fails fast; plugins/scope-section.py writes it (step 4) and says
+// itself, in one line, what is wrong with a grant.
 const scope = pkg.podstamp?.scope;
-if (scope !== undefined && !(Array.isArray(scope) && scope.every((g) => typeof g === 'string'))) {
-  fail(`${pkgPath}: podstamp.scope must be a list of grants, e.g. "podstamp": {"scope": ["spec.containers[*].env"]} ([]: the plugin changes nothing)`);
+const scopeTool = join(here, '..', 'scope-section.py');
+function runScopeTool(args) {
+  try {
+    execFileSync('python3', [scopeTool, ...args], { stdio: 'inherit' });
+  } catch (e) {
+    if (e.code === 'ENOENT') fail('python3 is missing (it writes the declared scope): install it, e.g. apt-get install -y python3');
+    process.exit(1);
+  }
+}
+if (scope !== undefined) {
+  if (!(Array.isArray(scope) && scope.every((g) => typeof g === 'string'))) {
+    fail(`${pkgPath}: podstamp.scope must be a list of grants, e.g. "podstamp": {"scope": ["spec.containers[*].env"]} ([]: the plugin changes nothing)`);
+  }
+  runScopeTool(['--check', `${pkgPath}: podstamp.scope`, ...scope]);
 }
 
 // --- 1. bundle ----------------------------------------------------------------
@@ -153,16 +167,8 @@ for (const required of REQUIRED_EXPORTS) {
 // --- 4. write ------------------------------------------------------------------------
 const tmp = `${out}.tmp`;
 await writeFile(tmp, component);
-if (scope !== undefined) {
-  // componentize-js cannot write a custom section: the shared tool appends
-  // it, and says itself what is wrong with a grant.
-  try {
-    execFileSync('python3', [join(here, '..', 'scope-section.py'), tmp, ...scope], { stdio: 'inherit' });
-  } catch (e) {
-    await rm(tmp, { force: true });
-    fail(`${pkg.name}: cannot write its declared scope (${e.code === 'ENOENT' ? 'python3 is missing: install it, e.g. apt-get install -y python3' : e.message})`);
-  }
-}
+// componentize-js cannot write a custom section: the shared tool appends it.
+if (scope !== undefined) runScopeTool([tmp, ...scope]);
 await rename(tmp, out);
 await rm(work, { recursive: true, force: true });
 console.error(`build.mjs: ${basename(out)}: ${pkg.name} ${pkg.version}, ${component.length} bytes`);

@@ -116,6 +116,8 @@ build_one() {
         check_component "$out"
         return
     fi
+    # It says what is wrong itself, in one line.
+    python3 "$scope_tool" --check-python "$src/app.py" || exit 1
     say "building $out from $src/app.py"
     tmp="$out.tmp.$$"
     trap 'rm -f "$tmp"' RETURN
@@ -123,7 +125,7 @@ build_one() {
         -p "$here" -p "$src" app -o "$tmp" >&2) || die "componentize-py failed for $src/app.py"
     # componentize-py cannot write a custom section: the declared scope is
     # added to the component it made (nothing, if app.py declares none).
-    python3 "$scope_tool" "$tmp" --from-python "$src/app.py" || die "cannot write the scope $src/app.py declares"
+    python3 "$scope_tool" "$tmp" --from-python "$src/app.py" || exit 1
     check_component "$tmp"
     mv -f "$tmp" "$out"
 }
