@@ -425,3 +425,34 @@ fn a_python_plugin_whose_declared_scope_is_not_a_list_of_grants_is_refused_by_th
         assert!(!out.exists(), "{} written", out.display());
     }
 }
+
+/// The host reads a Python component's declaration after componentize-py's
+/// own sections, where the build appends it: a malformed one there (not
+/// `podstamp-scope 1`) refuses the plugin at load, as a Rust plugin's
+/// would be. The test fixture declares nothing; the section is appended
+/// here by hand, since the build writes only well-formed ones.
+#[test]
+fn a_python_component_with_a_malformed_declaration_is_refused_at_load() {
+    let mut bytes = fs::read(python_plugin("python-clock")).unwrap();
+    let name = b"podstamp:scope";
+    let data = b"podstamp-scope 2\nspec\n";
+    let mut payload = vec![name.len() as u8];
+    payload.extend_from_slice(name);
+    payload.extend_from_slice(data);
+    bytes.push(0);
+    bytes.push(u8::try_from(payload.len()).unwrap());
+    bytes.extend(payload);
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad-scope.wasm");
+    fs::write(&bad, &bytes).unwrap();
+    let (code, out, err) = render(CHECKPOINTER, None, &["--node", NODE], &[spec(&bad, None)]);
+    assert_ne!(code, 0, "rendered with a malformed declaration:\n{out}");
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.contains("its declared scope cannot be read")
+            && err.contains(
+                "its custom section podstamp:scope does not start with \"podstamp-scope 1\""
+            ),
+        "{err}"
+    );
+}
