@@ -22,6 +22,7 @@
 //    custom section, as the Rust SDK's scope! writes it.
 
 import { execFileSync } from 'node:child_process';
+import { rmSync } from 'node:fs';
 import { mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, dirname, join, resolve } from 'node:path';
@@ -74,10 +75,11 @@ const entry = resolve(pluginDir, pkg.main ?? 'plugin.js');
 // itself, in one line, what is wrong with a grant.
 const scope = pkg.podstamp?.scope;
 const scopeTool = join(here, '..', 'scope-section.py');
-function runScopeTool(args) {
+function runScopeTool(args, cleanup = () => {}) {
   try {
     execFileSync('python3', [scopeTool, ...args], { stdio: 'inherit' });
   } catch (e) {
+    cleanup();
     if (e.code === 'ENOENT') fail('python3 is missing (it writes the declared scope): install it, e.g. apt-get install -y python3');
     process.exit(1);
   }
@@ -168,7 +170,8 @@ for (const required of REQUIRED_EXPORTS) {
 const tmp = `${out}.tmp`;
 await writeFile(tmp, component);
 // componentize-js cannot write a custom section: the shared tool appends it.
-if (scope !== undefined) runScopeTool([tmp, ...scope]);
+// A failure leaves no half-built OUT.wasm.tmp behind.
+if (scope !== undefined) runScopeTool([tmp, ...scope], () => rmSync(tmp, { force: true }));
 await rename(tmp, out);
 await rm(work, { recursive: true, force: true });
 console.error(`build.mjs: ${basename(out)}: ${pkg.name} ${pkg.version}, ${component.length} bytes`);
