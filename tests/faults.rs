@@ -1770,6 +1770,15 @@ const FAULTS: &[Fault] = &[
         test: "host/src/plugin/declared.rs: a_declaration_is_found_in_a_nested_module_and_read_whole",
     },
     Fault {
+        id: "scope-sdk-declaration-malformed",
+        area: "plugin scope",
+        fault: "a Python or JavaScript plugin's declared scope (app.py's `PODSTAMP_SCOPE`, package.json's `podstamp.scope`) is not a list of grants, or a grant is empty, has surrounding blanks or a line break",
+        kept: "no component is built (checked before componentize; plugins/scope-section.py writes only well-formed declarations); a component built before is left as it was",
+        reported: "the build fails (exit 1) with one line naming the file, the field and the fix",
+        says: "PODSTAMP_SCOPE must be a list of string literals",
+        test: "tests/plugin_python.rs: a_python_plugin_whose_declared_scope_is_not_a_list_of_grants_is_refused_by_the_build",
+    },
+    Fault {
         id: "scope-grant-invalid",
         area: "plugin scope",
         fault: "a catalog entry's `scope:` holds a grant that is not a field path (`spec..x`, `[*]`, `spec.containers[]`)",
@@ -1842,6 +1851,7 @@ fn docs_reliability_md_is_the_fault_table() {
                 "tests/pod_security.rs" => include_str!("pod_security.rs"),
                 "tests/scaffold.rs" => include_str!("scaffold.rs"),
                 "tests/scopes.rs" => include_str!("scopes.rs"),
+                "tests/plugin_python.rs" => include_str!("plugin_python.rs"),
                 "tests/controlplane.rs" => include_str!("controlplane.rs"),
                 "host/src/daemon/cri/client.rs" => {
                     include_str!("../host/src/daemon/cri/client.rs")

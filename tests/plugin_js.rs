@@ -310,3 +310,91 @@ fn the_daemon_writes_with_node_env_js_what_it_writes_with_node_env() {
     );
     kubelet_accepts(&[&js_web], &node_name);
 }
+
+/// The `declares:` line `render --explain` shows for this plugin alone.
+fn declares_line(plugin: &Path) -> String {
+    let cache = cache_dir();
+    let out = podstamp(&[
+        "render",
+        CHECKPOINTER,
+        "--cache-dir",
+        &cache,
+        "--pod-security",
+        "privileged",
+        "--node",
+        NODE,
+        "--explain",
+        "--plugin",
+        &spec(plugin, None),
+    ]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "render --explain failed:\n{err}");
+    err.lines()
+        .find(|l| l.starts_with("  declares: "))
+        .unwrap_or_else(|| panic!("no declaration shown:\n{err}"))
+        .to_string()
+}
+
+/// A JavaScript plugin declares its scope in its package.json
+/// (`podstamp.scope`), which plugins/js/build.sh writes into the
+/// component: the host reads it as it reads the Rust SDK's `scope!`, and
+/// the example declares exactly what its Rust twin declares.
+#[test]
+fn node_env_js_declares_the_scope_node_env_declares() {
+    let line = declares_line(&node_env_js());
+    assert_eq!(
+        line,
+        "  declares: spec.containers[*].env, spec.initContainers[*].env; granted: everything"
+    );
+    assert_eq!(line, declares_line(&plugin("node-env")));
+}
+
+/// A `podstamp.scope` that is not a list of grants is refused by the
+/// build, before componentize-js, in one line naming the file, the field
+/// and the fix; nothing is written.
+#[test]
+fn a_js_plugin_whose_declared_scope_is_not_a_list_of_grants_is_refused_by_the_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("package.json");
+    let out = dir.path().join("bad.wasm");
+    std::fs::write(
+        dir.path().join("plugin.js"),
+        "export const transformer = {};\n",
+    )
+    .unwrap();
+    for (scope, says) in [
+        (
+            "\"spec\"",
+            format!(
+                "build.mjs: error: {}: podstamp.scope must be a list of grants, e.g. \"podstamp\": {{\"scope\": [\"spec.containers[*].env\"]}}",
+                manifest.display()
+            ),
+        ),
+        (
+            "[\"spec\", \" metadata\"]",
+            format!(
+                "scope-section.py: error: {}: podstamp.scope: grant ' metadata' is not a field path: write it as in a catalog entry's scope:",
+                manifest.display()
+            ),
+        ),
+    ] {
+        std::fs::write(
+            &manifest,
+            format!("{{\"name\": \"bad\", \"version\": \"0.1.0\", \"podstamp\": {{\"scope\": {scope}}}}}\n"),
+        )
+        .unwrap();
+        let run = Command::new("bash")
+            .arg(repo().join("plugins/js/build.sh"))
+            .args([dir.path(), &out])
+            .output()
+            .expect("run plugins/js/build.sh");
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success(), "built with scope {scope}:\n{err}");
+        assert_eq!(err.matches("error:").count(), 1, "{err}");
+        assert!(
+            err.lines().any(|l| l.starts_with(&says)),
+            "no line {says:?} in:\n{err}"
+        );
+        assert!(!out.exists(), "{} written", out.display());
+    }
+}

@@ -356,3 +356,103 @@ fn the_daemon_writes_the_same_manifest_with_substitute_py_as_with_substitute() {
         );
     }
 }
+
+/// The `declares:` line `render --explain` shows for this plugin alone.
+fn declares_line(plugin: &Path) -> String {
+    let (code, _, err) = render(
+        CHECKPOINTER,
+        None,
+        &["--node", NODE, "--explain"],
+        &[spec(plugin, None)],
+    );
+    assert_eq!(code, 0, "render --explain failed:\n{err}");
+    err.lines()
+        .find(|l| l.starts_with("  declares: "))
+        .unwrap_or_else(|| panic!("no declaration shown:\n{err}"))
+        .to_string()
+}
+
+/// A Python plugin declares its scope in app.py (`PODSTAMP_SCOPE`), which
+/// plugins/python/build.sh writes into the component: the host reads it as
+/// it reads the Rust SDK's `scope!`, and the example declares exactly what
+/// its Rust twin declares.
+#[test]
+fn substitute_py_declares_the_scope_substitute_declares() {
+    let line = declares_line(&python_plugin("substitute-py"));
+    assert_eq!(line, "  declares: metadata, spec; granted: everything");
+    assert_eq!(line, declares_line(&plugin("substitute")));
+}
+
+/// A `PODSTAMP_SCOPE` that is not a list of grants is refused by the build,
+/// before componentize-py, in one line naming the file, the field and the
+/// fix; nothing is written.
+#[test]
+fn a_python_plugin_whose_declared_scope_is_not_a_list_of_grants_is_refused_by_the_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = dir.path().join("app.py");
+    let out = dir.path().join("bad.wasm");
+    for (declaration, says) in [
+        (
+            "PODSTAMP_SCOPE = \"spec\"\n",
+            format!(
+                "{}:1: PODSTAMP_SCOPE must be a list of string literals, e.g. PODSTAMP_SCOPE = [\"spec.containers[*].env\"]",
+                app.display()
+            ),
+        ),
+        (
+            "PODSTAMP_SCOPE = [\"spec\", \"spec.containers\\nmetadata\"]\n",
+            format!(
+                "{}: PODSTAMP_SCOPE: grant 'spec.containers\\nmetadata' is not a field path: write it as in a catalog entry's scope:",
+                app.display()
+            ),
+        ),
+    ] {
+        fs::write(&app, declaration).unwrap();
+        let run = std::process::Command::new("bash")
+            .arg("plugins/python/build.sh")
+            .args([dir.path(), &out])
+            .current_dir(repo())
+            .output()
+            .expect("run plugins/python/build.sh");
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success(), "built with {declaration:?}:\n{err}");
+        assert_eq!(err.matches("error:").count(), 1, "{err}");
+        assert!(
+            err.lines()
+                .any(|l| l.starts_with("scope-section.py: error: ") && l.contains(&says)),
+            "no line {says:?} in:\n{err}"
+        );
+        assert!(!out.exists(), "{} written", out.display());
+    }
+}
+
+/// The host reads a Python component's declaration after componentize-py's
+/// own sections, where the build appends it: a malformed one there (not
+/// `podstamp-scope 1`) refuses the plugin at load, as a Rust plugin's
+/// would be. The test fixture declares nothing; the section is appended
+/// here by hand, since the build writes only well-formed ones.
+#[test]
+fn a_python_component_with_a_malformed_declaration_is_refused_at_load() {
+    let mut bytes = fs::read(python_plugin("python-clock")).unwrap();
+    let name = b"podstamp:scope";
+    let data = b"podstamp-scope 2\nspec\n";
+    let mut payload = vec![name.len() as u8];
+    payload.extend_from_slice(name);
+    payload.extend_from_slice(data);
+    bytes.push(0);
+    bytes.push(u8::try_from(payload.len()).unwrap());
+    bytes.extend(payload);
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad-scope.wasm");
+    fs::write(&bad, &bytes).unwrap();
+    let (code, out, err) = render(CHECKPOINTER, None, &["--node", NODE], &[spec(&bad, None)]);
+    assert_ne!(code, 0, "rendered with a malformed declaration:\n{out}");
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.contains("its declared scope cannot be read")
+            && err.contains(
+                "its custom section podstamp:scope does not start with \"podstamp-scope 1\""
+            ),
+        "{err}"
+    );
+}

@@ -16,8 +16,13 @@
 // 3. refuses it unless every import is the podstamp host interface or a WASI
 //    0.2 interface the host grants (the list is read from
 //    host/src/plugin/wasi.rs, the host's own), and it exports the transformer;
-// 4. writes OUT.wasm atomically (a temporary file renamed into place).
+// 4. writes OUT.wasm atomically (a temporary file renamed into place), with
+//    the scope the plugin declares (package.json `podstamp.scope`, a list of
+//    grants; `[]`: it changes nothing) added by plugins/scope-section.py as a
+//    custom section, as the Rust SDK's scope! writes it.
 
+import { execFileSync } from 'node:child_process';
+import { rmSync } from 'node:fs';
 import { mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, dirname, join, resolve } from 'node:path';
@@ -65,6 +70,26 @@ for (const field of ['name', 'version']) {
   }
 }
 const entry = resolve(pluginDir, pkg.main ?? 'plugin.js');
+// The declared scope, checked before the long componentize so that a bad
+// one fails fast; plugins/scope-section.py writes it (step 4) and says
+// itself, in one line, what is wrong with a grant.
+const scope = pkg.podstamp?.scope;
+const scopeTool = join(here, '..', 'scope-section.py');
+function runScopeTool(args, cleanup = () => {}) {
+  try {
+    execFileSync('python3', [scopeTool, ...args], { stdio: 'inherit' });
+  } catch (e) {
+    cleanup();
+    if (e.code === 'ENOENT') fail('python3 is missing (it writes the declared scope): install it, e.g. apt-get install -y python3');
+    process.exit(1);
+  }
+}
+if (scope !== undefined) {
+  if (!(Array.isArray(scope) && scope.every((g) => typeof g === 'string'))) {
+    fail(`${pkgPath}: podstamp.scope must be a list of grants, e.g. "podstamp": {"scope": ["spec.containers[*].env"]} ([]: the plugin changes nothing)`);
+  }
+  runScopeTool(['--check', `${pkgPath}: podstamp.scope`, ...scope]);
+}
 
 // --- 1. bundle ----------------------------------------------------------------
 // A fresh directory of its own: componentize-js maps the current directory
@@ -144,6 +169,9 @@ for (const required of REQUIRED_EXPORTS) {
 // --- 4. write ------------------------------------------------------------------------
 const tmp = `${out}.tmp`;
 await writeFile(tmp, component);
+// componentize-js cannot write a custom section: the shared tool appends it.
+// A failure leaves no half-built OUT.wasm.tmp behind.
+if (scope !== undefined) runScopeTool([tmp, ...scope], () => rmSync(tmp, { force: true }));
 await rename(tmp, out);
 await rm(work, { recursive: true, force: true });
 console.error(`build.mjs: ${basename(out)}: ${pkg.name} ${pkg.version}, ${component.length} bytes`);

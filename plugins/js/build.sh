@@ -8,7 +8,8 @@
 #        bash plugins/js/build.sh PLUGIN_DIR OUT.wasm
 #          one plugin, anywhere (what a scaffolded plugin's build runs)
 #
-# What it needs: node >= 20.19 and npm. It installs the toolchain pinned in
+# What it needs: node >= 20.19 and npm, and python3 for a plugin that declares
+# its scope (plugins/scope-section.py writes it). It installs the toolchain pinned in
 # plugins/js/toolchain/package-lock.json (componentize-js, rolldown, jco)
 # with `npm ci`, once, into ${PODSTAMP_JS_TOOLCHAIN:-~/.cache/podstamp-js/<lock hash>}
 # (about 400 MB, shared by every checkout with the same lock file).
@@ -56,7 +57,7 @@ export PODSTAMP_JS_TOOLCHAIN="$toolchain"
 stale() {
     local dir="$1" out="$2"
     [[ -f "$out" ]] || return 0
-    [[ -n "$(find "$dir" "$here/podstamp-plugin" "$here/build.mjs" "$repo/wit" "$lock" \
+    [[ -n "$(find "$dir" "$here/podstamp-plugin" "$here/build.mjs" "$repo/wit" "$lock" "$repo/plugins/scope-section.py" \
         "$repo/host/src/plugin/wasi.rs" -path "$dir/node_modules" -prune -o \
         -type f -newer "$out" -print -quit)" ]]
 }

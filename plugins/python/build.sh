@@ -13,7 +13,10 @@
 #     ${PODSTAMP_PYTHON_TOOLS:-~/.cache/podstamp}/componentize-py-0.25.1
 #     (needs python3 with venv and pip); or set PODSTAMP_COMPONENTIZE_PY to
 #     a componentize-py of that version;
-#   - wasm-tools (the version plugins/build.sh pins), installed with cargo.
+#   - wasm-tools (the version plugins/build.sh pins), installed with cargo;
+#   - python3, which runs plugins/scope-section.py: it writes the scope the
+#     plugin declares (app.py's module-level PODSTAMP_SCOPE, a list of
+#     grants) into the component, as the Rust SDK's scope! does.
 # An up-to-date component (newer than its sources, the SDK, the WIT and
 # this script) is not rebuilt. Every component is validated and must import
 # nothing but the podstamp host interface and the WASI 0.2 interfaces the
@@ -96,6 +99,10 @@ check_component() {
     done
 }
 
+# --- the scope a plugin declares ---------------------------------------------------
+scope_tool="$repo/plugins/scope-section.py"
+command -v python3 >/dev/null || die "python3 is missing (it writes the declared scope): install it, e.g. apt-get install -y python3"
+
 # --- build --------------------------------------------------------------------------
 build_one() {
     local src="$1" out="$2" tmp
@@ -104,16 +111,21 @@ build_one() {
     mkdir -p "$(dirname "$out")"
     out="$(cd "$(dirname "$out")" && pwd)/$(basename "$out")"
     # Up to date: nothing it is made from is newer.
-    if [[ -f "$out" ]] && [[ -z "$(find "$src" "$here/podstamp_plugin" "$wit" "$here/build.sh" \
+    if [[ -f "$out" ]] && [[ -z "$(find "$src" "$here/podstamp_plugin" "$wit" "$here/build.sh" "$scope_tool" \
         -name '*.py' -newer "$out" -o -name '*.wit' -newer "$out" -o -name build.sh -newer "$out" | head -1)" ]]; then
         check_component "$out"
         return
     fi
+    # It says what is wrong itself, in one line.
+    python3 "$scope_tool" --check-python "$src/app.py" || exit 1
     say "building $out from $src/app.py"
     tmp="$out.tmp.$$"
     trap 'rm -f "$tmp"' RETURN
     (cd "$src" && "$componentize_py" -d "$wit" -w plugin componentize \
         -p "$here" -p "$src" app -o "$tmp" >&2) || die "componentize-py failed for $src/app.py"
+    # componentize-py cannot write a custom section: the declared scope is
+    # added to the component it made (nothing, if app.py declares none).
+    python3 "$scope_tool" "$tmp" --from-python "$src/app.py" || exit 1
     check_component "$tmp"
     mv -f "$tmp" "$out"
 }

@@ -14,6 +14,11 @@ from dataclasses import dataclass, field
 
 from podstamp_plugin import Error, FieldPath, Node, plugin, quote
 
+# What it changes, in the catalog's `scope:` syntax (plugins/python/build.sh
+# writes it into the component, as the Rust `substitute`'s scope! does): a
+# placeholder may be in any string of the metadata or the spec.
+PODSTAMP_SCOPE = ["metadata", "spec"]
+
 
 @dataclass
 class Settings:
