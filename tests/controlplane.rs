@@ -269,6 +269,13 @@ fn a_bad_change_is_rolled_back_with_the_api_down(name: &str, bad: Bad, meanwhile
         && the_kubelet_starts_the_good_revision_or_podstamp_says_it_did_not(
             &control, &daemon, &history, &good,
         );
+    // Held once the good revision is in place: saved (and the rollback
+    // logged) just after its rename, so seen a moment after the file.
+    wait_for(
+        "the failed revision held in rollout.json",
+        Duration::from_secs(10),
+        || (rollout_state(&history)["held"].as_str() == Some(bad_revision.as_str())).then_some(()),
+    );
     let log = daemon.logs();
     let (reason, says) = match bad {
         Bad::Flag => ("CrashLoopBackOff", "exited with code 2"),
@@ -277,10 +284,6 @@ fn a_bad_change_is_rolled_back_with_the_api_down(name: &str, bad: Bad, meanwhile
     assert!(
         log.contains(says) && log.contains(&format!("rolled back to revision {good}")),
         "{log}"
-    );
-    assert_eq!(
-        rollout_state(&history)["held"].as_str(),
-        Some(bad_revision.as_str())
     );
     let (answering, mirror_ready) = control.wait_running_with("--v=0", Some(&daemon), written);
     assert_eq!(
