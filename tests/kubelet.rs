@@ -77,6 +77,40 @@ fn node_dir(name: &str) -> PathBuf {
     dir.canonicalize().unwrap()
 }
 
+/// A test's own corner of the shared API server: a fresh namespace named
+/// after `prefix`, and the node `name` started and registered on it.
+struct OnNode {
+    server: &'static ApiServer,
+    ns: String,
+    kube: Kube,
+    dir: PathBuf,
+    node: Node,
+}
+
+fn on_node(prefix: &str, name: &str) -> OnNode {
+    let server = shared_server();
+    let ns = unique(prefix);
+    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
+    kube.create_namespace();
+    let dir = node_dir(name);
+    let node = Node::start(&dir, &server.kubeconfig("admin"), name);
+    OnNode {
+        server,
+        ns,
+        kube,
+        dir,
+        node,
+    }
+}
+
+/// The node's revision history directory, emptied: a run killed before its
+/// end must not hand its revisions to the next one.
+fn fresh_history(dir: &Path) -> PathBuf {
+    let history = dir.join("history");
+    let _ = fs::remove_dir_all(&history);
+    history
+}
+
 impl Kube {
     fn create_template(&self, template: Value) {
         let template = serde_json::from_value(template).unwrap();
@@ -165,13 +199,14 @@ fn converge<T>(
 #[test]
 fn the_kubelet_runs_what_podstamp_writes_and_follows_updates_and_deletes() {
     let _serial = serial();
-    let server = shared_server();
-    let ns = unique("kubelet");
-    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
-    kube.create_namespace();
     let node_name = "kl-life";
-    let dir = node_dir(node_name);
-    let mut node = Node::start(&dir, &server.kubeconfig("admin"), node_name);
+    let OnNode {
+        server,
+        ns,
+        kube,
+        dir,
+        mut node,
+    } = on_node("kubelet", node_name);
 
     let config = write_config(&dir);
     let manifests = node.manifests();
@@ -510,14 +545,14 @@ fn rollout_state(dir: &Path) -> Value {
 #[test]
 fn a_good_update_is_confirmed_ready_with_its_revision_and_the_history_stays_bounded() {
     let _serial = serial();
-    let server = shared_server();
-    let ns = unique("klrev");
-    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
-    kube.create_namespace();
-    let dir = node_dir("kl-rev");
-    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-rev");
-    let history = dir.join("history");
-    let _ = fs::remove_dir_all(&history);
+    let OnNode {
+        server,
+        ns,
+        kube,
+        dir,
+        node,
+    } = on_node("klrev", "kl-rev");
+    let history = fresh_history(&dir);
     kube.create_template(template("web", "1"));
     let daemon = start_podstamp(
         &dir,
@@ -591,12 +626,13 @@ fn a_good_update_is_confirmed_ready_with_its_revision_and_the_history_stays_boun
 #[test]
 fn a_failing_update_is_rolled_back_with_the_kubelets_reason() {
     let _serial = serial();
-    let server = shared_server();
-    let ns = unique("klback");
-    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
-    kube.create_namespace();
-    let dir = node_dir("kl-back");
-    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-back");
+    let OnNode {
+        server,
+        ns,
+        kube,
+        dir,
+        node,
+    } = on_node("klback", "kl-back");
     kube.create_template(template("web", "1"));
     let daemon = start_podstamp(&dir, server, &ns, &node, &["--resync", "1s"]);
     let good = new_revision(&node, &daemon, None);
@@ -667,12 +703,13 @@ fn a_failing_update_is_rolled_back_with_the_kubelets_reason() {
 #[test]
 fn a_first_revision_that_fails_stays_and_is_reported() {
     let _serial = serial();
-    let server = shared_server();
-    let ns = unique("klfirst");
-    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
-    kube.create_namespace();
-    let dir = node_dir("kl-first");
-    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-first");
+    let OnNode {
+        server,
+        ns,
+        kube,
+        dir,
+        node,
+    } = on_node("klfirst", "kl-first");
     let mut missing = template("web", "1");
     missing["template"]["spec"]["containers"][0]["image"] = json!("podstamp.test/missing:1");
     kube.create_template(missing);
@@ -1007,14 +1044,14 @@ fn wait_renders(node: &Node, daemon: &Daemon, renders: f64) {
 #[test]
 fn a_hand_edit_of_the_manifest_is_restored_and_the_kubelet_runs_it_again() {
     let _serial = serial();
-    let server = shared_server();
-    let ns = unique("kledit");
-    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
-    kube.create_namespace();
-    let dir = node_dir("kl-edit");
-    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-edit");
-    let history = dir.join("history");
-    let _ = fs::remove_dir_all(&history);
+    let OnNode {
+        server,
+        ns,
+        kube,
+        dir,
+        node,
+    } = on_node("kledit", "kl-edit");
+    let history = fresh_history(&dir);
     let flags = [
         "--resync",
         "1s",
@@ -1120,8 +1157,7 @@ fn an_api_outage_leaves_the_node_running_and_podstamp_catches_up() {
     kube.create_namespace();
     let dir = node_dir("kl-outage");
     let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-outage");
-    let history = dir.join("history");
-    let _ = fs::remove_dir_all(&history);
+    let history = fresh_history(&dir);
     kube.create_template(template("web", "1"));
     let daemon = start_podstamp(
         &dir,
@@ -1196,14 +1232,14 @@ fn an_api_outage_leaves_the_node_running_and_podstamp_catches_up() {
 #[test]
 fn podstamp_killed_mid_update_leaves_whole_manifests_and_converges_after_restart() {
     let _serial = serial();
-    let server = shared_server();
-    let ns = unique("klkill");
-    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
-    kube.create_namespace();
-    let dir = node_dir("kl-kill");
-    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-kill");
-    let history = dir.join("history");
-    let _ = fs::remove_dir_all(&history);
+    let OnNode {
+        server,
+        ns,
+        kube,
+        dir,
+        node,
+    } = on_node("klkill", "kl-kill");
+    let history = fresh_history(&dir);
     let flags = [
         "--revisions-dir",
         history.to_str().unwrap(),
@@ -1337,14 +1373,14 @@ fn podstamp_killed_mid_update_leaves_whole_manifests_and_converges_after_restart
 #[test]
 fn a_restart_mid_rollout_still_rolls_back_and_a_held_revision_stays_held() {
     let _serial = serial();
-    let server = shared_server();
-    let ns = unique("klresume");
-    let kube = Kube::new(&server.kubeconfig("admin"), &ns);
-    kube.create_namespace();
-    let dir = node_dir("kl-resume");
-    let node = Node::start(&dir, &server.kubeconfig("admin"), "kl-resume");
-    let history = dir.join("history");
-    let _ = fs::remove_dir_all(&history);
+    let OnNode {
+        server,
+        ns,
+        kube,
+        dir,
+        node,
+    } = on_node("klresume", "kl-resume");
+    let history = fresh_history(&dir);
     let flags = [
         "--revisions-dir",
         history.to_str().unwrap(),
@@ -1597,8 +1633,7 @@ impl Offline {
         kube.create_namespace();
         let dir = node_dir(name);
         let node = Node::start(&dir, &server.kubeconfig("admin"), name);
-        let history = dir.join("history");
-        let _ = fs::remove_dir_all(&history);
+        let history = fresh_history(&dir);
         kube.create_template(template("web", "1"));
         write_config(&dir);
         node_kubeconfig(&dir, &server, &ns, name);

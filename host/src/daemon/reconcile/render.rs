@@ -248,6 +248,19 @@ impl Reconciler {
         }
         let source = manifest.source.clone();
         let (done_source, revision) = (source.clone(), manifest.revision.clone());
+        // Every end of this render reports the same template, revision,
+        // deadline and policy; only the file's fate differs.
+        let done = |file: String, outcome: Outcome, target: Option<String>| Done {
+            file,
+            outcome,
+            source: done_source.clone(),
+            revision: revision.clone(),
+            deadline,
+            held: false,
+            gated: None,
+            target,
+            quorum: policy == Policy::Quorum,
+        };
         let template_id = template.id();
         ensure_state(&mut self.rollouts, self.revisions.as_ref(), &source);
         let mut held = self.rollouts.is_held(&source, &manifest.revision);
@@ -271,15 +284,8 @@ impl Reconciler {
             tracing::debug!(template = %source, revision = %revision, "revision held: it failed and was rolled back");
             self.owned.insert(file.clone(), source);
             return Ok(Placed::Done(Done {
-                file,
-                outcome: Outcome::Unchanged,
-                source: done_source,
-                revision,
-                deadline,
                 held: true,
-                gated: None,
-                target,
-                quorum: policy == Policy::Quorum,
+                ..done(file, Outcome::Unchanged, target)
             }));
         }
         // Bytes already on disk were read back when they were written; only
@@ -293,15 +299,8 @@ impl Reconciler {
                 if let Some(gated) = self.rollouts.gate(&source, target, policy, &nodes) {
                     self.owned.insert(file.clone(), source);
                     return Ok(Placed::Done(Done {
-                        file,
-                        outcome: Outcome::Unchanged,
-                        source: done_source,
-                        revision,
-                        deadline,
-                        held: false,
                         gated: Some(gated),
-                        target: Some(target.clone()),
-                        quorum: policy == Policy::Quorum,
+                        ..done(file, Outcome::Unchanged, Some(target.clone()))
                     }));
                 }
             }
@@ -323,17 +322,7 @@ impl Reconciler {
                 // Already there after all (written meanwhile by hand?).
                 record_revision(&mut self.revisions, &manifest);
                 self.owned.insert(file.clone(), source);
-                return Ok(Placed::Done(Done {
-                    file,
-                    outcome: Outcome::Unchanged,
-                    source: done_source,
-                    revision,
-                    deadline,
-                    held: false,
-                    gated: None,
-                    target,
-                    quorum: policy == Policy::Quorum,
-                }));
+                return Ok(Placed::Done(done(file, Outcome::Unchanged, target)));
             };
             let previous = self.entries.get(key).and_then(|e| e.claims.clone());
             self.pass.writes.push(super::batch::PendingWrite {
@@ -342,32 +331,12 @@ impl Reconciler {
                 staged,
                 manifest,
                 previous_claim: previous,
-                done: Done {
-                    file: file.clone(),
-                    outcome: Outcome::Written,
-                    source: done_source,
-                    revision,
-                    deadline,
-                    held: false,
-                    gated: None,
-                    target,
-                    quorum: policy == Policy::Quorum,
-                },
+                done: done(file.clone(), Outcome::Written, target),
             });
             return Ok(Placed::Staged { file });
         };
         self.owned.insert(file.clone(), source);
-        Ok(Placed::Done(Done {
-            file,
-            outcome,
-            source: done_source,
-            revision,
-            deadline,
-            held: false,
-            gated: None,
-            target,
-            quorum: policy == Policy::Quorum,
-        }))
+        Ok(Placed::Done(done(file, outcome, target)))
     }
 }
 
