@@ -47,6 +47,17 @@ use members::{Sample, Timeline, TwoMembers, outages, written_at};
 use node::{leftovers, serial};
 use support::{Daemon, Kube, identity, shared_server, unique, wait_for};
 
+/// Stops the self-hosted node (its teardown stops the static pod) and
+/// checks it left nothing mounted or running in `dir`, then removes it.
+fn tear_down_node(control: SelfHosted, dir: &Path) {
+    let SelfHosted { mut node, .. } = control;
+    let cgroup_root = node.cgroup_root.clone();
+    let status = node.stop().unwrap();
+    assert!(status.success(), "teardown: {status}\n{}", node.logs());
+    assert_eq!(leftovers(dir, &cgroup_root), Vec::<String>::new());
+    let _ = fs::remove_dir_all(dir);
+}
+
 /// The node's directory, fixed per test so that the next run sweeps what a
 /// killed one left (symlinks resolved, as in the mount table).
 fn node_dir(name: &str) -> PathBuf {
@@ -136,12 +147,7 @@ fn a_good_change_of_the_self_hosted_api_server_is_rolled_out_confirmed_and_keeps
     print_side_by_side(&by_hand, &through_podstamp);
 
     assert!(daemon.stop().success());
-    let SelfHosted { mut node, .. } = control;
-    let cgroup_root = node.cgroup_root.clone();
-    let status = node.stop().unwrap();
-    assert!(status.success(), "teardown: {status}\n{}", node.logs());
-    assert_eq!(leftovers(&dir, &cgroup_root), Vec::<String>::new());
-    let _ = fs::remove_dir_all(&dir);
+    tear_down_node(control, &dir);
 }
 
 /// A bad change of the self-hosted API server, made through podstamp.
@@ -349,12 +355,7 @@ fn a_bad_change_is_rolled_back_with_the_api_down(name: &str, bad: Bad, meanwhile
     );
 
     assert!(daemon.stop().success());
-    let SelfHosted { mut node, .. } = control;
-    let cgroup_root = node.cgroup_root.clone();
-    let status = node.stop().unwrap();
-    assert!(status.success(), "teardown: {status}\n{}", node.logs());
-    assert_eq!(leftovers(&dir, &cgroup_root), Vec::<String>::new());
-    let _ = fs::remove_dir_all(&dir);
+    tear_down_node(control, &dir);
 }
 
 /// After a kubelet restart with the API down, with the good revision
