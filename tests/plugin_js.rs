@@ -19,7 +19,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::{plugin, podstamp, repo, stderr, stdout};
+use common::{build_refused, plugin, podstamp, repo, stderr, stdout};
 use serde_json::json;
 use support::*;
 
@@ -383,18 +383,12 @@ fn a_js_plugin_whose_declared_scope_is_not_a_list_of_grants_is_refused_by_the_bu
             format!("{{\"name\": \"bad\", \"version\": \"0.1.0\", \"podstamp\": {{\"scope\": {scope}}}}}\n"),
         )
         .unwrap();
-        let run = Command::new("bash")
-            .arg(repo().join("plugins/js/build.sh"))
-            .args([dir.path(), &out])
-            .output()
-            .expect("run plugins/js/build.sh");
-        let err = String::from_utf8_lossy(&run.stderr);
-        assert!(!run.status.success(), "built with scope {scope}:\n{err}");
-        assert_eq!(err.matches("error:").count(), 1, "{err}");
-        assert!(
-            err.lines().any(|l| l.starts_with(&says)),
-            "no line {says:?} in:\n{err}"
+        build_refused(
+            "plugins/js/build.sh",
+            dir.path(),
+            &out,
+            &says,
+            &format!("scope {scope}"),
         );
-        assert!(!out.exists(), "{} written", out.display());
     }
 }

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::{plugin, podstamp_in, repo, stderr, stdout};
+use common::{build_refused, plugin, podstamp_in, repo, stderr, stdout};
 use serde_json::{Value, json};
 use support::{Daemon, Kube, shared_server, unique, wait_for};
 
@@ -408,21 +408,13 @@ fn a_python_plugin_whose_declared_scope_is_not_a_list_of_grants_is_refused_by_th
         ),
     ] {
         fs::write(&app, declaration).unwrap();
-        let run = std::process::Command::new("bash")
-            .arg("plugins/python/build.sh")
-            .args([dir.path(), &out])
-            .current_dir(repo())
-            .output()
-            .expect("run plugins/python/build.sh");
-        let err = String::from_utf8_lossy(&run.stderr);
-        assert!(!run.status.success(), "built with {declaration:?}:\n{err}");
-        assert_eq!(err.matches("error:").count(), 1, "{err}");
-        assert!(
-            err.lines()
-                .any(|l| l.starts_with("scope-section.py: error: ") && l.contains(&says)),
-            "no line {says:?} in:\n{err}"
+        build_refused(
+            "plugins/python/build.sh",
+            dir.path(),
+            &out,
+            &format!("scope-section.py: error: {says}"),
+            &format!("{declaration:?}"),
         );
-        assert!(!out.exists(), "{} written", out.display());
     }
 }
 

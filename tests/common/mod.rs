@@ -110,6 +110,26 @@ pub fn run_ok(command: &mut Command, what: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// Runs a plugin SDK's build script (`plugins/<sdk>/build.sh DIR OUT`) on
+/// a source it must refuse: it fails with one error line starting with
+/// `says` and writes nothing at `out`. `what` names the case in a failure.
+pub fn build_refused(script: &str, dir: &Path, out: &Path, says: &str, what: &str) {
+    let run = Command::new("bash")
+        .arg(repo().join(script))
+        .args([dir, out])
+        .current_dir(repo())
+        .output()
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "built with {what}:\n{err}");
+    assert_eq!(err.matches("error:").count(), 1, "{err}");
+    assert!(
+        err.lines().any(|l| l.starts_with(says)),
+        "no line {says:?} in:\n{err}"
+    );
+    assert!(!out.exists(), "{} written", out.display());
+}
+
 pub fn stdout(output: &Output) -> String {
     String::from_utf8(output.stdout.clone()).unwrap()
 }
