@@ -220,12 +220,32 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((code, body))
 }
 
+/// A port on 127.0.0.1 that nothing listens on, for a server a test starts.
+/// Taken below the kernel's ephemeral range (`ip_local_port_range`,
+/// 32768 up by default), never from it: a port the kernel handed out for
+/// `bind(0)` goes back to that pool once released, and any outgoing
+/// connection may take it before the server binds it (seen once: a daemon
+/// refused its `--listen`, address in use). Each process starts at its own
+/// place in the range and moves on, so concurrent tests do not meet.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low: u32 = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let (first, span) = (10_000, low.saturating_sub(10_000).max(1));
+    let start = std::process::id().wrapping_mul(7919) % span;
+    for _ in 0..span {
+        let port = first + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+            return port as u16;
+        }
+    }
+    panic!(
+        "no free port on 127.0.0.1 between {first} and {}",
+        first + span
+    )
 }
 
 /// A running `podstamp run`.
