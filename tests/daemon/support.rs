@@ -225,8 +225,10 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 /// 32768 up by default), never from it: a port the kernel handed out for
 /// `bind(0)` goes back to that pool once released, and any outgoing
 /// connection may take it before the server binds it (seen once: a daemon
-/// refused its `--listen`, address in use). Each process starts at its own
-/// place in the range and moves on, so concurrent tests do not meet.
+/// refused its `--listen`, address in use). From 20000: the kubelet and
+/// the control plane listen on fixed ports in 10248–10259. Each process
+/// starts at its own place in the range and moves on, so concurrent tests
+/// do not meet.
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -234,7 +236,7 @@ pub fn free_port() -> u16 {
         .ok()
         .and_then(|r| r.split_whitespace().next()?.parse().ok())
         .unwrap_or(32768);
-    let (first, span) = (10_000, low.saturating_sub(10_000).max(1));
+    let (first, span) = (20_000, low.saturating_sub(20_000).max(1));
     let start = std::process::id().wrapping_mul(7919) % span;
     for _ in 0..span {
         let port = first + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
