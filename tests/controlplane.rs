@@ -873,3 +873,36 @@ fn a_bad_member_revision_is_rolled_back_on_its_node_and_never_written_on_the_oth
     );
     tear_down(two, daemons);
 }
+
+/// A `grpc` probe, as podstamp runs it from the node while the API server
+/// is down, against a real etcd's own gRPC health service (the harness's
+/// embedded etcd, on its plain-text client port): passing while etcd
+/// serves, failing with the address once it is gone. No kubelet: the probe
+/// is read from a pod as a static etcd's would be declared.
+#[test]
+fn a_grpc_probe_podstamp_runs_passes_on_a_serving_etcd_and_fails_once_it_is_gone() {
+    use podstamp::daemon::probes::{run::run, spec::declared};
+    let dir = node_dir("cp-grpc-probe");
+    let etcd = members::Etcd::start(&dir.join("etcd"));
+    let port: u16 = etcd.url.rsplit(':').next().unwrap().parse().unwrap();
+    let pod = json!({"spec": {"hostNetwork": true, "containers": [{"name": "etcd",
+        "readinessProbe": {"grpc": {"port": port}, "timeoutSeconds": 2}}]}});
+    let probes = declared(&pod);
+    assert_eq!(
+        (probes.run.len(), probes.not_run.len()),
+        (1, 0),
+        "{probes:?}"
+    );
+    let probe = &probes.run[0];
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    assert_eq!(rt.block_on(run(&probe.action, probe.timeout)), Ok(()));
+    drop(etcd);
+    let e = rt
+        .block_on(run(&probe.action, probe.timeout))
+        .expect_err("etcd stopped, the probe still passed");
+    assert!(
+        e.starts_with(&format!("grpc 127.0.0.1:{port} service \"\": ")),
+        "{e}"
+    );
+    let _ = fs::remove_dir_all(&dir);
+}

@@ -1383,6 +1383,15 @@ const FAULTS: &[Fault] = &[
         test: "host/src/daemon/probes/mod.rs: readiness_waits_for_startup_and_only_a_running_container_is_probed",
     },
     Fault {
+        id: "probe-grpc-not-serving",
+        area: "rollouts",
+        fault: "a host-network pod's `grpc` startup or readiness probe, judged while the API server is down, answers other than `SERVING` (`NOT_SERVING`, an unknown service, a server without the gRPC health protocol, nothing listening)",
+        kept: "counted against the probe's own `failureThreshold` like any probe podstamp runs; at it, the revision fails (`ProbeFailed`) and is rolled back; a real etcd's health service passes it",
+        reported: "`RolloutFailed` with `ProbeFailed`, the probe and what the server answered (`grpc 127.0.0.1:PORT service \"…\": NOT_SERVING`)",
+        says: "NOT_SERVING",
+        test: "host/src/daemon/probes/run.rs: grpc_passes_when_its_service_is_serving_and_says_what_it_is_otherwise",
+    },
+    Fault {
         id: "api-down-bad-revision",
         area: "kubelet",
         fault: "the API server stops (SIGKILL) right after a bad revision (a container that exits 1) is written: the mirror pod cannot be followed",
@@ -1858,6 +1867,9 @@ fn docs_reliability_md_is_the_fault_table() {
                 }
                 "host/src/daemon/probes/mod.rs" => {
                     include_str!("../host/src/daemon/probes/mod.rs")
+                }
+                "host/src/daemon/probes/run.rs" => {
+                    include_str!("../host/src/daemon/probes/run.rs")
                 }
                 "host/src/plugin/declared.rs" => include_str!("../host/src/plugin/declared.rs"),
                 "host/src/daemon/watch.rs" => include_str!("../host/src/daemon/watch.rs"),

@@ -1,7 +1,9 @@
 //! Runs one probe's action against the node, as the kubelet would: an
 //! `httpGet` passes with a status from 200 to 399 (redirects followed; an
 //! HTTPS certificate not verified, as the kubelet does not verify it), a
-//! `tcpSocket` once the connection opens; either within the probe's
+//! `tcpSocket` once the connection opens, a `grpc` probe when the gRPC
+//! health protocol answers `SERVING` for its service (plain text, as the
+//! kubelet's: it has no TLS option); each within the probe's
 //! `timeoutSeconds`.
 //!
 //! Invariant: one probe, one connection, closed when it returns; the
@@ -29,6 +31,11 @@ pub async fn run(action: &Action, timeout: Duration) -> Result<(), String> {
                 Err(_) => Err(format!("tcp {address}: no connection within {timeout:?}")),
             }
         }
+        Action::Grpc {
+            host,
+            port,
+            service,
+        } => grpc(&bracketed(host), *port, service, timeout).await,
         Action::Http {
             https,
             host,
@@ -37,13 +44,7 @@ pub async fn run(action: &Action, timeout: Duration) -> Result<(), String> {
             headers,
         } => {
             let scheme = if *https { "https" } else { "http" };
-            // A literal IPv6 host is bracketed in a URL.
-            let host = if host.contains(':') {
-                format!("[{host}]")
-            } else {
-                host.clone()
-            };
-            let url = format!("{scheme}://{host}:{port}{path}");
+            let url = format!("{scheme}://{}:{port}{path}", bracketed(host));
             let _ = rustls::crypto::ring::default_provider().install_default();
             let client = reqwest::Client::builder()
                 .timeout(timeout)
@@ -62,6 +63,54 @@ pub async fn run(action: &Action, timeout: Duration) -> Result<(), String> {
                 Err(e) => Err(format!("GET {url}: {}", error_chain(&e))),
             }
         }
+    }
+}
+
+/// A literal IPv6 host is bracketed in a URL.
+fn bracketed(host: &str) -> String {
+    if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_string()
+    }
+}
+
+/// `grpc.health.v1.Health/Check` for `service` at `host:port`, the
+/// connection and the call within `timeout`.
+async fn grpc(host: &str, port: u16, service: &str, timeout: Duration) -> Result<(), String> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let address = format!("{host}:{port}");
+    let what = format!("grpc {address} service {service:?}");
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .map_err(|e| format!("{what}: {e}"))?
+        .user_agent(USER_AGENT)
+        .map_err(|e| format!("{what}: {e}"))?
+        .connect_timeout(timeout)
+        .timeout(timeout);
+    let check = async {
+        let channel = endpoint.connect().await.map_err(|e| error_chain(&e))?;
+        let request = HealthCheckRequest {
+            service: service.to_string(),
+        };
+        match HealthClient::new(channel).check(request).await {
+            Ok(answer) => Ok(answer.into_inner().status),
+            Err(status) if status.code() == tonic::Code::Unimplemented => {
+                Err("the server does not implement the gRPC health protocol".to_string())
+            }
+            Err(status) => Err(format!("{:?}: {}", status.code(), status.message())),
+        }
+    };
+    match tokio::time::timeout(timeout, check).await {
+        Ok(Ok(status)) if status == ServingStatus::Serving as i32 => Ok(()),
+        Ok(Ok(status)) => Err(format!(
+            "{what}: {}",
+            ServingStatus::try_from(status)
+                .map(|s| s.as_str_name().to_string())
+                .unwrap_or_else(|_| format!("status {status}"))
+        )),
+        Ok(Err(e)) => Err(format!("{what}: {e}")),
+        Err(_) => Err(format!("{what}: no answer within {timeout:?}")),
     }
 }
 
@@ -127,6 +176,54 @@ mod tests {
         };
         let e = run(&http(port), second).await.unwrap_err();
         assert!(e.contains(&format!("127.0.0.1:{port}")), "{e}");
+    }
+
+    /// A gRPC server on 127.0.0.1 with the health service: "" serving,
+    /// `etcd` not serving; its port.
+    async fn serve_grpc() -> u16 {
+        let (reporter, service) = tonic_health::server::health_reporter();
+        reporter
+            .set_service_status("etcd", tonic_health::ServingStatus::NotServing)
+            .await;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(incoming),
+        );
+        port
+    }
+
+    #[tokio::test]
+    async fn grpc_passes_when_its_service_is_serving_and_says_what_it_is_otherwise() {
+        let port = serve_grpc().await;
+        let grpc = |port, service: &str| Action::Grpc {
+            host: "127.0.0.1".into(),
+            port,
+            service: service.into(),
+        };
+        let second = Duration::from_secs(1);
+        assert_eq!(run(&grpc(port, ""), second).await, Ok(()));
+        let e = run(&grpc(port, "etcd"), second).await.unwrap_err();
+        assert_eq!(
+            e,
+            format!("grpc 127.0.0.1:{port} service \"etcd\": NOT_SERVING")
+        );
+        let e = run(&grpc(port, "other"), second).await.unwrap_err();
+        assert!(e.contains("service \"other\": NotFound"), "{e}");
+        // A server that is not gRPC at all (HTTP/1), and nothing listening.
+        let e = run(&grpc(serve(200, 1).await, ""), second)
+            .await
+            .unwrap_err();
+        assert!(e.starts_with("grpc 127.0.0.1:"), "{e}");
+        let free = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let e = run(&grpc(free, ""), second).await.unwrap_err();
+        assert!(e.contains(&format!("127.0.0.1:{free}")), "{e}");
     }
 
     #[tokio::test]

@@ -7,13 +7,16 @@
 //!   host network. Another pod's address is in a network namespace podstamp
 //!   does not enter; its probes are not run, and its readiness is read from
 //!   the runtime alone (every container running).
-//! * `exec` and `grpc` probes are not run: podstamp does not enter
-//!   containers (an exec is a write to the runtime: a new process in the
-//!   container), and gRPC health checks are not built in. Such a probe is
-//!   reported as not run and counts as not declared, so that such a pod is
-//!   ready once its containers run, as the runtime shows them; its own
-//!   kubelet still runs the probe (and restarts a container whose startup
-//!   probe fails, which the crash-loop rule then sees).
+//! * `exec` probes are not run: podstamp does not enter containers (an
+//!   exec is a write to the runtime: a new process in the container). Such
+//!   a probe is reported as not run and counts as not declared, so that
+//!   such a pod is ready once its containers run, as the runtime shows
+//!   them; its own kubelet still runs the probe (and restarts a container
+//!   whose startup probe fails, which the crash-loop rule then sees).
+//! * A `grpc` probe is run as the kubelet runs it: the gRPC health protocol
+//!   (`grpc.health.v1.Health/Check`, its `service` or ""), in plain text,
+//!   at 127.0.0.1 (the kubelet's is the pod's IP, the node's own for a
+//!   `hostNetwork` pod; a `grpc` action has no `host`).
 //! * Defaults are the API's: `periodSeconds` 10, `timeoutSeconds` 1,
 //!   `successThreshold` 1, `failureThreshold` 3, `initialDelaySeconds` 0;
 //!   an httpGet's scheme HTTP and path `/`; a named port is looked up in
@@ -52,6 +55,12 @@ pub enum Action {
     Tcp {
         host: String,
         port: u16,
+    },
+    Grpc {
+        host: String,
+        port: u16,
+        /// The service asked about; "" (the server as a whole) by default.
+        service: String,
     },
 }
 
@@ -184,8 +193,25 @@ fn action(p: &Value, c: &Value) -> Result<Action, String> {
     if p.get("exec").is_some() {
         return Err("exec probes are not run by podstamp (it does not enter containers)".into());
     }
-    if p.get("grpc").is_some() {
-        return Err("grpc probes are not run by podstamp".into());
+    if let Some(g) = p.get("grpc") {
+        // An int32 in the API: no named port, unlike httpGet and tcpSocket.
+        let port = match g.get("port") {
+            Some(Value::Number(n)) => n
+                .as_u64()
+                .and_then(|n| u16::try_from(n).ok())
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("port {n} is not a port number"))?,
+            _ => return Err("its grpc action has no port number".into()),
+        };
+        return Ok(Action::Grpc {
+            host: "127.0.0.1".into(),
+            port,
+            service: g
+                .get("service")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+        });
     }
     Err("no handler podstamp knows".into())
 }
@@ -278,5 +304,27 @@ mod tests {
         let pod = json!({"spec": {"hostNetwork": true,
             "containers": [{"name": "c", "readinessProbe": probe}]}});
         assert!(declared(&pod).not_run[0].contains("\"web\" is not one of"));
+    }
+
+    #[test]
+    fn a_grpc_probe_is_run_on_the_node_with_its_service_and_a_named_port_is_not() {
+        let pod = json!({"spec": {"hostNetwork": true, "containers": [{"name": "etcd",
+            "startupProbe": {"grpc": {"port": 2379}},
+            "readinessProbe": {"grpc": {"port": 2379, "service": "etcd"}}},
+            {"name": "side", "readinessProbe": {"grpc": {"port": "client"}}}]}});
+        let d = declared(&pod);
+        let actions: Vec<_> = d.run.iter().map(|p| p.action.clone()).collect();
+        let grpc = |service: &str| Action::Grpc {
+            host: "127.0.0.1".into(),
+            port: 2379,
+            service: service.into(),
+        };
+        assert_eq!(actions, [grpc(""), grpc("etcd")]);
+        assert_eq!(d.not_run.len(), 1);
+        assert!(
+            d.not_run[0].contains("container side: its grpc action has no port number"),
+            "{:?}",
+            d.not_run
+        );
     }
 }
