@@ -48,7 +48,7 @@ use serde_json::{Value, json};
 
 use crate::common::{deploy::Deploy, harness_bin};
 use crate::controlplane::{
-    COME_UP, IMAGE, NS, ROLLOUTS, SelfHosted, TEMPLATE, render_with, write_config,
+    COME_UP, IMAGE, NS, ROLLOUTS, SelfHosted, TEMPLATE, apiserver_on, render_with, write_config,
 };
 use crate::node::Node;
 use crate::support::{ApiServer, Kube, wait_for};
@@ -121,52 +121,11 @@ fn member_state(base: &Path) -> String {
 /// `<base>/<node>/api`, a quorum member. The same for both nodes.
 pub fn member_template(base: &Path, etcd: &str, port: u16, flags: &[&str]) -> Value {
     let state = member_state(base);
-    let probe = |failures: u32| {
-        json!({
-            "httpGet": {"scheme": "HTTPS", "host": HOST, "port": port, "path": "/readyz"},
-            "periodSeconds": 1,
-            "failureThreshold": failures
-        })
-    };
-    let mut command = vec![
-        "/bin/podstamp-apiserver",
-        "--dir",
-        &state,
-        "--etcd-servers",
-        etcd,
-        "--host",
-        HOST,
-    ];
-    command.extend_from_slice(flags);
-    command.extend_from_slice(&[
-        "--",
-        "--external-hostname=${node.name}",
-        "--shutdown-watch-termination-grace-period=2s",
-    ]);
-    json!({
-        "apiVersion": "v1", "kind": "PodTemplate",
-        "metadata": {"name": TEMPLATE, "namespace": NS,
-                     "labels": {"podstamp.io/enabled": "true"},
-                     "annotations": {"podstamp.io/quorum": "true"}},
-        "template": {
-            "metadata": {"labels": {"component": TEMPLATE, "tier": "control-plane"}},
-            "spec": {
-                "hostNetwork": true,
-                "priorityClassName": "system-node-critical",
-                "terminationGracePeriodSeconds": 30,
-                "containers": [{
-                    "name": TEMPLATE,
-                    "image": IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": command,
-                    "volumeMounts": [{"name": "state", "mountPath": state}],
-                    "startupProbe": probe(60),
-                    "readinessProbe": probe(3)
-                }],
-                "volumes": [{"name": "state", "hostPath": {"path": state, "type": "Directory"}}]
-            }
-        }
-    })
+    let mut args = vec!["--etcd-servers", etcd, "--host", HOST];
+    args.extend_from_slice(flags);
+    let mut template = apiserver_on(&state, HOST, port, &args);
+    template["metadata"]["annotations"] = json!({"podstamp.io/quorum": "true"});
+    template
 }
 
 /// The Node label that says its member's address.

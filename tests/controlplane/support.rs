@@ -58,11 +58,17 @@ pub const COME_UP: Duration = Duration::from_secs(120);
 /// `--`). `${node.name}` goes through the substitute plugin into
 /// kube-apiserver's `--external-hostname`: the node-specific part.
 pub fn apiserver_template(state: &Path, port: u16, flags: &[&str]) -> Value {
-    let state = state.to_str().unwrap();
+    apiserver_on(state.to_str().unwrap(), "127.0.0.1", port, flags)
+}
+
+/// The API server's PodTemplate with its state in `state` (a path, or one
+/// with placeholders the render fills in), serving on `host:port`, where
+/// the kubelet probes it; `flags` follow `--dir`.
+pub fn apiserver_on(state: &str, host: &str, port: u16, flags: &[&str]) -> Value {
     // The kubelet probes it on the host's network, as a client would.
     let probe = |failures: u32| {
         json!({
-            "httpGet": {"scheme": "HTTPS", "host": "127.0.0.1", "port": port, "path": "/readyz"},
+            "httpGet": {"scheme": "HTTPS", "host": host, "port": port, "path": "/readyz"},
             "periodSeconds": 1,
             "failureThreshold": failures
         })
