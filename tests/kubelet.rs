@@ -77,30 +77,17 @@ fn node_dir(name: &str) -> PathBuf {
     dir.canonicalize().unwrap()
 }
 
-/// A test's own corner of the shared API server: a fresh namespace named
-/// after `prefix`, and the node `name` started and registered on it.
-struct OnNode {
-    server: &'static ApiServer,
-    ns: String,
-    kube: Kube,
-    dir: PathBuf,
-    node: Node,
-}
-
-fn on_node(prefix: &str, name: &str) -> OnNode {
+/// A test's own corner of the shared API server: the server, a fresh
+/// namespace named after `prefix` and its client, and the node `name`
+/// (its directory, and the node started and registered).
+fn on_node(prefix: &str, name: &str) -> (&'static ApiServer, String, Kube, PathBuf, Node) {
     let server = shared_server();
     let ns = unique(prefix);
     let kube = Kube::new(&server.kubeconfig("admin"), &ns);
     kube.create_namespace();
     let dir = node_dir(name);
     let node = Node::start(&dir, &server.kubeconfig("admin"), name);
-    OnNode {
-        server,
-        ns,
-        kube,
-        dir,
-        node,
-    }
+    (server, ns, kube, dir, node)
 }
 
 /// The node's revision history directory, emptied: a run killed before its
@@ -200,13 +187,7 @@ fn converge<T>(
 fn the_kubelet_runs_what_podstamp_writes_and_follows_updates_and_deletes() {
     let _serial = serial();
     let node_name = "kl-life";
-    let OnNode {
-        server,
-        ns,
-        kube,
-        dir,
-        mut node,
-    } = on_node("kubelet", node_name);
+    let (server, ns, kube, dir, mut node) = on_node("kubelet", node_name);
 
     let config = write_config(&dir);
     let manifests = node.manifests();
@@ -545,13 +526,7 @@ fn rollout_state(dir: &Path) -> Value {
 #[test]
 fn a_good_update_is_confirmed_ready_with_its_revision_and_the_history_stays_bounded() {
     let _serial = serial();
-    let OnNode {
-        server,
-        ns,
-        kube,
-        dir,
-        node,
-    } = on_node("klrev", "kl-rev");
+    let (server, ns, kube, dir, node) = on_node("klrev", "kl-rev");
     let history = fresh_history(&dir);
     kube.create_template(template("web", "1"));
     let daemon = start_podstamp(
@@ -626,13 +601,7 @@ fn a_good_update_is_confirmed_ready_with_its_revision_and_the_history_stays_boun
 #[test]
 fn a_failing_update_is_rolled_back_with_the_kubelets_reason() {
     let _serial = serial();
-    let OnNode {
-        server,
-        ns,
-        kube,
-        dir,
-        node,
-    } = on_node("klback", "kl-back");
+    let (server, ns, kube, dir, node) = on_node("klback", "kl-back");
     kube.create_template(template("web", "1"));
     let daemon = start_podstamp(&dir, server, &ns, &node, &["--resync", "1s"]);
     let good = new_revision(&node, &daemon, None);
@@ -703,13 +672,7 @@ fn a_failing_update_is_rolled_back_with_the_kubelets_reason() {
 #[test]
 fn a_first_revision_that_fails_stays_and_is_reported() {
     let _serial = serial();
-    let OnNode {
-        server,
-        ns,
-        kube,
-        dir,
-        node,
-    } = on_node("klfirst", "kl-first");
+    let (server, ns, kube, dir, node) = on_node("klfirst", "kl-first");
     let mut missing = template("web", "1");
     missing["template"]["spec"]["containers"][0]["image"] = json!("podstamp.test/missing:1");
     kube.create_template(missing);
@@ -945,12 +908,7 @@ struct Settled {
 
 impl Settled {
     fn start(ns: &str, node: &str, config: impl FnOnce(&Path) -> PathBuf) -> Settled {
-        let server = shared_server();
-        let ns = unique(ns);
-        let kube = Kube::new(&server.kubeconfig("admin"), &ns);
-        kube.create_namespace();
-        let dir = node_dir(node);
-        let node = Node::start(&dir, &server.kubeconfig("admin"), node);
+        let (server, ns, kube, dir, node) = on_node(ns, node);
         let config = config(&dir);
         kube.create_template(template("web", "1"));
         let kubeconfig = server.kubeconfig("admin");
@@ -1044,13 +1002,7 @@ fn wait_renders(node: &Node, daemon: &Daemon, renders: f64) {
 #[test]
 fn a_hand_edit_of_the_manifest_is_restored_and_the_kubelet_runs_it_again() {
     let _serial = serial();
-    let OnNode {
-        server,
-        ns,
-        kube,
-        dir,
-        node,
-    } = on_node("kledit", "kl-edit");
+    let (server, ns, kube, dir, node) = on_node("kledit", "kl-edit");
     let history = fresh_history(&dir);
     let flags = [
         "--resync",
@@ -1232,13 +1184,7 @@ fn an_api_outage_leaves_the_node_running_and_podstamp_catches_up() {
 #[test]
 fn podstamp_killed_mid_update_leaves_whole_manifests_and_converges_after_restart() {
     let _serial = serial();
-    let OnNode {
-        server,
-        ns,
-        kube,
-        dir,
-        node,
-    } = on_node("klkill", "kl-kill");
+    let (server, ns, kube, dir, node) = on_node("klkill", "kl-kill");
     let history = fresh_history(&dir);
     let flags = [
         "--revisions-dir",
@@ -1373,13 +1319,7 @@ fn podstamp_killed_mid_update_leaves_whole_manifests_and_converges_after_restart
 #[test]
 fn a_restart_mid_rollout_still_rolls_back_and_a_held_revision_stays_held() {
     let _serial = serial();
-    let OnNode {
-        server,
-        ns,
-        kube,
-        dir,
-        node,
-    } = on_node("klresume", "kl-resume");
+    let (server, ns, kube, dir, node) = on_node("klresume", "kl-resume");
     let history = fresh_history(&dir);
     let flags = [
         "--revisions-dir",
