@@ -35,12 +35,15 @@
 //! first, so that it is never overwritten by a staged write of the same
 //! pass.
 
+use std::time::Instant;
+
 use crate::daemon::rollout::RolloutState;
 use crate::manifest::Manifest;
 use crate::write::{self, Staged};
 
 use super::Reconciler;
 use super::outcome::{Done, write_failed};
+use super::timing::Part;
 
 /// The most manifests (and, apart, rollout states) a pass holds staged
 /// before it commits them: each is an open file until it is synced, and
@@ -97,6 +100,12 @@ impl Reconciler {
     /// the caller's [`Reconciler::run_effects`]. The pass stays open (or
     /// closed) as it was.
     pub(super) fn commit_pass(&mut self) {
+        let started = Instant::now();
+        self.commit_staged();
+        self.timing.add(Part::Commit, started);
+    }
+
+    fn commit_staged(&mut self) {
         let states = std::mem::take(&mut self.pass.states);
         if let Some(store) = &self.revisions
             && !states.is_empty()
