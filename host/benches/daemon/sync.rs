@@ -151,14 +151,14 @@ impl Bench {
         );
         // Where the pass's time went (the daemon's own wall-time sums on
         // its reconciler thread; "rest" is the pass's time outside them).
-        let parts: Vec<(&str, f64)> = ["render", "check", "commit", "gc"]
-            .into_iter()
-            .filter_map(|p| {
-                daemon_metric(&format!(
-                    "podstamp_initial_sync_part_seconds{{part=\"{p}\"}}"
-                ))
-                .map(|s| (p, s))
+        let parts: Vec<(&str, f64)> = metrics
+            .lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix("podstamp_initial_sync_part_seconds{part=\"")?;
+                let (part, value) = rest.split_once("\"} ")?;
+                Some((part, value.parse().ok()?))
             })
+            .filter(|(part, _)| *part != "start_to_list")
             .collect();
         if let (Some(total), false) = (initial_sync, parts.is_empty()) {
             let summed: f64 = parts.iter().map(|(_, s)| s).sum();

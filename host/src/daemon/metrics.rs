@@ -414,7 +414,7 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP podstamp_initial_sync_part_seconds Wall time of the first sync by part: render (plugin chains and manifests), check (the kubelet's and Pod Security checks), commit (the writes put in place), gc; start_to_list from the daemon's start to the first complete list.\n\
+            "# HELP podstamp_initial_sync_part_seconds Wall time of the first sync by part: render (plugin chains and manifests), check (the kubelet's and Pod Security checks), commit_states, commit_manifests, commit_revisions (the writes put in place), gc; start_to_list from the daemon's start to the first complete list.\n\
              # TYPE podstamp_initial_sync_part_seconds gauge"
         );
         for (part, took) in &inner.initial_sync_parts {

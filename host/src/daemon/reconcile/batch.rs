@@ -101,11 +101,6 @@ impl Reconciler {
     /// closed) as it was.
     pub(super) fn commit_pass(&mut self) {
         let started = Instant::now();
-        self.commit_staged();
-        self.timing.add(Part::Commit, started);
-    }
-
-    fn commit_staged(&mut self) {
         let states = std::mem::take(&mut self.pass.states);
         if let Some(store) = &self.revisions
             && !states.is_empty()
@@ -117,10 +112,12 @@ impl Reconciler {
                 }
             }
         }
+        self.timing.add(Part::CommitStates, started);
         let writes = std::mem::take(&mut self.pass.writes);
         if writes.is_empty() {
             return;
         }
+        let started = Instant::now();
         let mut staged = Vec::with_capacity(writes.len());
         let mut rest = Vec::with_capacity(writes.len());
         for w in writes {
@@ -136,6 +133,8 @@ impl Reconciler {
             self.dir_unsynced = true;
             self.sync_dir();
         }
+        self.timing.add(Part::CommitManifests, started);
+        let started = Instant::now();
         if let Some(store) = &mut self.revisions {
             let items: Vec<(&str, &str, &[u8])> = rest
                 .iter()
@@ -154,6 +153,7 @@ impl Reconciler {
                 }
             }
         }
+        self.timing.add(Part::CommitRevisions, started);
         let node = self.node.clone().expect("a pass renders only with a node");
         for ((key, template_id, _, previous, done), result) in rest.into_iter().zip(results) {
             match result {

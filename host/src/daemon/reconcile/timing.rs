@@ -1,5 +1,5 @@
 //! Where the first sync's time goes: the wall time of its renders, its
-//! kubelet checks, its commits and its garbage collection, summed over the
+//! kubelet checks, its commits (states, manifests, revisions) and its garbage collection, summed over the
 //! pass(es) from the first complete list to ready, and reported once with
 //! `podstamp_initial_sync_seconds` ([`crate::daemon::metrics`]).
 //!
@@ -22,20 +22,34 @@ pub(super) enum Part {
     /// A manifest read back and asked about: the kubelet's decision and the
     /// Pod Security check, through the helper.
     Check,
-    /// A pass's staged writes put in place ([`super::batch`]).
-    Commit,
+    /// A pass's rollout states saved ([`super::batch`], its step 1).
+    CommitStates,
+    /// A pass's manifests synced, renamed, their directory synced (steps 2
+    /// and 3).
+    CommitManifests,
+    /// A pass's revisions recorded (step 4).
+    CommitRevisions,
     /// Garbage collection of the manifest directory.
     Gc,
 }
 
 impl Part {
-    const ALL: [Part; 4] = [Part::Render, Part::Check, Part::Commit, Part::Gc];
+    const ALL: [Part; 6] = [
+        Part::Render,
+        Part::Check,
+        Part::CommitStates,
+        Part::CommitManifests,
+        Part::CommitRevisions,
+        Part::Gc,
+    ];
 
     fn label(self) -> &'static str {
         match self {
             Part::Render => "render",
             Part::Check => "check",
-            Part::Commit => "commit",
+            Part::CommitStates => "commit_states",
+            Part::CommitManifests => "commit_manifests",
+            Part::CommitRevisions => "commit_revisions",
             Part::Gc => "gc",
         }
     }
@@ -47,7 +61,7 @@ pub(super) struct SyncTiming {
     /// From the reconciler's start to the first complete list applied.
     started: Instant,
     to_list: Option<Duration>,
-    parts: [Duration; 4],
+    parts: [Duration; 6],
     done: bool,
 }
 
@@ -56,7 +70,7 @@ impl Default for SyncTiming {
         SyncTiming {
             started: Instant::now(),
             to_list: None,
-            parts: [Duration::ZERO; 4],
+            parts: [Duration::ZERO; 6],
             done: false,
         }
     }
