@@ -131,6 +131,6 @@ pub fn rss_by_mapping(pid: u32) -> Vec<(String, u64)> {
         }
     }
     let mut sums: Vec<_> = sums.into_iter().filter(|(_, k)| *k > 0).collect();
-    sums.sort_by(|a, b| b.1.cmp(&a.1));
+    sums.sort_by_key(|s| std::cmp::Reverse(s.1));
     sums
 }
