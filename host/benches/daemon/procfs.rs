@@ -91,3 +91,46 @@ pub fn observe(
     }
     (start.zip(ticks()).map(|(a, b)| b.saturating_sub(a)), peak)
 }
+
+/// The resident KiB of `pid` by what is mapped (/proc/PID/smaps): the
+/// executable's own file, other files, `[heap]`, `[stack]`, and anonymous
+/// mappings apart; largest first. Says where an RSS figure lives.
+pub fn rss_by_mapping(pid: u32) -> Vec<(String, u64)> {
+    let Ok(text) = fs::read_to_string(format!("/proc/{pid}/smaps")) else {
+        return Vec::new();
+    };
+    let exe = fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let mut sums: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut current = String::new();
+    for line in text.lines() {
+        if let Some(kib) = line.strip_prefix("Rss:") {
+            let kib: u64 = kib
+                .split_whitespace()
+                .next()
+                .and_then(|k| k.parse().ok())
+                .unwrap_or(0);
+            *sums.entry(current.clone()).or_default() += kib;
+        } else if line
+            .split_whitespace()
+            .next()
+            .is_some_and(|f| f.contains('-'))
+        {
+            // A mapping's header: "start-end perms offset dev inode [path]".
+            let path = line.split_whitespace().nth(5).unwrap_or("");
+            current = if path.is_empty() {
+                "anonymous".into()
+            } else if path == exe {
+                "the executable".into()
+            } else if path.starts_with('[') {
+                path.into()
+            } else {
+                "other files".into()
+            };
+        }
+    }
+    let mut sums: Vec<_> = sums.into_iter().filter(|(_, k)| *k > 0).collect();
+    sums.sort_by_key(|s| std::cmp::Reverse(s.1));
+    sums
+}

@@ -17,7 +17,7 @@ use crate::bench::Bench;
 use crate::objects::template;
 use crate::observe::Renames;
 use crate::poller::Poller;
-use crate::procfs::{children_rss_kib, proc_status_kib};
+use crate::procfs::{children_rss_kib, proc_status_kib, rss_by_mapping};
 use crate::report::{mib, ms, verdict};
 use crate::{READY_LIMIT, SELECTOR};
 
@@ -121,6 +121,7 @@ impl Bench {
         if let (Some(rss), Some(hwm)) = rss {
             self.after_sync_rss = Some((rss, hwm));
         }
+        let rss_split = rss_by_mapping(daemon.pid());
         let helper = children_rss_kib(daemon.pid());
         let initial_sync = daemon_metric("podstamp_initial_sync_seconds");
         let show = |d: Option<Duration>| d.map_or("timed out".to_string(), ms);
@@ -148,6 +149,57 @@ impl Bench {
             initial_sync.map_or("absent".into(), |s| ms(Duration::from_secs_f64(s))),
             initial_sync.map_or("unknown", |s| verdict(s < 0.5))
         );
+        // Where the pass's time went (the daemon's own wall-time sums on
+        // its reconciler thread; "rest" is the pass's time outside them).
+        let parts: Vec<(&str, f64)> = metrics
+            .lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix("podstamp_initial_sync_part_seconds{part=\"")?;
+                let (part, value) = rest.split_once("\"} ")?;
+                Some((part, value.parse().ok()?))
+            })
+            .filter(|(part, _)| *part != "start_to_list")
+            .collect();
+        if let (Some(total), false) = (initial_sync, parts.is_empty()) {
+            let summed: f64 = parts.iter().map(|(_, s)| s).sum();
+            let plugins: f64 = ["arch-image", "node-env", "substitute"]
+                .iter()
+                .filter_map(|p| {
+                    daemon_metric(&format!(
+                        "podstamp_plugin_call_duration_seconds_sum{{plugin=\"{p}\",result=\"ok\"}}"
+                    ))
+                })
+                .sum();
+            let share = |s: f64| {
+                format!(
+                    "{:>9} {:>4.0}%",
+                    ms(Duration::from_secs_f64(s)),
+                    s / total * 100.0
+                )
+            };
+            println!("    the sync's time by part (wall, reconciler thread):");
+            for (part, s) in &parts {
+                println!("      {part:<38} {}", share(*s));
+            }
+            println!(
+                "      {:<38} {}",
+                "  of render: the plugin calls",
+                share(plugins)
+            );
+            println!(
+                "      {:<38} {}",
+                "rest of the pass",
+                share((total - summed).max(0.0))
+            );
+        }
+        if let Some(to_list) =
+            daemon_metric("podstamp_initial_sync_part_seconds{part=\"start_to_list\"}")
+        {
+            println!(
+                "    daemon start -> first complete list     {:>12}   (catalog, watches, the list and its decode)",
+                ms(Duration::from_secs_f64(to_list))
+            );
+        }
         let templates = daemon_metric("podstamp_templates");
         println!(
             "    podstamp_templates                     {:>12}   (server-side selection: {})",
@@ -190,6 +242,14 @@ impl Bench {
                 mib(rss),
                 mib(hwm),
                 verdict(rss < 32 * 1024)
+            );
+            println!(
+                "      of which (smaps): {}",
+                rss_split
+                    .iter()
+                    .map(|(what, kib)| format!("{what} {}", mib(*kib)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
             println!(
                 "    + the pod check's helper after the sync {:>9.1} MiB   ({} process, stopped 10 s after the last render)",

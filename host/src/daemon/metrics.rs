@@ -65,6 +65,8 @@ struct Inner {
     templates: usize,
     last_sync: Option<f64>,
     initial_sync: Option<Duration>,
+    /// Where the first sync's time went, by part.
+    initial_sync_parts: Vec<(&'static str, Duration)>,
     watch_restarts: BTreeMap<&'static str, u64>,
     watch_lists: BTreeMap<&'static str, u64>,
     removed: u64,
@@ -199,6 +201,12 @@ impl Metrics {
     /// templates arriving to every manifest rendered and written.
     pub fn set_initial_sync(&self, took: Duration) {
         self.lock().initial_sync = Some(took);
+    }
+
+    /// Records where the first sync's time went: wall time by part
+    /// (render, check, commit, ...), for the sync benchmark.
+    pub fn set_initial_sync_parts(&self, parts: Vec<(&'static str, Duration)>) {
+        self.lock().initial_sync_parts = parts;
     }
 
     pub fn removed(&self) {
@@ -403,6 +411,18 @@ impl Metrics {
         );
         if let Some(took) = inner.initial_sync {
             let _ = writeln!(out, "podstamp_initial_sync_seconds {}", took.as_secs_f64());
+        }
+        let _ = writeln!(
+            out,
+            "# HELP podstamp_initial_sync_part_seconds Wall time of the first sync by part: render (plugin chains and manifests), check (the kubelet's and Pod Security checks), commit_states, commit_manifests, commit_revisions (the writes put in place), gc; start_to_list from the daemon's start to the first complete list.\n\
+             # TYPE podstamp_initial_sync_part_seconds gauge"
+        );
+        for (part, took) in &inner.initial_sync_parts {
+            let _ = writeln!(
+                out,
+                "podstamp_initial_sync_part_seconds{{part=\"{part}\"}} {}",
+                took.as_secs_f64()
+            );
         }
         let _ = writeln!(
             out,

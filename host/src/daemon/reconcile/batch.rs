@@ -35,12 +35,15 @@
 //! first, so that it is never overwritten by a staged write of the same
 //! pass.
 
+use std::time::Instant;
+
 use crate::daemon::rollout::RolloutState;
 use crate::manifest::Manifest;
 use crate::write::{self, Staged};
 
 use super::Reconciler;
 use super::outcome::{Done, write_failed};
+use super::timing::Part;
 
 /// The most manifests (and, apart, rollout states) a pass holds staged
 /// before it commits them: each is an open file until it is synced, and
@@ -97,6 +100,7 @@ impl Reconciler {
     /// the caller's [`Reconciler::run_effects`]. The pass stays open (or
     /// closed) as it was.
     pub(super) fn commit_pass(&mut self) {
+        let started = Instant::now();
         let states = std::mem::take(&mut self.pass.states);
         if let Some(store) = &self.revisions
             && !states.is_empty()
@@ -108,10 +112,12 @@ impl Reconciler {
                 }
             }
         }
+        self.timing.add(Part::CommitStates, started);
         let writes = std::mem::take(&mut self.pass.writes);
         if writes.is_empty() {
             return;
         }
+        let started = Instant::now();
         let mut staged = Vec::with_capacity(writes.len());
         let mut rest = Vec::with_capacity(writes.len());
         for w in writes {
@@ -127,6 +133,8 @@ impl Reconciler {
             self.dir_unsynced = true;
             self.sync_dir();
         }
+        self.timing.add(Part::CommitManifests, started);
+        let started = Instant::now();
         if let Some(store) = &mut self.revisions {
             let items: Vec<(&str, &str, &[u8])> = rest
                 .iter()
@@ -145,6 +153,7 @@ impl Reconciler {
                 }
             }
         }
+        self.timing.add(Part::CommitRevisions, started);
         let node = self.node.clone().expect("a pass renders only with a node");
         for ((key, template_id, _, previous, done), result) in rest.into_iter().zip(results) {
             match result {

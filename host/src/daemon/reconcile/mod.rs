@@ -11,7 +11,8 @@
 //! `render` (one template: render, check, gate, stage its write), `outcome`
 //! (how a render ends: metrics, log, Event, the machine told), `batch`
 //! (the pass's writes and rollout states, put in place together, crash-safe),
-//! `dir` (the manifest directory: what is ours, garbage, durability).
+//! `dir` (the manifest directory: what is ours, garbage, durability),
+//! `timing` (where the first sync's time goes).
 //!
 //! The rules it keeps:
 //! * Only files whose `podstamp.io/source` annotation names a template in the
@@ -48,6 +49,7 @@ mod outcome;
 mod render;
 #[cfg(test)]
 mod tests;
+mod timing;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -145,6 +147,8 @@ pub struct Reconciler {
     waiting_for_namespace_logged: bool,
     /// What the pass under way holds back until it commits ([`batch`]).
     pass: batch::Pass,
+    /// The first sync's time, by part ([`timing`]).
+    timing: timing::SyncTiming,
 }
 
 impl Reconciler {
@@ -191,6 +195,7 @@ impl Reconciler {
             namespace_labels: Some(BTreeMap::new()),
             waiting_for_namespace_logged: false,
             pass: batch::Pass::default(),
+            timing: timing::SyncTiming::default(),
         })
     }
 
@@ -270,6 +275,7 @@ impl Reconciler {
                 if !self.synced {
                     tracing::info!(templates = self.entries.len(), "first complete list");
                     self.first_list_at = Some(Instant::now());
+                    self.timing.listed();
                 }
                 self.synced = true;
                 self.gc_due = true;
@@ -430,7 +436,9 @@ impl Reconciler {
         self.run_effects();
         if self.gc_due && self.synced {
             self.gc_due = false;
+            let start = Instant::now();
             self.collect_garbage();
+            self.timing.add(timing::Part::Gc, start);
         }
         if self.node.is_none() {
             if !self.dirty.is_empty() && !self.waiting_for_node_logged {
@@ -479,7 +487,9 @@ impl Reconciler {
         self.close_pass();
         self.run_effects();
         if rendered && self.synced {
+            let start = Instant::now();
             self.collect_garbage();
+            self.timing.add(timing::Part::Gc, start);
         }
         self.rollouts.after_pass();
         self.run_effects();
@@ -491,6 +501,7 @@ impl Reconciler {
                 let took = self.first_list_at.take().map(|t| t.elapsed());
                 if let Some(took) = took {
                     self.metrics.set_initial_sync(took);
+                    self.metrics.set_initial_sync_parts(self.timing.finish());
                 }
                 tracing::info!(
                     managed = self.owned.len(),

@@ -10,8 +10,10 @@
 //! never written again.
 
 use std::fs;
+use std::time::Instant;
 
 use super::outcome::{Done, Failure, write_failed};
+use super::timing::Part;
 use super::{ChainKey, Reconciler, ensure_state, read_regular};
 use crate::chain::{Chain, StepFailure};
 use crate::daemon::metrics::Metrics;
@@ -184,10 +186,11 @@ impl Reconciler {
                 message: e.to_string(),
             }
         };
+        let started = Instant::now();
         let rendered = check_size(template, self.max_manifest_bytes)
-            .and_then(|()| render_timed(template, node, &chain, &self.namespace, &self.metrics))
-            .map_err(render_failed)?
-            .held_to(held);
+            .and_then(|()| render_timed(template, node, &chain, &self.namespace, &self.metrics));
+        self.timing.add(Part::Render, started);
+        let rendered = rendered.map_err(render_failed)?.held_to(held);
         let manifest = rendered.peek();
         if manifest.bytes.len() > self.max_manifest_bytes {
             return Err(Failure {
@@ -309,7 +312,10 @@ impl Reconciler {
             record_revision(&mut self.revisions, manifest);
             Outcome::Unchanged
         } else {
-            let manifest = rendered.verify().map_err(render_failed)?;
+            let started = Instant::now();
+            let verified = rendered.verify();
+            self.timing.add(Part::Check, started);
+            let manifest = verified.map_err(render_failed)?;
             // Known before the file is in place: a daemon killed right after
             // the rename still follows it as its own after a restart. (The
             // state is saved, durably, when the pass commits, before any
