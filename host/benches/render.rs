@@ -34,7 +34,12 @@
 //! issue's cost target is the pair `first render written`: a new template
 //! rendered, verified and written with the scope check and Pod Security
 //! (one helper request for the kubelet's check and Pod Security) against the
-//! same written render without them (the kubelet's check alone).
+//! same written render without them (the kubelet's check alone). Its
+//! parts follow: the same written render with each check on its own, the
+//! four sides taking turns, each with its phases' wall time and the CPU
+//! time of the render thread and of the helper (from /proc, so that the
+//! machine's load does not decide where the time went), and the helper's
+//! combined request against the kubelet's question alone.
 //!
 //! Run: `bash plugins/build.sh && bash tests/harness/build-kubecheck.sh && cargo bench --bench render`
 
