@@ -34,7 +34,12 @@
 //! issue's cost target is the pair `first render written`: a new template
 //! rendered, verified and written with the scope check and Pod Security
 //! (one helper request for the kubelet's check and Pod Security) against the
-//! same written render without them (the kubelet's check alone).
+//! same written render without them (the kubelet's check alone). Its
+//! parts follow: the same written render with each check on its own, the
+//! four sides taking turns, each with its phases' wall time and the CPU
+//! time of the render thread and of the helper (from /proc, so that the
+//! machine's load does not decide where the time went), and the helper's
+//! combined request against the kubelet's question alone.
 //!
 //! Run: `bash plugins/build.sh && bash tests/harness/build-kubecheck.sh && cargo bench --bench render`
 
@@ -108,6 +113,75 @@ fn measure(mut f: impl FnMut()) -> Duration {
         .collect();
     samples.sort();
     samples[samples.len() / 2]
+}
+
+/// CPU time used so far by this thread (where a render runs) and by the
+/// kubelet check's helper (a child of this process, all its threads), from
+/// /proc's schedstat (nanoseconds on a CPU): what a path costs in work,
+/// whatever the machine's load makes of its wall time.
+fn cpu_now() -> (Duration, Duration) {
+    let ran = |path: &str| {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .map_or(Duration::ZERO, Duration::from_nanos)
+    };
+    let own = ran("/proc/thread-self/schedstat");
+    let mut helper = Duration::ZERO;
+    for task in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for pid in children.split_whitespace() {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            // The kernel keeps 15 bytes of a command's name.
+            if !comm.trim_end().starts_with("podstamp-kubech") {
+                continue;
+            }
+            // Every thread of it: Go runs its goroutines on several.
+            let threads = std::fs::read_dir(format!("/proc/{pid}/task"));
+            for thread in threads.into_iter().flatten().flatten() {
+                helper += ran(&thread.path().join("schedstat").to_string_lossy());
+            }
+        }
+    }
+    (own, helper)
+}
+
+/// [`measure`] for several paths at once, their batches taking turns (the
+/// first of each round moving on by one, so that no path always follows
+/// the same one): for the parts of a difference, in one run.
+fn measure_turns(paths: &mut [&mut dyn FnMut()]) -> Vec<Duration> {
+    let warm_until = Instant::now() + Duration::from_millis(200);
+    let mut per_batch = 0u32;
+    while Instant::now() < warm_until {
+        for f in paths.iter_mut() {
+            f();
+        }
+        per_batch += 1;
+    }
+    let per_batch = (per_batch / 10).max(1);
+    let n = paths.len();
+    let mut samples = vec![Vec::new(); n];
+    for round in 0..25 {
+        for k in 0..n {
+            let i = (round + k) % n;
+            let start = Instant::now();
+            for _ in 0..per_batch {
+                (paths[i])();
+            }
+            samples[i].push(start.elapsed() / per_batch);
+        }
+    }
+    samples
+        .into_iter()
+        .map(|mut s| {
+            s.sort();
+            s[s.len() / 2]
+        })
+        .collect()
 }
 
 /// [`measure`] for two paths at once, their batches alternating, so that
@@ -528,6 +602,106 @@ fn main() {
             || written_render(&example, Some(&held)),
             || written_render(&unscoped, None),
         );
+        // Where the pair's difference goes (issue 26): the same written
+        // render with each check on its own, the four sides taking turns
+        // in one run, each side's time split into its phases (the render
+        // through the chain to the manifest's bytes, the read back and the
+        // helper, the atomic write); and the helper's two requests alone on
+        // the same bytes, taking turns: both questions against the
+        // kubelet's alone.
+        let phases = std::cell::RefCell::new([[Duration::ZERO; 5]; 4]);
+        let counts = std::cell::RefCell::new([0u32; 4]);
+        let phased = |side: usize, chain: &Chain, held: Option<&podstamp::security_level::Held>| {
+            let template = fresh();
+            let (own_before, helper_before) = cpu_now();
+            let started = Instant::now();
+            let mut rendered =
+                render_unverified(&template, &node, chain, "kube-system", &mut |_, _, _| {})
+                    .unwrap();
+            if let Some(held) = held {
+                rendered = rendered.held_to(held.clone());
+            }
+            let name = rendered.peek().file_name();
+            let bytes = rendered.peek().bytes.clone();
+            let rendered_at = Instant::now();
+            match rendered.verify_with(check) {
+                Ok(_) => {}
+                Err(e) if matches!(e.stage, podstamp::render::Stage::PodSecurity { .. }) => {}
+                Err(e) => panic!("a written render failed: {e}"),
+            }
+            let verified_at = Instant::now();
+            write::write_atomic(written_dir.path(), &name, &bytes).unwrap();
+            let written_at = Instant::now();
+            let (own_after, helper_after) = cpu_now();
+            let mut phases = phases.borrow_mut();
+            phases[side][0] += rendered_at - started;
+            phases[side][1] += verified_at - rendered_at;
+            phases[side][2] += written_at - verified_at;
+            phases[side][3] += own_after.saturating_sub(own_before);
+            phases[side][4] += helper_after.saturating_sub(helper_before);
+            counts.borrow_mut()[side] += 1;
+        };
+        let written_sides = measure_turns(&mut [
+            &mut || phased(0, &example, Some(&held)),
+            &mut || phased(1, &example, None),
+            &mut || phased(2, &unscoped, Some(&held)),
+            &mut || phased(3, &unscoped, None),
+        ]);
+        let written_phases: Vec<[Duration; 5]> = phases
+            .into_inner()
+            .iter()
+            .zip(counts.into_inner())
+            .map(|(p, n)| p.map(|d| d / n.max(1)))
+            .collect();
+        let helper_bytes = {
+            let template = fresh();
+            render_unverified(
+                &template,
+                &node,
+                &unscoped,
+                "kube-system",
+                &mut |_, _, _| {},
+            )
+            .unwrap()
+            .peek()
+            .bytes
+            .clone()
+        };
+        let new_bytes = |asked: &std::cell::Cell<u64>| {
+            asked.set(asked.get() + 1);
+            let mut bytes = helper_bytes.clone();
+            bytes.extend_from_slice(format!("# {}\n", asked.get()).as_bytes());
+            bytes
+        };
+        let asked_turns = std::cell::Cell::new(asked);
+        let helper_cpu = std::cell::RefCell::new([(Duration::ZERO, 0u32); 2]);
+        let helper_timed = |side: usize, ask: &dyn Fn(&[u8])| {
+            let bytes = new_bytes(&asked_turns);
+            let (_, before) = cpu_now();
+            ask(&bytes);
+            let (_, after) = cpu_now();
+            let mut cpu = helper_cpu.borrow_mut();
+            cpu[side].0 += after.saturating_sub(before);
+            cpu[side].1 += 1;
+        };
+        let helper_sides = measure_turns(&mut [
+            &mut || {
+                helper_timed(0, &|bytes| {
+                    match check.check_held(&node.name, kubelet, bytes, &policy) {
+                        Err(podstamp::kube_check::CheckError::Unavailable(e)) => {
+                            panic!("the kubelet check cannot run: {e}")
+                        }
+                        verdict => black_box(verdict.is_ok()),
+                    };
+                })
+            },
+            &mut || {
+                helper_timed(1, &|bytes| {
+                    black_box(check.check(&node.name, kubelet, bytes).is_ok());
+                })
+            },
+        ]);
+        let helper_cpu = helper_cpu.into_inner().map(|(d, n)| d / n.max(1));
         let ratio = |d: Duration| d.as_secs_f64() / native.as_secs_f64();
         let row = |name: &str, d: Duration, show_ratio: bool, target: &str| {
             let ratio = if show_ratio {
@@ -672,6 +846,34 @@ fn main() {
             written_unchecked,
             true,
             "",
+        );
+        let side_names = [
+            "scope + Pod Security",
+            "scope only",
+            "Pod Security only",
+            "neither (kubelet check)",
+        ];
+        for (side, name) in side_names.iter().enumerate() {
+            let [rendering, verifying, writing, own_cpu, helper_cpu] = written_phases[side];
+            let cpu = |d: Duration| d.as_secs_f64() * 1e6;
+            println!(
+                "{label:<11}   written, {name:<24} {:>9.1} µs   {:+6.1}%   wall (mean): render {:.1} / read back + helper {:.1} / write {:.1} µs; CPU (mean): this thread {:.1} µs, helper {:.1} µs",
+                written_sides[side].as_secs_f64() * 1e6,
+                (written_sides[side].as_secs_f64() / written_sides[3].as_secs_f64() - 1.0) * 100.0,
+                cpu(rendering),
+                cpu(verifying),
+                cpu(writing),
+                cpu(own_cpu),
+                cpu(helper_cpu),
+            );
+        }
+        println!(
+            "{label:<11}   helper, both questions {:.1} µs against the kubelet's alone {:.1} µs (same bytes, taking turns): {:+.1} µs; the helper's CPU {:.1} against {:.1} µs",
+            helper_sides[0].as_secs_f64() * 1e6,
+            helper_sides[1].as_secs_f64() * 1e6,
+            (helper_sides[0].as_secs_f64() - helper_sides[1].as_secs_f64()) * 1e6,
+            helper_cpu[0].as_secs_f64() * 1e6,
+            helper_cpu[1].as_secs_f64() * 1e6,
         );
         // The older sum, kept for comparison with earlier runs: at a resync
         // (the scope memo answers; bytes in step are not checked for Pod
