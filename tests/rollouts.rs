@@ -486,6 +486,7 @@ fn a_change_that_failed_on_one_node_is_never_written_on_one_whose_settings_diffe
         halted_row["wanted"], failed_row["failed"]["target"],
         "{view:#}"
     );
+    assert_eq!(view["templates"][0]["failed"], 1, "{view:#}");
     assert!(
         second.daemon.logs().contains("update halted: change "),
         "{}",
@@ -518,6 +519,13 @@ fn a_change_that_failed_on_one_node_is_never_written_on_one_whose_settings_diffe
             node.manifest()
         );
     }
+    // The summary counts both, each on its own target of the change.
+    let view = wait_for("both counted updated and ready", STEP, || {
+        let view = status(server, &ns);
+        let t = &view["templates"][0];
+        (t["updated"] == 2 && t["ready"] == 2).then_some(view)
+    });
+    assert_eq!(view["templates"][0]["pending"], 0, "{view:#}");
 }
 
 /// Reports Ready for every node that has `image` and was not reported yet,

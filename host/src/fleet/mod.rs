@@ -189,6 +189,11 @@ pub struct TemplateStatus {
     /// waits to write (or was halted on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wanted: Option<String>,
+    /// The change ([`change`]) of `wanted`: nodes whose plugin settings
+    /// differ want different targets of one change, and `podstamp status`
+    /// counts a node up to date on it as updated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change: Option<String>,
     /// The template's `metadata.generation` the target was rendered from:
     /// orders targets for people (`podstamp status`), never for decisions.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -112,6 +112,8 @@ struct Known {
     /// The revision in place, as last written or found.
     in_place: Option<String>,
     generation: Option<i64>,
+    /// The change of the target the template renders, as last rendered.
+    change: Option<String>,
 }
 
 /// A failed rollout whose rollback the shell is carrying out.
@@ -311,6 +313,9 @@ impl Machine {
         self.with_slots(|slots| slots.set_quorum(id, quorum));
         let known = self.known.entry(id.to_string()).or_default();
         known.generation = done.generation;
+        if done.change.is_some() {
+            known.change = done.change.clone();
+        }
         if done.gated.is_none() && !done.held {
             known.in_place = Some(done.revision.clone());
         }
@@ -879,6 +884,7 @@ impl Machine {
             wanted,
             revision,
             generation: known.generation,
+            change: known.change.clone(),
             phase: phase.as_str().to_string(),
             since: String::new(),
             message,
