@@ -528,6 +528,86 @@ fn a_change_that_failed_on_one_node_is_never_written_on_one_whose_settings_diffe
     assert_eq!(view["templates"][0]["pending"], 0, "{view:#}");
 }
 
+/// The other way a change halt ends: the change was fine, the failing
+/// node's own settings were not. Fixed there (its configuration reloaded,
+/// no restart), it writes its new target of the change, and once that is
+/// confirmed its marker no longer names the change: the other node goes
+/// on with the same change.
+#[test]
+fn a_change_halt_lifts_once_the_failing_node_confirms_it_with_its_own_settings_fixed() {
+    let server = shared_server();
+    let Scene {
+        kube,
+        ns,
+        nodes,
+        tmp,
+        ..
+    } = scene_with(server, "perfix", 2, "1", per_node_config);
+    // The bad change puts the node's own setting in the pod, as a
+    // member's address would be: a fix of the setting is a new revision.
+    let patch = json!({"template": {"spec": {"containers": [{"name": "main", "image": "web:3",
+        "env": [{"name": "GREETING", "value": "${var.greeting}"}]}]}}});
+    kube.rt
+        .block_on(
+            kube.templates()
+                .patch("web", &PatchParams::default(), &Patch::Strategic(patch)),
+        )
+        .unwrap();
+    let with = wait_written(&nodes, "web:3", 1);
+    let (first, second) = (&nodes[with[0]], &nodes[1 - with[0]]);
+    kube.kubelet_reports(&first.name, &first.revision(), false);
+    wait_for("web:3 rolled back on the first node", STEP, || {
+        first.manifest().contains("image: web:1").then_some(())
+    });
+    kube.kubelet_reports(&first.name, &first.revision(), true);
+    wait_for("the second node halted on the change", STEP, || {
+        second
+            .daemon
+            .logs()
+            .contains("update halted: change ")
+            .then_some(())
+    });
+    assert!(second.manifest().contains("image: web:1"));
+
+    // The first node's settings fixed: reloaded, it renders another target
+    // of the change, writes it (its own failed target alone is held).
+    let config = tmp.path().join(format!("podstamp-{}.yaml", with[0]));
+    let text = fs::read_to_string(&config).unwrap();
+    let fixed = text.replace(
+        &format!("greeting: hello-{}", with[0]),
+        &format!("greeting: fixed-{}", with[0]),
+    );
+    assert_ne!(fixed, text);
+    fs::write(&config, fixed).unwrap();
+    let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("the fixed target written on the first node", STEP, || {
+            first.manifest().contains("image: web:3").then_some(())
+        })
+    }));
+    if written.is_err() {
+        panic!("not written:\n{}", first.daemon.logs());
+    }
+    assert!(second.manifest().contains("image: web:1"), "still halted");
+    kube.kubelet_reports(&first.name, &first.revision(), true);
+    // Confirmed there (Ready for 10 s): the halt of the change lifts.
+    wait_for("the second node writing the change", STEP, || {
+        second.manifest().contains("image: web:3").then_some(())
+    });
+    assert!(
+        first
+            .daemon
+            .logs()
+            .contains("the change halts the other nodes no more"),
+        "{}",
+        first.daemon.logs()
+    );
+    kube.kubelet_reports(&second.name, &second.revision(), true);
+    wait_for("both counted updated and ready on web:3", STEP, || {
+        let t = &status(server, &ns)["templates"][0];
+        (t["updated"] == 2 && t["ready"] == 2).then_some(())
+    });
+}
+
 /// Reports Ready for every node that has `image` and was not reported yet,
 /// until all of `expected` have it: the rollout walks through them.
 fn roll_through(kube: &Kube, nodes: &[&NodeUnderTest], image: &str) {
