@@ -206,6 +206,9 @@ impl Machine {
     /// Template `id`'s rollout state as kept on disk (read by the shell
     /// once per template and run).
     pub fn load_state(&mut self, id: &str, state: RolloutState) {
+        if let Some(failed) = &state.failed {
+            self.fleet_failed.insert(id.to_string(), failed.clone());
+        }
         self.states.insert(id.to_string(), state);
     }
 
@@ -782,7 +785,8 @@ impl Machine {
                 message: crate::text::cut(message.to_string(), 1024),
                 at: (self.clock)(),
             };
-            self.fleet_failed.insert(id.to_string(), failed);
+            self.fleet_failed.insert(id.to_string(), failed.clone());
+            self.change_state(id, |s| s.failed = Some(failed));
         } else {
             self.lift_change(id, rollout);
         }
@@ -825,6 +829,8 @@ impl Machine {
             "target {} of the change that failed here is Ready: the change halts the other nodes no more (target {} stays held)",
             target.unwrap_or_default(), failed.target);
         failed.change = None;
+        let failed = failed.clone();
+        self.change_state(id, |s| s.failed = Some(failed));
     }
 
     /// Sends this node's state of template `id` to the other nodes (when it

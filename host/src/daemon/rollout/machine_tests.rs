@@ -205,12 +205,14 @@ fn a_failed_revision_is_rolled_back_then_held_and_the_event_says_so() {
                 held: Some("r2".into()),
                 pending: Some("r2".into()),
                 deadline: Some(60),
+                failed: None,
             },
             RolloutState {
                 good: Some("r1".into()),
                 held: Some("r2".into()),
                 pending: None,
                 deadline: None,
+                failed: None,
             },
         ]
     );
@@ -1202,11 +1204,14 @@ fn a_failure_stops_naming_its_change_once_this_node_confirms_a_fixed_target_of_i
     m.observe(seen("r2", crash()), now);
     m.take_effects();
     m.rolled_back(ID, "r1", Ok(()), now);
-    let failed = reported_failure(&m.take_effects()).expect("reported");
+    let effects = m.take_effects();
+    let failed = reported_failure(&effects).expect("reported");
     assert_eq!(
         (failed.target.as_str(), failed.change.as_deref()),
         ("t2", Some("c"))
     );
+    let state = saved(&effects).pop().expect("saved");
+    assert_eq!(state.failed, Some(failed), "kept for a restart");
     // The rollback to r1 (target t1, change c) is confirmed: r2 is held,
     // the change still halts the others.
     let later = now + MINUTE;
@@ -1223,8 +1228,22 @@ fn a_failure_stops_naming_its_change_once_this_node_confirms_a_fixed_target_of_i
         assert_eq!(failed.change.as_deref(), Some("c"), "still named");
     }
     assert!(m.is_held(ID, "r2"));
-    // Its settings fixed, the template renders r3 (target t3, change c):
-    // written, Ready for STABLE, and the failure stops naming c.
+    // The daemon restarts (its state as saved), then its settings are
+    // fixed: the template renders r3 (target t3, change c), written,
+    // Ready for STABLE, and the failure stops naming c.
+    let state = saved(&effects).pop().unwrap_or(state);
+    let mut m = Machine::new("n1", true).with_clock(at);
+    m.load_state(ID, state);
+    m.mirror_synced();
+    m.in_place(
+        InPlace {
+            held: true,
+            ..placed_for("r2", false, "t2", "c")
+        },
+        || None,
+        later,
+    );
+    m.take_effects();
     let fixed = later + 2 * MINUTE;
     assert!(m.gate(ID, "t3", Some("c"), ONE, "").is_some());
     m.fleet(Answer::Granted {
@@ -1244,4 +1263,5 @@ fn a_failure_stops_naming_its_change_once_this_node_confirms_a_fixed_target_of_i
         (failed.target.as_str(), failed.change.as_deref()),
         ("t2", None)
     );
+    assert_eq!(saved(&effects).pop().and_then(|s| s.failed), Some(failed));
 }
