@@ -24,7 +24,8 @@
 //!
 //! * **Halt markers** ([`halt_name`]): one per node and template, written
 //!   by a node whose update of the template failed, naming the failed
-//!   target. The daemons watch these and the slots of their own lanes
+//!   target and its change ([`CHANGE_ANNOTATION`]; none once that node
+//!   confirmed a fixed target of the change). The daemons watch these and the slots of their own lanes
 //!   ([`lanes`]), never the node statuses: what a node receives per
 //!   rollout does not grow with the fleet (docs/daemon.md, "Fleets").
 //!
