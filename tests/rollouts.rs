@@ -258,7 +258,11 @@ fn scene_with(
     let ns = unique(prefix);
     let kube = Kube::admin(server, &ns);
     let tmp = tempfile::tempdir().unwrap();
-    let config = config_of(tmp.path(), 0);
+    // Every file written before any daemon starts: a daemon reading its
+    // configuration while another node's is written would see it half
+    // written.
+    let configs: Vec<PathBuf> = (0..n).map(|i| config_of(tmp.path(), i)).collect();
+    let config = configs[0].clone();
     kube.create_template("web:1", max_unavailable);
     let names: Vec<String> = (1..=n).map(|i| unique(&format!("{prefix}{i}"))).collect();
     for name in &names {
@@ -267,15 +271,10 @@ fn scene_with(
     let deploy = Deploy::new(&server.kubeconfig("admin"), &ns, &rollouts(&ns));
     kube.rt.block_on(deploy.apply(&kube.client, &names[0]));
     let mut nodes = Vec::new();
-    for (i, name) in names.iter().enumerate() {
+    for (name, config) in names.iter().zip(&configs) {
         let token = kube.rt.block_on(deploy.token(&kube.client, name));
         deploy.kubeconfig(&token, &node_kubeconfig(tmp.path(), name));
-        let config = if i == 0 {
-            config.clone()
-        } else {
-            config_of(tmp.path(), i)
-        };
-        nodes.push(start(server, &ns, tmp.path(), &config, name));
+        nodes.push(start(server, &ns, tmp.path(), config, name));
     }
     wait_written(&nodes, "web:1", n);
     for node in &nodes {
