@@ -1365,7 +1365,11 @@ fn a_restart_mid_rollout_still_rolls_back_and_a_held_revision_stays_held() {
     );
     wait_ready_revision(&kube, &node, &daemon, &good, "VERSION=1");
     let state = rollout_state(&kept_dir);
-    assert_eq!(state, json!({"good": good, "held": crashing}));
+    assert_eq!(
+        (&state["good"], &state["held"], &state["failed"]["revision"]),
+        (&json!(good), &json!(crashing), &json!(crashing)),
+        "the failure the other nodes were told of is kept too: {state:#}"
+    );
     assert!(daemon.stop().success());
 
     // Restarted again: the failed revision, still what the template
@@ -1392,7 +1396,12 @@ fn a_restart_mid_rollout_still_rolls_back_and_a_held_revision_stays_held() {
     assert_ne!(next, crashing);
     wait_ready_revision(&kube, &node, &daemon, &next, "VERSION=2");
     wait_event(&kube, &node, &daemon, "RolloutSucceeded", &[&next]);
-    assert_eq!(rollout_state(&kept_dir), json!({"good": next}));
+    let state = rollout_state(&kept_dir);
+    assert_eq!(
+        (&state["good"], &state["held"], &state["failed"]["revision"]),
+        (&json!(next), &Value::Null, &json!(crashing)),
+        "nothing held; the last failure is still the one told: {state:#}"
+    );
     assert_eq!(kubelet_files(&node), ["web.yaml"]);
 
     stop_all(daemon, node, &dir);

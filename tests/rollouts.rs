@@ -241,10 +241,28 @@ struct Scene {
 }
 
 fn scene(server: &ApiServer, prefix: &str, n: usize, max_unavailable: &str) -> Scene {
+    scene_with(server, prefix, n, max_unavailable, |tmp, _| {
+        write_config(tmp)
+    })
+}
+
+/// [`scene`], node `i`'s daemon configured by `config_of(tmp, i)` (the
+/// scene's `config` is node 0's).
+fn scene_with(
+    server: &ApiServer,
+    prefix: &str,
+    n: usize,
+    max_unavailable: &str,
+    config_of: impl Fn(&Path, usize) -> PathBuf,
+) -> Scene {
     let ns = unique(prefix);
     let kube = Kube::admin(server, &ns);
     let tmp = tempfile::tempdir().unwrap();
-    let config = write_config(tmp.path());
+    // Every file written before any daemon starts: a daemon reading its
+    // configuration while another node's is written would see it half
+    // written.
+    let configs: Vec<PathBuf> = (0..n).map(|i| config_of(tmp.path(), i)).collect();
+    let config = configs[0].clone();
     kube.create_template("web:1", max_unavailable);
     let names: Vec<String> = (1..=n).map(|i| unique(&format!("{prefix}{i}"))).collect();
     for name in &names {
@@ -253,18 +271,21 @@ fn scene(server: &ApiServer, prefix: &str, n: usize, max_unavailable: &str) -> S
     let deploy = Deploy::new(&server.kubeconfig("admin"), &ns, &rollouts(&ns));
     kube.rt.block_on(deploy.apply(&kube.client, &names[0]));
     let mut nodes = Vec::new();
-    for name in &names {
+    for (name, config) in names.iter().zip(&configs) {
         let token = kube.rt.block_on(deploy.token(&kube.client, name));
         deploy.kubeconfig(&token, &node_kubeconfig(tmp.path(), name));
-        nodes.push(start(server, &ns, tmp.path(), &config, name));
+        nodes.push(start(server, &ns, tmp.path(), config, name));
     }
     wait_written(&nodes, "web:1", n);
     for node in &nodes {
         kubelet_accepts(&[&node.dir], &node.name);
         kube.kubelet_reports(&node.name, &node.revision(), true);
     }
+    // Each node's own phase: with per-node settings the nodes' targets
+    // differ, and the summary counts the nodes on one of them.
     wait_for("every node ready on web:1", STEP, || {
-        (status(server, &ns)["templates"][0]["ready"] == n).then_some(())
+        let phases = phases(&status(server, &ns));
+        (phases.len() == n && phases.iter().all(|(_, p)| p == "ready")).then_some(())
     });
     Scene {
         kube,
@@ -377,6 +398,213 @@ fn an_update_rolls_one_node_at_a_time_and_a_failure_halts_it_everywhere() {
     let node = &nodes[with[0]];
     kube.kubelet_reports(&node.name, &node.revision(), true);
     wait_written(&nodes, "web:4", 2);
+}
+
+/// Node `i`'s configuration: write_config's, with a `vars` of its own
+/// in the substitute plugin's settings (as each control-plane member's
+/// address would be), so each node's chain, and target, is its own.
+fn per_node_config(tmp: &Path, i: usize) -> PathBuf {
+    let common = fs::read_to_string(write_config(tmp)).unwrap();
+    let own = common.replace(
+        "vars: {greeting: hello}",
+        &format!("vars: {{greeting: hello-{i}}}"),
+    );
+    assert_ne!(own, common, "write_config's settings changed: {common}");
+    let path = tmp.join(format!("podstamp-{i}.yaml"));
+    fs::write(&path, own).unwrap();
+    path
+}
+
+/// The defect of issue 27/28: nodes whose plugin settings differ roll
+/// different targets of one change, and a halt keyed on the target alone
+/// let the second node write the change that had failed on the first,
+/// once the first was back. The halt is of the change too: a bad change
+/// that fails on one node is never written on the other; a fixed change
+/// then rolls on both.
+#[test]
+fn a_change_that_failed_on_one_node_is_never_written_on_one_whose_settings_differ() {
+    let server = shared_server();
+    let Scene {
+        kube,
+        ns,
+        nodes,
+        tmp,
+        ..
+    } = scene_with(server, "perset", 2, "1", per_node_config);
+    let view = status(server, &ns);
+    let targets: Vec<&str> = (0..2)
+        .map(|i| view["templates"][0]["nodes"][i]["target"].as_str().unwrap())
+        .collect();
+    assert_ne!(
+        targets[0], targets[1],
+        "settings differ, targets too: {view:#}"
+    );
+
+    // The bad change: written on one node, crashes, rolled back there.
+    kube.set_image("web:3");
+    let with = wait_written(&nodes, "web:3", 1);
+    let (first, second) = (&nodes[with[0]], &nodes[1 - with[0]]);
+    let bad = first.revision();
+    kube.kubelet_reports(&first.name, &bad, false);
+    let rolled_back = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("web:3 rolled back on the first node", STEP, || {
+            first.manifest().contains("image: web:1").then_some(())
+        })
+    }));
+    if rolled_back.is_err() {
+        panic!("not rolled back:\n{}", first.daemon.logs());
+    }
+    // The first node is back, Ready on its good revision: the slot is
+    // free, and what keeps the second node from the change is the halt.
+    kube.kubelet_reports(&first.name, &first.revision(), true);
+    let view = wait_for("the second node halted", STEP, || {
+        let view = status(server, &ns);
+        let halted = phases(&view)
+            .into_iter()
+            .any(|(node, phase)| node == second.name && phase == "halted");
+        halted.then_some(view)
+    });
+    let row_of = |node: &str| -> Value {
+        view["templates"][0]["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["node"] == node)
+            .cloned()
+            .unwrap_or_else(|| panic!("{node} not in {view:#}"))
+    };
+    let (failed_row, halted_row) = (row_of(&first.name), row_of(&second.name));
+    let message = halted_row["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("change ")
+            && message.contains(&format!("failed on node {}", first.name)),
+        "{halted_row:#}"
+    );
+    // Not the target that failed: another target of the same change.
+    assert_ne!(
+        halted_row["wanted"], failed_row["failed"]["target"],
+        "{view:#}"
+    );
+    assert_eq!(view["templates"][0]["failed"], 1, "{view:#}");
+    assert!(
+        second.daemon.logs().contains("update halted: change "),
+        "{}",
+        second.daemon.logs()
+    );
+    // Held there for good: a whole slot lease (5 s) and more after the
+    // first node is Ready again, the second has not written it, ever.
+    std::thread::sleep(Duration::from_secs(8));
+    assert!(
+        second.manifest().contains("image: web:1"),
+        "{}",
+        second.manifest()
+    );
+    assert!(
+        !kept_images(tmp.path(), &second.name).contains("web:3"),
+        "the second node wrote the failed change"
+    );
+
+    // A fixed change rolls on both.
+    kube.set_image("web:4");
+    roll_through(&kube, &[&nodes[0], &nodes[1]], "web:4");
+    wait_for("both nodes ready on web:4", STEP, || {
+        let phases = phases(&status(server, &ns));
+        (phases.len() == 2 && phases.iter().all(|(_, p)| p == "ready")).then_some(())
+    });
+    for node in &nodes {
+        assert!(
+            node.manifest().contains("image: web:4"),
+            "{}",
+            node.manifest()
+        );
+    }
+    // The summary counts both, each on its own target of the change.
+    let view = wait_for("both counted updated and ready", STEP, || {
+        let view = status(server, &ns);
+        let t = &view["templates"][0];
+        (t["updated"] == 2 && t["ready"] == 2).then_some(view)
+    });
+    assert_eq!(view["templates"][0]["pending"], 0, "{view:#}");
+}
+
+/// The other way a change halt ends: the change was fine, the failing
+/// node's own settings were not. Fixed there (its configuration reloaded,
+/// no restart), it writes its new target of the change, and once that is
+/// confirmed its marker no longer names the change: the other node goes
+/// on with the same change.
+#[test]
+fn a_change_halt_lifts_once_the_failing_node_confirms_it_with_its_own_settings_fixed() {
+    let server = shared_server();
+    let Scene {
+        kube,
+        ns,
+        nodes,
+        tmp,
+        ..
+    } = scene_with(server, "perfix", 2, "1", per_node_config);
+    // The bad change puts the node's own setting in the pod, as a
+    // member's address would be: a fix of the setting is a new revision.
+    let patch = json!({"template": {"spec": {"containers": [{"name": "main", "image": "web:3",
+        "env": [{"name": "GREETING", "value": "${var.greeting}"}]}]}}});
+    kube.rt
+        .block_on(
+            kube.templates()
+                .patch("web", &PatchParams::default(), &Patch::Strategic(patch)),
+        )
+        .unwrap();
+    let with = wait_written(&nodes, "web:3", 1);
+    let (first, second) = (&nodes[with[0]], &nodes[1 - with[0]]);
+    kube.kubelet_reports(&first.name, &first.revision(), false);
+    wait_for("web:3 rolled back on the first node", STEP, || {
+        first.manifest().contains("image: web:1").then_some(())
+    });
+    kube.kubelet_reports(&first.name, &first.revision(), true);
+    wait_for("the second node halted on the change", STEP, || {
+        second
+            .daemon
+            .logs()
+            .contains("update halted: change ")
+            .then_some(())
+    });
+    assert!(second.manifest().contains("image: web:1"));
+
+    // The first node's settings fixed: reloaded, it renders another target
+    // of the change, writes it (its own failed target alone is held).
+    let config = tmp.path().join(format!("podstamp-{}.yaml", with[0]));
+    let text = fs::read_to_string(&config).unwrap();
+    let fixed = text.replace(
+        &format!("greeting: hello-{}", with[0]),
+        &format!("greeting: fixed-{}", with[0]),
+    );
+    assert_ne!(fixed, text);
+    fs::write(&config, fixed).unwrap();
+    let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("the fixed target written on the first node", STEP, || {
+            first.manifest().contains("image: web:3").then_some(())
+        })
+    }));
+    if written.is_err() {
+        panic!("not written:\n{}", first.daemon.logs());
+    }
+    assert!(second.manifest().contains("image: web:1"), "still halted");
+    kube.kubelet_reports(&first.name, &first.revision(), true);
+    // Confirmed there (Ready for 10 s): the halt of the change lifts.
+    wait_for("the second node writing the change", STEP, || {
+        second.manifest().contains("image: web:3").then_some(())
+    });
+    assert!(
+        first
+            .daemon
+            .logs()
+            .contains("the change halts the other nodes no more"),
+        "{}",
+        first.daemon.logs()
+    );
+    kube.kubelet_reports(&second.name, &second.revision(), true);
+    wait_for("both counted updated and ready on web:3", STEP, || {
+        let t = &status(server, &ns)["templates"][0];
+        (t["updated"] == 2 && t["ready"] == 2).then_some(())
+    });
 }
 
 /// Reports Ready for every node that has `image` and was not reported yet,

@@ -260,6 +260,29 @@ impl Chain {
         hash.finalize().into()
     }
 
+    /// What this chain is without its settings: sha256 over each step's
+    /// name, component sha256 and scope, in order (no settings, no budget:
+    /// both are the node's configuration and may differ per node). Nodes
+    /// whose chains differ only by settings have one shape: a rollout's
+    /// change ([`crate::fleet::change`]) is the same on all of them, where
+    /// its target ([`Chain::fingerprint`]) is not.
+    pub fn shape(&self) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        let mut field = |bytes: &[u8]| {
+            hash.update((bytes.len() as u64).to_le_bytes());
+            hash.update(bytes);
+        };
+        field(b"shape");
+        field(&(self.steps.len() as u64).to_le_bytes());
+        for step in &self.steps {
+            field(step.name.as_bytes());
+            field(step.plugin.sha256().as_bytes());
+            field(step.scope.to_string().as_bytes());
+        }
+        hash.finalize().into()
+    }
+
     /// Runs every step over `pod`. `subject` names the render in plugin logs.
     pub fn apply(
         &self,

@@ -148,7 +148,8 @@ impl SimNode {
             return;
         }
         // The template selects every node: a share would be of them all.
-        let gated = self.machine.gate(id, target, policy, "");
+        // Every node has the same settings here: one target per change.
+        let gated = self.machine.gate(id, target, Some(target), policy, "");
         let now = Instant::now();
         if gated.is_none() {
             if self.granted_at.is_none() {
@@ -219,6 +220,7 @@ fn in_place(
         held: false,
         gated,
         target: Some(revision.to_string()),
+        change: Some(revision.to_string()),
         generation: Some(if revision == NEW_TARGET { 2 } else { 1 }),
         quorum: false,
     }

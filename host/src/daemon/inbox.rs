@@ -15,7 +15,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::ObjectReference;
 
 use crate::catalog::Catalog;
-use crate::fleet::TemplateStatus;
+use crate::fleet::{Halts, TemplateStatus};
 use crate::node::NodeContext;
 use crate::reason::Reason;
 use crate::template::Template;
@@ -163,9 +163,9 @@ pub enum Answer {
     /// The slot of `id` was taken over by another node (this one did not
     /// renew it in time).
     Lost { id: String },
-    /// Every target that failed on some node: template → target → who and
-    /// why. Sent whole, when it changes.
-    Failed(BTreeMap<String, BTreeMap<String, String>>),
+    /// Every target, and every change, that failed on some node and halts
+    /// this one: template → what halts it. Sent whole, when it changes.
+    Failed(BTreeMap<String, Halts>),
     /// How many nodes `selector` selects ([`Ask::Count`]); None: they could
     /// not be counted.
     Nodes {

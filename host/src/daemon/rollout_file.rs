@@ -102,6 +102,11 @@ mod tests {
             held: Some("bbbb".into()),
             pending: Some("cccc".into()),
             deadline: Some(90),
+            failed: Some(crate::fleet::Failed {
+                target: "t1".into(),
+                change: Some("c1".into()),
+                ..crate::fleet::Failed::default()
+            }),
         };
         save(dir.path(), &state).unwrap();
         assert_eq!(load(dir.path()).unwrap(), state);

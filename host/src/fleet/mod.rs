@@ -24,7 +24,8 @@
 //!
 //! * **Halt markers** ([`halt_name`]): one per node and template, written
 //!   by a node whose update of the template failed, naming the failed
-//!   target. The daemons watch these and the slots of their own lanes
+//!   target and its change ([`CHANGE_ANNOTATION`]; none once that node
+//!   confirmed a fixed target of the change). The daemons watch these and the slots of their own lanes
 //!   ([`lanes`]), never the node statuses: what a node receives per
 //!   rollout does not grow with the fleet (docs/daemon.md, "Fleets").
 //!
@@ -32,7 +33,11 @@
 //! same on every node: the PodTemplate as podstamp reads it and the
 //! fingerprint of its plugin chain. The *revision* of a manifest
 //! (`podstamp.io/revision`) is node-specific (plugins apply node-specific
-//! transforms); the target is what a rollout rolls.
+//! transforms); the target is what a rollout rolls. A **change**
+//! ([`change`]) is the same without the chain's settings, which may differ
+//! per node (a control-plane member's address in its `vars`): what a halt
+//! stops on every node ([`Halts`]), where nodes whose settings differ roll
+//! different targets of one change.
 //!
 //! Invariants: another node's record counts only as what that node may
 //! have written ([`trust`]: name ↔ holder ↔ node); objects are only ever read leniently ([`NodeStatus::parse`]
@@ -64,8 +69,13 @@ pub const HALT_LANE: &str = "halt";
 pub const FAILURE_ANNOTATION: &str = "podstamp.io/failure";
 /// A slot's template, `namespace/name`.
 pub const TEMPLATE_ANNOTATION: &str = "podstamp.io/template";
-/// The target a slot's holder is writing.
+/// The target a slot's holder is writing, or a halt marker's failed one.
 pub const TARGET_ANNOTATION: &str = "podstamp.io/target";
+/// A halt marker's failed change ([`change`]): absent on a marker of a
+/// daemon that predates it (it halts by target only), and once its node
+/// confirmed another target of the same change (the change is not what
+/// failed there: its own settings were, and are fixed).
+pub const CHANGE_ANNOTATION: &str = "podstamp.io/change";
 /// A node status Lease's record, JSON.
 pub const STATUS_ANNOTATION: &str = "podstamp.io/status";
 /// The record format's version; a newer one is read as far as it goes.
@@ -82,6 +92,45 @@ pub fn target(template_fingerprint: &[u8; 32], chain_fingerprint: &[u8; 32]) -> 
     hash.update(template_fingerprint);
     hash.update(chain_fingerprint);
     hex::encode(hash.finalize())[..10].to_string()
+}
+
+/// The change of a template's inputs: its target ([`target`]) without the
+/// settings of the chain's steps (`chain_shape`: each step's name, plugin
+/// digest and scope, [`crate::chain::Chain::shape`]), so that nodes whose
+/// plugin settings differ, rolling different targets, roll one change.
+/// 10 hex digits, hashed apart from targets.
+pub fn change(template_fingerprint: &[u8; 32], chain_shape: &[u8; 32]) -> String {
+    let mut hash = Sha256::new();
+    hash.update(b"podstamp change v1\0");
+    hash.update(template_fingerprint);
+    hash.update(chain_shape);
+    hex::encode(hash.finalize())[..10].to_string()
+}
+
+/// What halts the updates of one template on a node: the targets, and the
+/// changes, that failed on some node, each → which node and why.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Halts {
+    pub targets: BTreeMap<String, String>,
+    pub changes: BTreeMap<String, String>,
+}
+
+impl Halts {
+    /// Why an update to `target` of `change` is not written, if it is not:
+    /// the target failed somewhere, or another target of its change did.
+    pub fn halts(&self, target: &str, change: Option<&str>) -> Option<String> {
+        if let Some(why) = self.targets.get(target) {
+            return Some(format!("target {target} failed on {why}"));
+        }
+        let change = change?;
+        self.changes
+            .get(change)
+            .map(|why| format!("change {change} (target {target} here) failed on {why}"))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.targets.is_empty() && self.changes.is_empty()
+    }
 }
 
 /// The name of slot `index` of template `id` (`namespace/name`). Too long a
@@ -141,6 +190,11 @@ pub struct TemplateStatus {
     /// waits to write (or was halted on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wanted: Option<String>,
+    /// The change ([`change`]) of `wanted`: nodes whose plugin settings
+    /// differ want different targets of one change, and `podstamp status`
+    /// counts a node up to date on it as updated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change: Option<String>,
     /// The template's `metadata.generation` the target was rendered from:
     /// orders targets for people (`podstamp status`), never for decisions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -164,6 +218,11 @@ pub struct TemplateStatus {
 #[serde(rename_all = "camelCase")]
 pub struct Failed {
     pub target: String,
+    /// The target's change ([`change`]), while it halts the change on the
+    /// other nodes: None from a daemon that predates changes, and once this
+    /// node confirmed another target of the same change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change: Option<String>,
     #[serde(default)]
     pub revision: String,
     /// The kubelet's reason (CrashLoopBackOff, ErrImageNeverPull…) or
@@ -300,5 +359,35 @@ mod tests {
         assert_ne!(target(&t1, &c1), target(&t2, &c1));
         assert_ne!(target(&t1, &c1), target(&t1, &t2));
         assert_eq!(target(&t1, &c1).len(), 10);
+    }
+
+    #[test]
+    fn a_change_is_hashed_apart_from_a_target_of_the_same_inputs() {
+        let (t1, c1) = ([1u8; 32], [3u8; 32]);
+        assert_ne!(change(&t1, &c1), target(&t1, &c1));
+        assert_eq!(change(&t1, &c1), change(&t1, &c1));
+        assert_eq!(change(&t1, &c1).len(), 10);
+    }
+
+    #[test]
+    fn a_halt_is_of_a_target_or_of_its_change() {
+        let halts = Halts {
+            targets: BTreeMap::from([("t1".into(), "node n2: CrashLoopBackOff".into())]),
+            changes: BTreeMap::from([("c1".into(), "node n3 (target t9): Boom".into())]),
+        };
+        assert_eq!(
+            halts.halts("t1", None).as_deref(),
+            Some("target t1 failed on node n2: CrashLoopBackOff")
+        );
+        assert_eq!(
+            halts.halts("t2", Some("c1")).as_deref(),
+            Some("change c1 (target t2 here) failed on node n3 (target t9): Boom")
+        );
+        assert_eq!(halts.halts("t2", Some("c2")), None);
+        assert_eq!(halts.halts("t2", None), None, "no change known: by target");
+        // A record without a change (an older daemon's) reads as before.
+        let old: Failed = serde_json::from_str(r#"{"target": "t1"}"#).unwrap();
+        assert_eq!(old.change, None);
+        assert!(!serde_json::to_string(&old).unwrap().contains("change"));
     }
 }

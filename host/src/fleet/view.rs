@@ -5,6 +5,8 @@
 //! A template's target is the one wanted by the node that read the newest
 //! template (`metadata.generation`; a tie goes to the latest phase change):
 //! nodes that have not seen the newest template yet are pending. A node
+//! whose plugin settings differ wants another target of the same change
+//! ([`super::change`]): up to date on it, it counts as updated. A node
 //! appears once its daemon reported the template, or, for a template with
 //! a `podstamp.io/node-selector`, when the selector selects its labels
 //! ([`Targeting`]): such a template counts the nodes it is for, and one that
@@ -198,18 +200,35 @@ pub fn targeted(
                     (a.status.generation, &a.status.since)
                         .cmp(&(b.status.generation, &b.status.since))
                 })
-                .map(|n| (n.status.wanted.clone(), n.status.generation));
-            let (target, generation) = newest.unwrap_or_default();
-            let on_target = |n: &NodeView| target.is_some() && n.status.target == target;
+                .map(|n| {
+                    (
+                        n.status.wanted.clone(),
+                        n.status.generation,
+                        n.status.change.clone(),
+                    )
+                });
+            let (target, generation, change) = newest.unwrap_or_default();
+            // On the target, or (per-node plugin settings: each node its
+            // own target of one change) up to date on a target of its
+            // change; a node whose update of settings alone waits is not.
+            let on_target = |n: &NodeView| {
+                let s = &n.status;
+                (target.is_some() && s.target == target)
+                    || (change.is_some()
+                        && s.change == change
+                        && s.target.is_some()
+                        && s.target == s.wanted)
+            };
             let updated = trusted().filter(|n| on_target(n)).count();
             let ready = trusted()
                 .filter(|n| on_target(n) && n.status.phase == Phase::Ready.as_str())
                 .count();
             let failed = trusted()
                 .filter(|n| {
-                    target.is_some()
-                        && n.status.failed.as_ref().map(|f| Some(&f.target))
-                            == Some(target.as_ref())
+                    n.status.failed.as_ref().is_some_and(|f| {
+                        (target.is_some() && Some(&f.target) == target.as_ref())
+                            || (change.is_some() && f.change == change)
+                    })
                 })
                 .count();
             let counted = trusted().count();
@@ -507,6 +526,35 @@ mod tests {
             .iter()
             .map(|n| (n.node.as_str(), n.status.phase.as_str()))
             .collect()
+    }
+
+    /// Per-node plugin settings: each node wants a target of its own, of
+    /// one change. A node up to date on its target of the change is
+    /// updated; one that waits for an update of settings alone is not.
+    #[test]
+    fn nodes_on_their_own_targets_of_one_change_count_as_updated() {
+        let of = |target: &str, wanted: &str, phase: Phase| TemplateStatus {
+            change: Some("c2".into()),
+            ..status(target, wanted, 2, phase)
+        };
+        let mut failed = of("t1-n3", "t2-n3", Phase::Ready);
+        failed.failed = Some(Failed {
+            target: "t2-n3".into(),
+            change: Some("c2".into()),
+            ..Failed::default()
+        });
+        let leases = vec![
+            lease("n1", &[("ns/web", of("t2-n1", "t2-n1", Phase::Ready))]),
+            lease("n2", &[("ns/web", of("t2-n2", "t2-n2", Phase::Ready))]),
+            lease("n3", &[("ns/web", failed)]),
+            lease("n4", &[("ns/web", of("t1-n4", "t2-n4", Phase::Waiting))]),
+        ];
+        let t = &from_leases(&leases, "ns", None).templates[0];
+        assert_eq!(
+            (t.updated, t.ready, t.failed, t.pending),
+            (2, 2, 1, 2),
+            "{t:#?}"
+        );
     }
 
     /// Finding 9 of the second security review: a record with generation

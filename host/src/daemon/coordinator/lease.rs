@@ -17,8 +17,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use serde_json::Value;
 
 use crate::fleet::{
-    FAILURE_ANNOTATION, Failed, HALT_LANE, LANE_LABEL, NodeStatus, ROLE_HALT, ROLE_LABEL,
-    ROLE_SLOT, ROLE_STATUS, STATUS_ANNOTATION, TARGET_ANNOTATION, TEMPLATE_ANNOTATION,
+    CHANGE_ANNOTATION, FAILURE_ANNOTATION, Failed, HALT_LANE, LANE_LABEL, NodeStatus, ROLE_HALT,
+    ROLE_LABEL, ROLE_SLOT, ROLE_STATUS, STATUS_ANNOTATION, TARGET_ANNOTATION, TEMPLATE_ANNOTATION,
     TemplateStatus, lanes::lane,
 };
 
@@ -135,7 +135,9 @@ pub(super) fn read_lease(
 }
 
 /// A halt marker's failure as a record of its one template (empty when
-/// it names no template or its failure does not parse).
+/// it names no template or its failure does not parse). Its change is the
+/// one [`CHANGE_ANNOTATION`] names, and none without it (a marker of a
+/// daemon that predates changes halts by target only).
 fn halt_record(template: Option<&str>, annotations: Option<&Value>) -> NodeStatus {
     let failed: Option<Failed> = annotations
         .and_then(|a| a.get(FAILURE_ANNOTATION))
@@ -144,6 +146,11 @@ fn halt_record(template: Option<&str>, annotations: Option<&Value>) -> NodeStatu
         .and_then(|text| serde_json::from_str(text).ok());
     let mut record = NodeStatus::default();
     if let (Some(id), Some(mut failed)) = (template, failed) {
+        failed.change = annotations
+            .and_then(|a| a.get(CHANGE_ANNOTATION))
+            .and_then(Value::as_str)
+            .filter(|c| !c.is_empty())
+            .map(|c| crate::text::cut(c.to_string(), MAX_FAILURE_TEXT));
         failed.message = crate::text::cut(failed.message, MAX_FAILURE_TEXT);
         failed.reason = crate::text::cut(failed.reason, MAX_FAILURE_TEXT);
         record.templates.insert(
@@ -253,19 +260,25 @@ pub(super) fn halt_lease(
     namespace: &str,
     resource_version: Option<String>,
 ) -> Lease {
+    let mut annotations = BTreeMap::from([
+        (TEMPLATE_ANNOTATION.to_string(), id.to_string()),
+        (TARGET_ANNOTATION.to_string(), failed.target.clone()),
+        (
+            FAILURE_ANNOTATION.to_string(),
+            serde_json::to_string(failed).expect("plain data serializes"),
+        ),
+    ]);
+    // Left out once the change no longer halts (an update replaces the
+    // annotations whole: the old one goes).
+    if let Some(change) = &failed.change {
+        annotations.insert(CHANGE_ANNOTATION.to_string(), change.clone());
+    }
     Lease {
         metadata: ObjectMeta {
             name: Some(name),
             namespace: Some(namespace.to_string()),
             labels: Some(in_lane(ROLE_HALT, HALT_LANE.to_string())),
-            annotations: Some(BTreeMap::from([
-                (TEMPLATE_ANNOTATION.to_string(), id.to_string()),
-                (TARGET_ANNOTATION.to_string(), failed.target.clone()),
-                (
-                    FAILURE_ANNOTATION.to_string(),
-                    serde_json::to_string(failed).expect("plain data serializes"),
-                ),
-            ])),
+            annotations: Some(annotations),
             resource_version,
             ..ObjectMeta::default()
         },

@@ -7,7 +7,11 @@
 //! What it is fed: this node's own record (read by name), the halt markers
 //! and the slots of the lanes it waits in ([`Ledger::lanes`]); never the
 //! other nodes' records. A target halts when this node's own record, or a
-//! halt marker its own node may have written, says it failed. A slot seen
+//! halt marker its own node may have written, says it failed; a change
+//! ([`crate::fleet::change`]) halts when another node's marker names it,
+//! unless this node's own record names it too (this node tried the change
+//! and holds its own failed target: a fix of its own settings may be tried
+//! here, and once confirmed lifts the halt it put on the others). A slot seen
 //! free is tried after this node's turn ([`lanes::turn`] × [`SPREAD`]), so
 //! that of the waiters for one freed slot the first tries alone. A waiter
 //! that lost a race widens its own spread (×2 per race lost, up to
@@ -23,8 +27,8 @@ use std::time::{Duration, Instant};
 use super::lease::Seen;
 use crate::daemon::inbox::{Answer, Ask};
 use crate::fleet::{
-    NodeStatus, ROLE_HALT, ROLE_SLOT, ROLE_STATUS, STATUS_VERSION, halt_name, lanes, slot_name,
-    status_name, trust,
+    Halts, NodeStatus, ROLE_HALT, ROLE_SLOT, ROLE_STATUS, STATUS_VERSION, halt_name, lanes,
+    slot_name, status_name, trust,
 };
 
 /// Waiters for a freed slot try it within this, each at its turn.
@@ -119,8 +123,8 @@ pub(super) struct Ledger {
     /// Writes that lost a race, by object name, at the resourceVersion
     /// they were tried against: not tried again until it changes.
     pub(super) conflicted: BTreeMap<String, String>,
-    /// The failed targets last sent to the reconciler.
-    pub(super) failed_sent: Option<BTreeMap<String, BTreeMap<String, String>>>,
+    /// The halts last sent to the reconciler.
+    pub(super) failed_sent: Option<BTreeMap<String, Halts>>,
     /// The Lease watch is following (listed or resumed, not failed since):
     /// only then can a slot be judged unrenewed, and taken.
     pub(super) watching: bool,
@@ -362,10 +366,10 @@ impl Ledger {
             .collect()
     }
 
-    /// Every target that failed on some node, when it changed since last
-    /// sent.
+    /// Every target and change that failed on some node and halts this
+    /// one, when it changed since last sent.
     pub(super) fn failed(&mut self) -> Option<Answer> {
-        let mut failed: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        let mut failed: BTreeMap<String, Halts> = BTreeMap::new();
         let mine = self.status_name();
         // This node's own record, and the halt markers of the others.
         let records = self
@@ -384,10 +388,34 @@ impl Ledger {
             };
             for (id, status) in &record.templates {
                 if let Some(f) = status.failed.as_ref().filter(|f| !f.target.is_empty()) {
-                    failed.entry(id.clone()).or_default().insert(
+                    let halts = failed.entry(id.clone()).or_default();
+                    halts.targets.insert(
                         f.target.clone(),
                         format!("node {node}: {}: {}", f.reason, f.message),
                     );
+                    // A change halts the others only: this node's own
+                    // failure holds its own target, and one it tried
+                    // itself is not halted here by another's.
+                    let tried_here = |change: &String| {
+                        self.mine
+                            .templates
+                            .get(id)
+                            .and_then(|t| t.failed.as_ref())
+                            .and_then(|f| f.change.as_ref())
+                            == Some(change)
+                    };
+                    if let Some(change) = f.change.as_ref().filter(|c| !c.is_empty())
+                        && node != self.me
+                        && !tried_here(change)
+                    {
+                        halts.changes.insert(
+                            change.clone(),
+                            format!(
+                                "node {node} (its target {}): {}: {}",
+                                f.target, f.reason, f.message
+                            ),
+                        );
+                    }
                 }
             }
         }
@@ -485,12 +513,15 @@ impl Ledger {
             };
             let name = halt_name(&self.me, id);
             let in_api = self.leases.get(&name);
+            // The target and its change: a change no longer named (this
+            // node confirmed another target of it) is rewritten too.
             let says = in_api
                 .and_then(|l| l.record.templates.get(id))
                 .and_then(|t| t.failed.as_ref())
-                .map(|f| f.target.as_str());
+                .map(|f| (f.target.as_str(), f.change.as_deref()));
+            let should = (failed.target.as_str(), failed.change.as_deref());
             let rv = in_api.map(|l| l.resource_version.clone());
-            if says != Some(failed.target.as_str()) && !self.conflicted(&name, rv.as_deref()) {
+            if says != Some(should) && !self.conflicted(&name, rv.as_deref()) {
                 return Some(Action::Halt {
                     id: id.clone(),
                     name,
@@ -542,7 +573,7 @@ impl Ledger {
                 .failed_sent
                 .as_ref()
                 .and_then(|f| f.get(id))
-                .is_some_and(|t| t.contains_key(&p.target));
+                .is_some_and(|h| h.targets.contains_key(&p.target));
             let indexes = if self.held.contains_key(id) || failed {
                 Vec::new()
             } else {
@@ -940,8 +971,8 @@ mod tests {
         s.seen(status_name("n3"), failing("n3", 1, "11", now));
         match s.failed() {
             Some(Answer::Failed(f)) => {
-                assert!(f["ns/web"]["t1"].contains("node n1: CrashLoopBackOff"));
-                assert!(f["ns/db"]["t9"].contains("node n2: ErrImageNeverPull"));
+                assert!(f["ns/web"].targets["t1"].contains("node n1: CrashLoopBackOff"));
+                assert!(f["ns/db"].targets["t9"].contains("node n2: ErrImageNeverPull"));
                 assert!(!f.contains_key("ns/t0"), "{f:?}");
             }
             other => panic!("{other:?}"),
@@ -1104,10 +1135,145 @@ mod tests {
         match s.failed() {
             Some(Answer::Failed(f)) => {
                 assert_eq!(f.len(), 1, "{f:?}");
-                assert!(f["ns/web"]["t1"].starts_with("node n2: ErrImageNeverPull"));
+                assert!(f["ns/web"].targets["t1"].starts_with("node n2: ErrImageNeverPull"));
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A halt marker as the API has it: held by `holder`, named for it,
+    /// `target` failed, `change` in its annotation when given.
+    fn marker_json(holder: &str, target: &str, change: Option<&str>) -> serde_json::Value {
+        let failed = Failed {
+            target: target.into(),
+            reason: "CrashLoopBackOff".into(),
+            ..Failed::default()
+        };
+        let mut lease = serde_json::to_value(super::super::lease::halt_lease(
+            halt_name(holder, "ns/web"),
+            holder,
+            "ns/web",
+            &Failed {
+                change: change.map(str::to_string),
+                ..failed
+            },
+            "rollouts",
+            None,
+        ))
+        .unwrap();
+        lease["metadata"]["resourceVersion"] = format!("{holder}-{target}").into();
+        lease
+    }
+
+    /// The change of a target that failed on another node halts this one's
+    /// other targets of it; a marker without one (an older daemon's, or
+    /// rewritten once its node confirmed a fixed target) halts its own
+    /// target only; a forged one halts nothing; and a change this node
+    /// itself failed is held here by its own target only.
+    #[test]
+    fn a_marker_halts_its_change_on_the_others_and_without_one_its_target_only() {
+        let now = Instant::now();
+        let mut s = synced("n1");
+        let see = |s: &mut Ledger, value: serde_json::Value| {
+            let (name, seen) = read_lease(&value, now, D).unwrap();
+            s.seen(name, seen);
+        };
+        let json = marker_json("n2", "t2", Some("c2"));
+        assert_eq!(
+            json["metadata"]["annotations"][crate::fleet::CHANGE_ANNOTATION],
+            "c2"
+        );
+        see(&mut s, json);
+        // An older daemon's marker: no change annotation.
+        see(&mut s, marker_json("n3", "t3", None));
+        // n4's marker, held by n5: forged, whatever change it names.
+        let mut forged = marker_json("n4", "t4", Some("c4"));
+        forged["spec"]["holderIdentity"] = "n5".into();
+        see(&mut s, forged);
+        let halts = match s.failed() {
+            Some(Answer::Failed(f)) => f["ns/web"].clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            halts.targets.keys().collect::<Vec<_>>(),
+            ["t2", "t3"],
+            "{halts:?}"
+        );
+        assert_eq!(
+            halts.changes.keys().collect::<Vec<_>>(),
+            ["c2"],
+            "{halts:?}"
+        );
+        assert!(halts.changes["c2"].starts_with("node n2 (its target t2): CrashLoopBackOff"));
+        assert_eq!(
+            halts.halts("t3-n1", None),
+            None,
+            "no change known: by target"
+        );
+        assert!(halts.halts("t2-n1", Some("c2")).is_some());
+        assert_eq!(halts.halts("t3-n1", Some("c3")), None);
+
+        // This node failed change c2 too (its own target t2-n1): held here
+        // by that target, not by n2's change, so a fix of its own settings
+        // may be tried.
+        s.ask(Ask::Report {
+            id: "ns/web".into(),
+            status: Some(Box::new(TemplateStatus {
+                phase: "failed".into(),
+                failed: Some(Failed {
+                    target: "t2-n1".into(),
+                    change: Some("c2".into()),
+                    reason: "CrashLoopBackOff".into(),
+                    ..Failed::default()
+                }),
+                ..TemplateStatus::default()
+            })),
+        });
+        // (Its own record counts once written: seen back.)
+        let mut mine = lease(ROLE_STATUS, Some("n1"), "20", now);
+        mine.record = s.mine.clone();
+        s.seen(status_name("n1"), mine);
+        let halts = match s.failed() {
+            Some(Answer::Failed(f)) => f["ns/web"].clone(),
+            other => panic!("{other:?}"),
+        };
+        assert!(halts.targets.contains_key("t2-n1"), "{halts:?}");
+        assert!(halts.changes.is_empty(), "{halts:?}");
+        // Its marker names the change; once its record stops naming it (a
+        // fixed target of the change confirmed here), the marker is
+        // written again, without it.
+        assert!(matches!(s.next(now), Some(Action::Halt { .. })));
+        see(&mut s, marker_json("n1", "t2-n1", Some("c2")));
+        assert_eq!(s.next(now), None, "the marker says what failed here");
+        s.mine
+            .templates
+            .get_mut("ns/web")
+            .unwrap()
+            .failed
+            .as_mut()
+            .unwrap()
+            .change = None;
+        let mut mine = lease(ROLE_STATUS, Some("n1"), "21", now);
+        mine.record = s.mine.clone();
+        s.seen(status_name("n1"), mine);
+        assert!(
+            matches!(
+                s.next(now),
+                Some(Action::Halt {
+                    resource_version: Some(_),
+                    ..
+                })
+            ),
+            "rewritten without the change"
+        );
+        let rewritten = marker_json("n1", "t2-n1", None);
+        assert!(
+            rewritten["metadata"]["annotations"]
+                .get(crate::fleet::CHANGE_ANNOTATION)
+                .is_none()
+        );
+        see(&mut s, rewritten);
+        assert_eq!(s.next(now), None);
     }
 
     #[test]
@@ -1157,7 +1323,10 @@ mod tests {
         s.seen(name, seen);
         match s.failed() {
             Some(Answer::Failed(f)) => {
-                assert!(!f.values().any(|t| t.values().any(|w| w.contains("n5"))))
+                assert!(
+                    !f.values()
+                        .any(|t| t.targets.values().any(|w| w.contains("n5")))
+                )
             }
             other => panic!("{other:?}"),
         }

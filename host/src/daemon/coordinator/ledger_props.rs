@@ -289,10 +289,11 @@ impl World {
         for l in &mut self.nodes {
             l.failed_sent = None;
             if let Some(Answer::Failed(failed)) = l.failed() {
-                for (id, targets) in &failed {
-                    for why in targets.values() {
+                for (id, halts) in &failed {
+                    for why in halts.targets.values().chain(halts.changes.values()) {
                         prop_assert!(
-                            why.starts_with(&format!("node {ATTACKER}:")),
+                            why.starts_with(&format!("node {ATTACKER}:"))
+                                || why.starts_with(&format!("node {ATTACKER} (")),
                             "{} halted {id} on a record no honest node wrote: {why}",
                             l.me
                         );

@@ -641,6 +641,7 @@ impl Reconciler {
                 held: false,
                 gated: None,
                 target: None,
+                change: None,
                 generation: None,
                 // Not known before the template is read: as last known.
                 quorum,

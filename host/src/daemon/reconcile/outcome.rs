@@ -39,6 +39,8 @@ pub(super) struct Done {
     pub(super) gated: Option<Gated>,
     /// The rollout target rendered (when rollouts are coordinated).
     pub(super) target: Option<String>,
+    /// The target's change ([`crate::fleet::change`]), beside it.
+    pub(super) change: Option<String>,
     /// The template is a quorum member (`podstamp.io/quorum`).
     pub(super) quorum: bool,
 }
@@ -87,6 +89,7 @@ impl Reconciler {
                 held: done.held,
                 gated: done.gated,
                 target: done.target,
+                change: done.change,
                 generation,
                 quorum: done.quorum,
             },

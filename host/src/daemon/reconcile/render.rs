@@ -175,6 +175,11 @@ impl Reconciler {
             .rollouts
             .coordinated()
             .then(|| fleet::target(&template.fingerprint(), &chain.fingerprint()));
+        // The same without the chain's settings, which may differ per node:
+        // what a failure halts on every node.
+        let change = target
+            .as_ref()
+            .map(|_| fleet::change(&template.fingerprint(), &chain.shape()));
         let render_failed = |e: RenderError| {
             let plugin = match &e.stage {
                 Stage::Plugin(f) => Some(f.step.clone()),
@@ -262,6 +267,7 @@ impl Reconciler {
             held: false,
             gated: None,
             target,
+            change: change.clone(),
             quorum: policy == Policy::Quorum,
         };
         let template_id = template.id();
@@ -299,7 +305,10 @@ impl Reconciler {
                 self.rollouts.unchanged(&source);
             } else if self.owned.contains_key(&file) && self.dir.join(&file).exists() {
                 // An update of a manifest in place: it may have to wait.
-                if let Some(gated) = self.rollouts.gate(&source, target, policy, &nodes) {
+                if let Some(gated) =
+                    self.rollouts
+                        .gate(&source, target, change.as_deref(), policy, &nodes)
+                {
                     self.owned.insert(file.clone(), source);
                     return Ok(Placed::Done(Done {
                         gated: Some(gated),

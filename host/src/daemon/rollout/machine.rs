@@ -30,7 +30,14 @@
 //!   marked pending before its file is written.
 //! * Across nodes ([`Slots`]): a verdict's failure is reported before the
 //!   slot is released; a slot is never released while rollouts cannot be
-//!   followed; a target that failed anywhere is not written here. A quorum
+//!   followed; a target that failed anywhere is not written here, nor a
+//!   target of a change that failed on another node (its settings may
+//!   differ from this node's: the change is what failed). A failure here
+//!   names its change until this node confirms a written update to
+//!   another target of the same change, rendered while nothing is held:
+//!   then the change is not what failed (this node's settings were), and
+//!   its halt is lifted on the others; a rollback confirmed never lifts
+//!   it. A quorum
 //!   member's slot ([`Policy::Quorum`]) is released only once the revision
 //!   in place is Ready: after a failure, the one rolled back to.
 
@@ -88,6 +95,8 @@ pub struct InPlace {
     pub gated: Option<Gated>,
     /// The rollout target rendered (only when rollouts are coordinated).
     pub target: Option<String>,
+    /// The target's change ([`fleet::change`]), beside it.
+    pub change: Option<String>,
     /// The template's `metadata.generation`, for the node's record.
     pub generation: Option<i64>,
     /// The template is a member of a quorum ([`Policy::Quorum`]): known at
@@ -103,6 +112,8 @@ struct Known {
     /// The revision in place, as last written or found.
     in_place: Option<String>,
     generation: Option<i64>,
+    /// The change of the target the template renders, as last rendered.
+    change: Option<String>,
 }
 
 /// A failed rollout whose rollback the shell is carrying out.
@@ -195,6 +206,9 @@ impl Machine {
     /// Template `id`'s rollout state as kept on disk (read by the shell
     /// once per template and run).
     pub fn load_state(&mut self, id: &str, state: RolloutState) {
+        if let Some(failed) = &state.failed {
+            self.fleet_failed.insert(id.to_string(), failed.clone());
+        }
         self.states.insert(id.to_string(), state);
     }
 
@@ -239,11 +253,19 @@ impl Machine {
     }
 
     /// Whether template `id` may replace its manifest in place with one of
-    /// `target` now (None: yes). Only an update in place is asked about.
-    /// `nodes`: the label selector of the nodes the template is for (empty:
-    /// every node), what a share ([`Policy::Percent`]) is of.
-    pub fn gate(&mut self, id: &str, target: &str, policy: Policy, nodes: &str) -> Option<Gated> {
-        let decision = self.with_slots(|slots| slots.decide(id, target, policy, nodes))?;
+    /// `target`, of `change`, now (None: yes). Only an update in place is
+    /// asked about. `nodes`: the label selector of the nodes the template
+    /// is for (empty: every node), what a share ([`Policy::Percent`]) is
+    /// of.
+    pub fn gate(
+        &mut self,
+        id: &str,
+        target: &str,
+        change: Option<&str>,
+        policy: Policy,
+        nodes: &str,
+    ) -> Option<Gated> {
+        let decision = self.with_slots(|slots| slots.decide(id, target, change, policy, nodes))?;
         match decision {
             Decision::Write => None,
             Decision::Wait { slots } => Some(Gated::Waiting {
@@ -294,6 +316,9 @@ impl Machine {
         self.with_slots(|slots| slots.set_quorum(id, quorum));
         let known = self.known.entry(id.to_string()).or_default();
         known.generation = done.generation;
+        if done.change.is_some() {
+            known.change = done.change.clone();
+        }
         if done.gated.is_none() && !done.held {
             known.in_place = Some(done.revision.clone());
         }
@@ -324,7 +349,8 @@ impl Machine {
         if let Some(target) = &done.target
             && moving
         {
-            self.with_slots(|slots| slots.remember(id, &done.revision, target));
+            let change = done.change.as_deref();
+            self.with_slots(|slots| slots.remember(id, &done.revision, target, change));
         }
         if !done.held
             && let Some(held) = self.unhold(id)
@@ -753,12 +779,16 @@ impl Machine {
                     .target_of(id, &rollout.revision)
                     .unwrap_or_default()
                     .to_string(),
+                change: slots.change_of(id, &rollout.revision).map(str::to_string),
                 revision: rollout.revision.clone(),
                 reason: reason.to_string(),
                 message: crate::text::cut(message.to_string(), 1024),
                 at: (self.clock)(),
             };
-            self.fleet_failed.insert(id.to_string(), failed);
+            self.fleet_failed.insert(id.to_string(), failed.clone());
+            self.change_state(id, |s| s.failed = Some(failed));
+        } else {
+            self.lift_change(id, rollout);
         }
         self.report(id);
         // A quorum member's slot waits for the revision rolled back to
@@ -767,6 +797,40 @@ impl Machine {
         if !keep {
             self.with_slots(|slots| slots.release(id));
         }
+    }
+
+    /// `rollout` of template `id` succeeded: when it is a written update to
+    /// another target of the change that last failed here, rendered while
+    /// no revision is held (not the rollback, which is confirmed while the
+    /// failed one is held), the change is not what failed — this node's
+    /// own settings were, and are fixed — and its failure stops naming it:
+    /// the halt marker is rewritten with the target only, and the other
+    /// nodes go on.
+    fn lift_change(&mut self, id: &str, rollout: &Rollout) {
+        let Some(slots) = &self.slots else { return };
+        let held = self.states.get(id).is_some_and(|s| s.held.is_some());
+        let Some(failed) = self.fleet_failed.get_mut(id) else {
+            return;
+        };
+        let (target, change) = (
+            slots.target_of(id, &rollout.revision),
+            slots.change_of(id, &rollout.revision),
+        );
+        if !rollout.written
+            || held
+            || failed.change.is_none()
+            || change != failed.change.as_deref()
+            || target.is_none_or(|t| t == failed.target)
+        {
+            return;
+        }
+        tracing::info!(template = %id, revision = %rollout.revision, change = ?failed.change,
+            failed = %failed.target,
+            "target {} of the change that failed here is Ready: the change halts the other nodes no more (target {} stays held)",
+            target.unwrap_or_default(), failed.target);
+        failed.change = None;
+        let failed = failed.clone();
+        self.change_state(id, |s| s.failed = Some(failed));
     }
 
     /// Sends this node's state of template `id` to the other nodes (when it
@@ -826,6 +890,7 @@ impl Machine {
             wanted,
             revision,
             generation: known.generation,
+            change: known.change.clone(),
             phase: phase.as_str().to_string(),
             since: String::new(),
             message,

@@ -33,6 +33,7 @@ fn placed(revision: &str, written: bool) -> InPlace {
         held: false,
         gated: None,
         target: None,
+        change: None,
         generation: Some(1),
         quorum: false,
     }
@@ -204,12 +205,14 @@ fn a_failed_revision_is_rolled_back_then_held_and_the_event_says_so() {
                 held: Some("r2".into()),
                 pending: Some("r2".into()),
                 deadline: Some(60),
+                failed: None,
             },
             RolloutState {
                 good: Some("r1".into()),
                 held: Some("r2".into()),
                 pending: None,
                 deadline: None,
+                failed: None,
             },
         ]
     );
@@ -348,7 +351,7 @@ fn another_revision_releases_the_held_one() {
 fn an_update_waits_for_a_slot_reports_before_releasing_and_never_releases_unfollowed() {
     let mut m = machine(true);
     let now = Instant::now();
-    let waiting = m.gate(ID, "t2", ONE, "");
+    let waiting = m.gate(ID, "t2", None, ONE, "");
     assert_eq!(
         waiting,
         Some(Gated::Waiting {
@@ -386,7 +389,7 @@ fn an_update_waits_for_a_slot_reports_before_releasing_and_never_releases_unfoll
         target: "t2".into(),
     });
     assert_eq!(m.take_effects(), vec![Effect::Render { id: ID.into() }]);
-    assert_eq!(m.gate(ID, "t2", ONE, ""), None, "the slot is held");
+    assert_eq!(m.gate(ID, "t2", None, ONE, ""), None, "the slot is held");
     let mut written = placed("r2", true);
     written.target = Some("t2".into());
     m.in_place(written, || None, now);
@@ -433,14 +436,17 @@ fn an_update_waits_for_a_slot_reports_before_releasing_and_never_releases_unfoll
 fn a_target_failed_elsewhere_halts_with_an_event_and_withdraws_the_ask() {
     let mut m = machine(true);
     let now = Instant::now();
-    assert!(m.gate(ID, "t2", ONE, "").is_some());
+    assert!(m.gate(ID, "t2", None, ONE, "").is_some());
     m.take_effects();
     m.fleet(Answer::Failed(BTreeMap::from([(
         ID.to_string(),
-        BTreeMap::from([("t2".to_string(), "node n2: CrashLoopBackOff".to_string())]),
+        fleet::Halts {
+            targets: BTreeMap::from([("t2".to_string(), "node n2: CrashLoopBackOff".to_string())]),
+            ..fleet::Halts::default()
+        },
     )])));
     assert_eq!(m.take_effects(), vec![Effect::Render { id: ID.into() }]);
-    let halted = m.gate(ID, "t2", ONE, "");
+    let halted = m.gate(ID, "t2", None, ONE, "");
     assert!(
         matches!(&halted, Some(Gated::Halted { why, .. }) if why.contains("n2")),
         "{halted:?}"
@@ -466,14 +472,14 @@ fn a_target_failed_elsewhere_halts_with_an_event_and_withdraws_the_ask() {
 #[test]
 fn an_unchanged_manifest_withdraws_an_ask_and_nothing_coordinates_without_slots() {
     let mut m = machine(true);
-    m.gate(ID, "t2", ONE, "");
+    m.gate(ID, "t2", None, ONE, "");
     m.take_effects();
     m.unchanged(ID);
     assert_eq!(asks(&m.take_effects()), vec![Ask::Cancel { id: ID.into() }]);
 
     let mut m = machine(false);
     assert!(!m.coordinated());
-    assert_eq!(m.gate(ID, "t2", ONE, ""), None);
+    assert_eq!(m.gate(ID, "t2", None, ONE, ""), None);
     m.fleet(Answer::Lost { id: ID.into() });
     assert!(m.take_effects().is_empty());
 }
@@ -1009,7 +1015,7 @@ fn a_lasting_disagreement_of_the_mirror_pod_and_the_node_is_said_once_and_the_mi
 fn quorum_member_writing_r2(now: Instant) -> Machine {
     let mut m = machine(true);
     with_good(&mut m, now);
-    assert!(m.gate(ID, "t2", Policy::Quorum, "").is_some());
+    assert!(m.gate(ID, "t2", None, Policy::Quorum, "").is_some());
     assert_eq!(
         asks(&m.take_effects()),
         vec![Ask::Acquire {
@@ -1024,7 +1030,7 @@ fn quorum_member_writing_r2(now: Instant) -> Machine {
         target: "t2".into(),
     });
     assert_eq!(
-        m.gate(ID, "t2", Policy::Quorum, ""),
+        m.gate(ID, "t2", None, Policy::Quorum, ""),
         None,
         "the slot is held"
     );
@@ -1097,4 +1103,165 @@ fn a_quorum_members_success_frees_its_slot_as_any_other() {
     m.observe(seen("r2", PodState::Ready), now);
     m.tick(now + STABLE);
     assert!(released(&mut m));
+}
+
+/// The failure this node reports last in `effects`, if any.
+fn reported_failure(effects: &[Effect]) -> Option<fleet::Failed> {
+    asks(effects)
+        .into_iter()
+        .filter_map(|a| match a {
+            Ask::Report {
+                status: Some(s), ..
+            } => Some(s.failed),
+            _ => None,
+        })
+        .next_back()
+        .flatten()
+}
+
+/// `revision` of target `target`, change `change`, placed by this node's
+/// render (`written`: by this render).
+fn placed_for(revision: &str, written: bool, target: &str, change: &str) -> InPlace {
+    InPlace {
+        target: Some(target.into()),
+        change: Some(change.into()),
+        ..placed(revision, written)
+    }
+}
+
+/// Another node's per-node settings make another target of one change:
+/// the change failed there halts this node's update to its own target,
+/// with the same Event as a target halt; another change rolls.
+#[test]
+fn a_change_that_failed_on_another_node_halts_this_nodes_target_of_it() {
+    let mut m = machine(true);
+    let now = Instant::now();
+    assert!(m.gate(ID, "t2-n1", Some("c2"), ONE, "").is_some());
+    m.take_effects();
+    m.fleet(Answer::Failed(BTreeMap::from([(
+        ID.to_string(),
+        fleet::Halts {
+            changes: BTreeMap::from([(
+                "c2".to_string(),
+                "node n2 (its target t2-n2): CrashLoopBackOff: exit 2".to_string(),
+            )]),
+            ..fleet::Halts::default()
+        },
+    )])));
+    assert_eq!(m.take_effects(), vec![Effect::Render { id: ID.into() }]);
+    let halted = m.gate(ID, "t2-n1", Some("c2"), ONE, "");
+    assert_eq!(
+        halted,
+        Some(Gated::Halted {
+            target: "t2-n1".into(),
+            why: "change c2 (target t2-n1 here) failed on node n2 (its target t2-n2): CrashLoopBackOff: exit 2".into()
+        })
+    );
+    assert_eq!(asks(&m.take_effects()), vec![Ask::Cancel { id: ID.into() }]);
+    let mut gated = placed_for("r1", false, "t1-n1", "c1");
+    gated.gated = halted;
+    m.in_place(gated, || None, now);
+    let effects = m.take_effects();
+    let events = events(&effects);
+    assert_eq!(events.len(), 1, "{effects:?}");
+    assert_eq!(events[0].0, Reason::RolloutHalted);
+    assert!(events[0].1.starts_with("node n1: change c2"), "{events:?}");
+    // A target whose change is not known (nothing to compare) is not
+    // halted by a change; a new change (the template fixed) rolls.
+    assert!(matches!(
+        m.gate(ID, "t2-n1", None, ONE, ""),
+        Some(Gated::Waiting { .. })
+    ));
+    assert!(matches!(
+        m.gate(ID, "t3-n1", Some("c3"), ONE, ""),
+        Some(Gated::Waiting { .. })
+    ));
+}
+
+/// This node's failure names its change while it halts the others: the
+/// rollback it confirms (a target of the same change, when only settings
+/// changed) lifts nothing; a written update to another target of the
+/// change, rendered once its own settings are fixed, does — its failed
+/// target is still named.
+#[test]
+fn a_failure_stops_naming_its_change_once_this_node_confirms_a_fixed_target_of_it() {
+    let mut m = machine(true);
+    let now = Instant::now();
+    m.mirror_synced();
+    m.in_place(placed_for("r1", true, "t1", "c"), || None, now);
+    m.observe(seen("r1", PodState::Ready), now);
+    m.tick(now + STABLE);
+    m.take_effects();
+    // Settings only (the same change c) make target t2: it fails here.
+    assert!(m.gate(ID, "t2", Some("c"), ONE, "").is_some());
+    m.fleet(Answer::Granted {
+        id: ID.into(),
+        target: "t2".into(),
+    });
+    assert_eq!(m.gate(ID, "t2", Some("c"), ONE, ""), None);
+    m.writing(ID, "r2", MINUTE);
+    m.in_place(placed_for("r2", true, "t2", "c"), || None, now);
+    m.observe(seen("r2", crash()), now);
+    m.take_effects();
+    m.rolled_back(ID, "r1", Ok(()), now);
+    let effects = m.take_effects();
+    let failed = reported_failure(&effects).expect("reported");
+    assert_eq!(
+        (failed.target.as_str(), failed.change.as_deref()),
+        ("t2", Some("c"))
+    );
+    let state = saved(&effects).pop().expect("saved");
+    assert_eq!(state.failed, Some(failed), "kept for a restart");
+    // The rollback to r1 (target t1, change c) is confirmed: r2 is held,
+    // the change still halts the others.
+    let later = now + MINUTE;
+    let held = InPlace {
+        held: true,
+        ..placed_for("r2", false, "t2", "c")
+    };
+    m.in_place(held, || None, later);
+    m.observe(seen("r1", PodState::Ready), later);
+    m.tick(later + STABLE);
+    let effects = m.take_effects();
+    assert_eq!(results(&effects), vec!["succeeded"], "{effects:?}");
+    if let Some(failed) = reported_failure(&effects) {
+        assert_eq!(failed.change.as_deref(), Some("c"), "still named");
+    }
+    assert!(m.is_held(ID, "r2"));
+    // The daemon restarts (its state as saved), then its settings are
+    // fixed: the template renders r3 (target t3, change c), written,
+    // Ready for STABLE, and the failure stops naming c.
+    let state = saved(&effects).pop().unwrap_or(state);
+    let mut m = Machine::new("n1", true).with_clock(at);
+    m.load_state(ID, state);
+    m.mirror_synced();
+    m.in_place(
+        InPlace {
+            held: true,
+            ..placed_for("r2", false, "t2", "c")
+        },
+        || None,
+        later,
+    );
+    m.take_effects();
+    let fixed = later + 2 * MINUTE;
+    assert!(m.gate(ID, "t3", Some("c"), ONE, "").is_some());
+    m.fleet(Answer::Granted {
+        id: ID.into(),
+        target: "t3".into(),
+    });
+    m.writing(ID, "r3", MINUTE);
+    m.in_place(placed_for("r3", true, "t3", "c"), || None, fixed);
+    assert!(!m.is_held(ID, "r2"), "another revision renders");
+    m.observe(seen("r3", PodState::Ready), fixed);
+    m.take_effects();
+    m.tick(fixed + STABLE);
+    let effects = m.take_effects();
+    assert_eq!(results(&effects), vec!["succeeded"]);
+    let failed = reported_failure(&effects).expect("the lifted failure is reported");
+    assert_eq!(
+        (failed.target.as_str(), failed.change.as_deref()),
+        ("t2", None)
+    );
+    assert_eq!(saved(&effects).pop().and_then(|s| s.failed), Some(failed));
 }

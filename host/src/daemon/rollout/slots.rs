@@ -9,7 +9,10 @@
 //! * Only an update of a manifest in place is gated; a first install, a
 //!   deletion and an unchanged manifest never are.
 //! * A target that failed on any node is not written by this one (halted)
-//!   until the template renders another target.
+//!   until the template renders another target; nor is another target of
+//!   a change that failed on another node ([`Halts`]: what the coordinator
+//!   sends), until the template or the chain changes, or that node
+//!   confirms a target of the change.
 //! * A slot is held from before the write until the rollout's verdict; it
 //!   is never released while rollouts cannot be followed (the pods watch has
 //!   not listed): a node that cannot confirm must not let the next one go.
@@ -23,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::tracker;
 use crate::daemon::inbox::{Answer, Ask};
 use crate::fleet::policy::Policy;
-use crate::fleet::{Phase, TemplateStatus, now_rfc3339};
+use crate::fleet::{Halts, Phase, TemplateStatus, now_rfc3339};
 
 /// What to do with a rendered update.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,19 +58,28 @@ pub struct Slots {
     counts: BTreeMap<String, u32>,
     /// Counts asked for, not answered yet → the templates waiting on them.
     counting: BTreeMap<String, BTreeSet<String>>,
-    failed: BTreeMap<String, BTreeMap<String, String>>,
+    /// What halts each template here, as the coordinator last sent it.
+    failed: BTreeMap<String, Halts>,
     /// Templates that are members of a quorum ([`Policy::Quorum`]), as
     /// they last rendered: their slot is kept through a failure
     /// until the revision rolled back to is Ready again.
     quorum: BTreeSet<String>,
     /// The last record sent per template: only changes are sent.
     reported: BTreeMap<String, TemplateStatus>,
-    /// Per template, the target of each revision written or found here
-    /// lately (the last few), to name a failed revision's target.
-    targets: BTreeMap<String, Vec<(String, String)>>,
+    /// Per template, the target and the change of each revision written
+    /// or found here lately (the last few), to name a failed revision's.
+    targets: BTreeMap<String, Vec<Remembered>>,
 }
 
-/// How many (revision, target) pairs are remembered per template.
+/// A revision written or found here, and what it was rendered for.
+#[derive(Debug, Clone)]
+struct Remembered {
+    revision: String,
+    target: String,
+    change: Option<String>,
+}
+
+/// How many revisions' targets are remembered per template.
 const TARGETS_KEPT: usize = 8;
 
 impl Slots {
@@ -81,13 +93,21 @@ impl Slots {
     }
 
     /// Whether template `id` may replace its manifest in place with one of
-    /// `target` now. `nodes`: the label selector of the nodes the template
-    /// is for (`podstamp.io/node-selector` as the API reads one; empty:
-    /// every node), what a share ([`Policy::Percent`]) is of.
-    pub fn decide(&mut self, id: &str, target: &str, policy: Policy, nodes: &str) -> Decision {
-        if let Some(why) = self.failed.get(id).and_then(|t| t.get(target)).cloned() {
+    /// `target` (of `change`, None: not known) now. `nodes`: the label
+    /// selector of the nodes the template is for
+    /// (`podstamp.io/node-selector` as the API reads one; empty: every
+    /// node), what a share ([`Policy::Percent`]) is of.
+    pub fn decide(
+        &mut self,
+        id: &str,
+        target: &str,
+        change: Option<&str>,
+        policy: Policy,
+        nodes: &str,
+    ) -> Decision {
+        if let Some(why) = self.failed.get(id).and_then(|h| h.halts(target, change)) {
             self.cancel(id);
-            return Decision::Halted(format!("target {target} failed on {why}"));
+            return Decision::Halted(why);
         }
         if policy == Policy::AllAtOnce {
             return Decision::Write;
@@ -199,25 +219,37 @@ impl Slots {
     }
 
     /// `revision` of template `id` is in place (written or found) for
-    /// `target`.
-    pub fn remember(&mut self, id: &str, revision: &str, target: &str) {
+    /// `target`, of `change`.
+    pub fn remember(&mut self, id: &str, revision: &str, target: &str, change: Option<&str>) {
         let kept = self.targets.entry(id.to_string()).or_default();
-        if kept.last().is_some_and(|(r, _)| r == revision) {
+        if kept.last().is_some_and(|r| r.revision == revision) {
             return;
         }
-        kept.retain(|(r, _)| r != revision);
-        kept.push((revision.to_string(), target.to_string()));
+        kept.retain(|r| r.revision != revision);
+        kept.push(Remembered {
+            revision: revision.to_string(),
+            target: target.to_string(),
+            change: change.map(str::to_string),
+        });
         if kept.len() > TARGETS_KEPT {
             kept.remove(0);
         }
     }
 
-    pub fn target_of(&self, id: &str, revision: &str) -> Option<&str> {
+    fn remembered(&self, id: &str, revision: &str) -> Option<&Remembered> {
         self.targets
             .get(id)?
             .iter()
-            .find(|(r, _)| r == revision)
-            .map(|(_, t)| t.as_str())
+            .find(|r| r.revision == revision)
+    }
+
+    pub fn target_of(&self, id: &str, revision: &str) -> Option<&str> {
+        self.remembered(id, revision).map(|r| r.target.as_str())
+    }
+
+    /// The change `revision` of template `id` was rendered for, if known.
+    pub fn change_of(&self, id: &str, revision: &str) -> Option<&str> {
+        self.remembered(id, revision)?.change.as_deref()
     }
 
     /// Sends this node's state of `id` if it changed (the time of the
@@ -293,11 +325,11 @@ mod tests {
     fn an_update_waits_for_a_slot_and_is_asked_once() {
         let mut gate = Slots::default();
         assert_eq!(
-            gate.decide("ns/web", "t1", ONE, ""),
+            gate.decide("ns/web", "t1", None, ONE, ""),
             Decision::Wait { slots: 1 }
         );
         assert_eq!(
-            gate.decide("ns/web", "t1", ONE, ""),
+            gate.decide("ns/web", "t1", None, ONE, ""),
             Decision::Wait { slots: 1 }
         );
         assert_eq!(
@@ -317,9 +349,9 @@ mod tests {
             }),
             vec!["ns/web".to_string()]
         );
-        assert_eq!(gate.decide("ns/web", "t1", ONE, ""), Decision::Write);
+        assert_eq!(gate.decide("ns/web", "t1", None, ONE, ""), Decision::Write);
         // A newer target goes on with the slot held.
-        assert_eq!(gate.decide("ns/web", "t2", ONE, ""), Decision::Write);
+        assert_eq!(gate.decide("ns/web", "t2", None, ONE, ""), Decision::Write);
         gate.release("ns/web");
         assert_eq!(
             gate.take_asks().remove(0),
@@ -328,7 +360,7 @@ mod tests {
             }
         );
         assert_eq!(
-            gate.decide("ns/web", "t2", Policy::AllAtOnce, ""),
+            gate.decide("ns/web", "t2", None, Policy::AllAtOnce, ""),
             Decision::Write
         );
     }
@@ -337,20 +369,26 @@ mod tests {
     fn a_target_failed_anywhere_halts_and_withdraws_the_ask() {
         let mut gate = Slots::default();
         assert_eq!(
-            gate.decide("ns/web", "t1", ONE, ""),
+            gate.decide("ns/web", "t1", None, ONE, ""),
             Decision::Wait { slots: 1 }
         );
         gate.take_asks();
         let failed = BTreeMap::from([(
             "ns/web".to_string(),
-            BTreeMap::from([("t1".to_string(), "node n2: CrashLoopBackOff".to_string())]),
+            Halts {
+                targets: BTreeMap::from([(
+                    "t1".to_string(),
+                    "node n2: CrashLoopBackOff".to_string(),
+                )]),
+                ..Halts::default()
+            },
         )]);
         assert_eq!(
             gate.answer(Answer::Failed(failed.clone())),
             vec!["ns/web".to_string()]
         );
         assert!(gate.answer(Answer::Failed(failed)).is_empty(), "no change");
-        match gate.decide("ns/web", "t1", Policy::AllAtOnce, "") {
+        match gate.decide("ns/web", "t1", None, Policy::AllAtOnce, "") {
             Decision::Halted(why) => assert!(why.contains("n2"), "{why}"),
             other => panic!("{other:?}"),
         }
@@ -362,7 +400,7 @@ mod tests {
         );
         // Another target rolls.
         assert_eq!(
-            gate.decide("ns/web", "t2", ONE, ""),
+            gate.decide("ns/web", "t2", None, ONE, ""),
             Decision::Wait { slots: 1 }
         );
     }
@@ -402,7 +440,7 @@ mod tests {
             expires: true,
         };
         assert_eq!(
-            gate.decide("ns/web", "t1", half, "zone=a"),
+            gate.decide("ns/web", "t1", None, half, "zone=a"),
             Decision::Wait { slots: 1 }
         );
         assert_eq!(
@@ -421,12 +459,12 @@ mod tests {
         });
         assert_eq!(again, vec!["ns/web".to_string()]);
         assert_eq!(
-            gate.decide("ns/web", "t1", half, "zone=a"),
+            gate.decide("ns/web", "t1", None, half, "zone=a"),
             Decision::Wait { slots: 2 }
         );
         assert_eq!(gate.take_asks(), vec![acquire("t1", 2)]);
         assert_eq!(
-            gate.decide("ns/web", "t1", half, "zone=a"),
+            gate.decide("ns/web", "t1", None, half, "zone=a"),
             Decision::Wait { slots: 2 }
         );
         assert!(
@@ -435,7 +473,7 @@ mod tests {
         );
         // A new target counts again; a count that fails keeps the last one.
         assert_eq!(
-            gate.decide("ns/web", "t2", half, "zone=a"),
+            gate.decide("ns/web", "t2", None, half, "zone=a"),
             Decision::Wait { slots: 2 }
         );
         assert_eq!(
@@ -453,13 +491,13 @@ mod tests {
         });
         assert!(again.is_empty());
         assert_eq!(
-            gate.decide("ns/web", "t2", half, "zone=a"),
+            gate.decide("ns/web", "t2", None, half, "zone=a"),
             Decision::Wait { slots: 2 }
         );
         // A count is not asked again while one is under way.
         let mut gate = Slots::default();
-        gate.decide("ns/a", "t1", half, "");
-        gate.decide("ns/b", "t1", half, "");
+        gate.decide("ns/a", "t1", None, half, "");
+        gate.decide("ns/b", "t1", None, half, "");
         let counts = gate
             .take_asks()
             .into_iter()

@@ -1,7 +1,8 @@
 //! What a template's rollouts leave for the next start of the daemon (kept
 //! on disk by [`crate::daemon::rollout_file`]): the last revision that
-//! succeeded on this node, the failed revision that is held, and the
-//! revision this daemon wrote whose rollout has no verdict yet.
+//! succeeded on this node, the failed revision that is held, the
+//! revision this daemon wrote whose rollout has no verdict yet, and the
+//! last failure the other nodes were told of.
 //!
 //! Invariant: the machine changes it only through effects
 //! ([`super::Effect::SaveState`]), so that what is on disk is what the
@@ -35,6 +36,11 @@ pub struct RolloutState {
     /// judge it by the default (5 min) instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<u64>,
+    /// The last failure here, as the other nodes were told (the node's
+    /// record and halt marker): a restarted daemon still reports it, and
+    /// still stops naming its change once it confirms a fixed target of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<crate::fleet::Failed>,
 }
 
 impl RolloutState {
