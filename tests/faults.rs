@@ -1563,6 +1563,15 @@ const FAULTS: &[Fault] = &[
         test: "host/src/daemon/coordinator/ledger.rs: a_write_unanswered_in_time_counts_as_done_when_read_back_so",
     },
     Fault {
+        id: "rollout-own-record-during-relist",
+        area: "rollouts",
+        fault: "the Lease watch relists (a gap, a 410, a list refused for load and made again) while this node writes its own status record",
+        kept: "the record's version just written or read back: it is never listed (not watched), so it is kept apart from the list being made and not written again on the version it replaced (which the API server refuses, 409, for as long as the list takes)",
+        reported: "nothing: no write is refused; `podstamp_rollout_api_writes_total{object=\"status\",result=\"conflict\"}` stays as it was",
+        says: "written again during the relist",
+        test: "host/src/daemon/coordinator/ledger.rs: this_nodes_record_written_during_a_relist_is_written_next_on_its_new_version",
+    },
+    Fault {
         id: "rollout-waiter-lost-races",
         area: "rollouts",
         fault: "a node waiting for a rollout slot whose takes keep being refused (409): the winner's take is slow to reach the other waiters (a loaded API server or watch), so several try one freed slot",

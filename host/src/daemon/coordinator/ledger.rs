@@ -185,18 +185,29 @@ impl Ledger {
                 }
             }
         }
+        // This node's own record is read by name and written here, never
+        // listed: what is read or written of it counts at once, relist or
+        // not. Put in the relisting map instead, a write made during a
+        // relist left [`Ledger::next`] with the old resourceVersion, so
+        // every status write until the list ended was refused (409), and
+        // a list started again dropped the new one for good
+        // (docs/performance.md §10.1, run 8).
+        let own = name == self.status_name();
         // A relist follows a gap in what this node saw: every Lease in it
         // is observed from now (see [`Ledger::reobserve`]).
         let known = match &self.relisting {
-            Some(listing) => listing.get(&name),
-            None => self.leases.get(&name),
+            Some(listing) if !own => listing.get(&name),
+            _ => self.leases.get(&name),
         };
         if let Some(old) = known
             && old.resource_version == lease.resource_version
         {
             lease.observed = old.observed;
         }
-        let map = self.relisting.as_mut().unwrap_or(&mut self.leases);
+        let map = match self.relisting.as_mut() {
+            Some(listing) if !own => listing,
+            _ => &mut self.leases,
+        };
         map.insert(name, lease);
     }
 
@@ -251,10 +262,11 @@ impl Ledger {
 
     pub(super) fn list_done(&mut self, now: Instant) -> Vec<Answer> {
         if let Some(mut listed) = self.relisting.take() {
-            // This node's own record is read by name, not watched.
+            // This node's own record is read by name, not watched: the
+            // last one read or written (see [`Ledger::seen`]).
             let mine = self.status_name();
             if let Some(own) = self.leases.remove(&mine) {
-                listed.entry(mine).or_insert(own);
+                listed.insert(mine, own);
             }
             self.leases = listed;
         }
@@ -897,6 +909,41 @@ mod tests {
             "{:?}",
             s.next(now)
         );
+    }
+
+    #[test]
+    fn this_nodes_record_written_during_a_relist_is_written_next_on_its_new_version() {
+        let now = Instant::now();
+        let mut s = synced("n1");
+        let mut v4 = lease(ROLE_STATUS, Some("n1"), "4", now);
+        v4.record = s.mine.clone();
+        s.seen(status_name("n1"), v4);
+        // The watch relists (a gap, a 410), and meanwhile this node's
+        // phase changes and its record is written: version 5.
+        s.relisting = Some(BTreeMap::new());
+        s.ask(Ask::Report {
+            id: "ns/web".into(),
+            status: Some(Box::new(TemplateStatus {
+                phase: "updating".into(),
+                since: "2026-12-06T00:00:00Z".into(),
+                ..TemplateStatus::default()
+            })),
+        });
+        assert!(matches!(
+            s.next(now),
+            Some(Action::Status { resource_version: Some(rv) }) if rv == "4"
+        ));
+        let mut v5 = lease(ROLE_STATUS, Some("n1"), "5", now);
+        v5.record = s.mine.clone();
+        s.seen(status_name("n1"), v5);
+        // Nothing more to say: not written again on version 4 (refused).
+        assert_eq!(s.next(now), None, "written again during the relist");
+        // The list is started again (the first one was refused), then
+        // done: version 5 is kept, not the one from before the relist.
+        s.relisting = Some(BTreeMap::new());
+        s.list_done(now);
+        assert_eq!(s.next(now), None, "written again after the relist");
+        assert_eq!(s.leases[&status_name("n1")].resource_version, "5");
     }
 
     /// A halt marker held by `holder` for `id`: `target` failed.
