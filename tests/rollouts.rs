@@ -213,6 +213,23 @@ fn wait_written(nodes: &[NodeUnderTest], image: &str, n: usize) -> Vec<usize> {
     })
 }
 
+/// Plays `node`'s kubelet reporting its revision in place crashing, and
+/// waits until its daemon has rolled it back to `image` (the change was
+/// web:3); the daemon's log in the panic if it never does.
+fn crash_until_rolled_back(kube: &Kube, node: &NodeUnderTest, image: &str) {
+    kube.kubelet_reports(&node.name, &node.revision(), false);
+    let rolled_back = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("web:3 rolled back on the first node", STEP, || {
+            node.manifest()
+                .contains(&format!("image: {image}"))
+                .then_some(())
+        })
+    }));
+    if rolled_back.is_err() {
+        panic!("not rolled back:\n{}", node.daemon.logs());
+    }
+}
+
 fn written(nodes: &[NodeUnderTest], image: &str, n: usize) -> Vec<usize> {
     wait_for(&format!("{n} node(s) with {image}"), STEP, || {
         for node in nodes {
@@ -348,16 +365,7 @@ fn an_update_rolls_one_node_at_a_time_and_a_failure_halts_it_everywhere() {
     kube.set_image("web:3");
     let with = wait_written(&nodes, "web:3", 1);
     let first = &nodes[with[0]];
-    let bad = first.revision();
-    kube.kubelet_reports(&first.name, &bad, false);
-    let rolled_back = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_for("web:3 rolled back on the first node", STEP, || {
-            first.manifest().contains("image: web:2").then_some(())
-        })
-    }));
-    if rolled_back.is_err() {
-        panic!("not rolled back:\n{}", first.daemon.logs());
-    }
+    crash_until_rolled_back(&kube, first, "web:2");
     let view = wait_for("the others halted", STEP, || {
         let view = status(server, &ns);
         let phases = phases(&view);
@@ -444,16 +452,7 @@ fn a_change_that_failed_on_one_node_is_never_written_on_one_whose_settings_diffe
     kube.set_image("web:3");
     let with = wait_written(&nodes, "web:3", 1);
     let (first, second) = (&nodes[with[0]], &nodes[1 - with[0]]);
-    let bad = first.revision();
-    kube.kubelet_reports(&first.name, &bad, false);
-    let rolled_back = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_for("web:3 rolled back on the first node", STEP, || {
-            first.manifest().contains("image: web:1").then_some(())
-        })
-    }));
-    if rolled_back.is_err() {
-        panic!("not rolled back:\n{}", first.daemon.logs());
-    }
+    crash_until_rolled_back(&kube, first, "web:1");
     // The first node is back, Ready on its good revision: the slot is
     // free, and what keeps the second node from the change is the halt.
     kube.kubelet_reports(&first.name, &first.revision(), true);
@@ -554,10 +553,7 @@ fn a_change_halt_lifts_once_the_failing_node_confirms_it_with_its_own_settings_f
         .unwrap();
     let with = wait_written(&nodes, "web:3", 1);
     let (first, second) = (&nodes[with[0]], &nodes[1 - with[0]]);
-    kube.kubelet_reports(&first.name, &first.revision(), false);
-    wait_for("web:3 rolled back on the first node", STEP, || {
-        first.manifest().contains("image: web:1").then_some(())
-    });
+    crash_until_rolled_back(&kube, first, "web:1");
     kube.kubelet_reports(&first.name, &first.revision(), true);
     wait_for("the second node halted on the change", STEP, || {
         second
@@ -1144,10 +1140,7 @@ fn a_quorum_member_is_never_replaced_on_a_second_node_while_one_is_unconfirmed()
     // (web:4) meanwhile is written by that node alone.
     kube.set_image("web:3");
     let first = &nodes[wait_written(&nodes, "web:3", 1)[0]];
-    kube.kubelet_reports(&first.name, &first.revision(), false);
-    wait_for("web:3 rolled back on the first node", STEP, || {
-        first.manifest().contains("image: web:2").then_some(())
-    });
+    crash_until_rolled_back(&kube, first, "web:2");
     kube.set_image("web:4");
     wait_for("the slot holder on web:4", STEP, || {
         first.manifest().contains("image: web:4").then_some(())
