@@ -15,11 +15,11 @@ mod common;
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::{build_refused, plugin, podstamp, repo, stderr, stdout};
+use common::{build_refused, declares_shown, plugin, podstamp, repo, stderr, stdout};
 use serde_json::json;
 use support::*;
 
@@ -70,8 +70,8 @@ fn cache_dir() -> String {
 }
 
 /// `podstamp render` of the checkpointer with `node_args` and these
-/// `--plugin` specs; the output, or the stderr when it fails.
-fn render(node_args: &[&str], plugins: &[String]) -> Result<String, String> {
+/// `--plugin` specs, as it ran.
+fn render_output(node_args: &[&str], plugins: &[String]) -> Output {
     let cache = cache_dir();
     // The checkpointer is a control-plane pod (host network, host paths):
     // granted Pod Security level privileged, deliberately.
@@ -87,7 +87,13 @@ fn render(node_args: &[&str], plugins: &[String]) -> Result<String, String> {
     for p in plugins {
         args.extend(["--plugin", p]);
     }
-    let out = podstamp(&args);
+    podstamp(&args)
+}
+
+/// `podstamp render` of the checkpointer with `node_args` and these
+/// `--plugin` specs; the output, or the stderr when it fails.
+fn render(node_args: &[&str], plugins: &[String]) -> Result<String, String> {
+    let out = render_output(node_args, plugins);
     if out.status.success() {
         assert_eq!(
             stderr(&out),
@@ -313,26 +319,10 @@ fn the_daemon_writes_with_node_env_js_what_it_writes_with_node_env() {
 
 /// The `declares:` line `render --explain` shows for this plugin alone.
 fn declares_line(plugin: &Path) -> String {
-    let cache = cache_dir();
-    let out = podstamp(&[
-        "render",
-        CHECKPOINTER,
-        "--cache-dir",
-        &cache,
-        "--pod-security",
-        "privileged",
-        "--node",
-        NODE,
-        "--explain",
-        "--plugin",
-        &spec(plugin, None),
-    ]);
+    let out = render_output(&["--node", NODE, "--explain"], &[spec(plugin, None)]);
     let err = stderr(&out);
     assert!(out.status.success(), "render --explain failed:\n{err}");
-    err.lines()
-        .find(|l| l.starts_with("  declares: "))
-        .unwrap_or_else(|| panic!("no declaration shown:\n{err}"))
-        .to_string()
+    declares_shown(&err)
 }
 
 /// A JavaScript plugin declares its scope in its package.json

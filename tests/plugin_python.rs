@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::{build_refused, plugin, podstamp_in, repo, stderr, stdout};
+use common::{build_refused, declares_shown, plugin, podstamp_in, repo, stderr, stdout};
 use serde_json::{Value, json};
 use support::{Daemon, Kube, shared_server, unique, wait_for};
 
@@ -366,10 +366,7 @@ fn declares_line(plugin: &Path) -> String {
         &[spec(plugin, None)],
     );
     assert_eq!(code, 0, "render --explain failed:\n{err}");
-    err.lines()
-        .find(|l| l.starts_with("  declares: "))
-        .unwrap_or_else(|| panic!("no declaration shown:\n{err}"))
-        .to_string()
+    declares_shown(&err)
 }
 
 /// A Python plugin declares its scope in app.py (`PODSTAMP_SCOPE`), which

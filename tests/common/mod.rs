@@ -130,6 +130,16 @@ pub fn build_refused(script: &str, dir: &Path, out: &Path, says: &str, what: &st
     assert!(!out.exists(), "{} written", out.display());
 }
 
+/// The `declares:` line `podstamp render --explain` printed on `stderr`
+/// for a plugin that declares its scope.
+pub fn declares_shown(stderr: &str) -> String {
+    stderr
+        .lines()
+        .find(|l| l.starts_with("  declares: "))
+        .unwrap_or_else(|| panic!("no declaration shown:\n{stderr}"))
+        .to_string()
+}
+
 pub fn stdout(output: &Output) -> String {
     String::from_utf8(output.stdout.clone()).unwrap()
 }
