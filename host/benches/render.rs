@@ -581,21 +581,30 @@ fn main() {
         // either way, so that both sides write the same.
         let held = podstamp::security_level::Held::default_level();
         let written_dir = tempfile::tempdir().unwrap();
+        // A written render's steps, shared by the pair and the phased sides:
+        // the render (held to `held`) with its file's name and bytes, then
+        // the read back and the helper, where only the Pod Security verdict
+        // may refuse it (the bytes are written either way).
+        let render_held =
+            |template: &Template, chain: &Chain, held: Option<&podstamp::security_level::Held>| {
+                let mut rendered =
+                    render_unverified(template, &node, chain, "kube-system", &mut |_, _, _| {})
+                        .unwrap();
+                if let Some(held) = held {
+                    rendered = rendered.held_to(held.clone());
+                }
+                let name = rendered.peek().file_name();
+                let bytes = rendered.peek().bytes.clone();
+                (rendered, name, bytes)
+            };
+        let verify = |rendered: podstamp::render::Rendered| match rendered.verify_with(check) {
+            Ok(_) => {}
+            Err(e) if matches!(e.stage, podstamp::render::Stage::PodSecurity { .. }) => {}
+            Err(e) => panic!("a written render failed: {e}"),
+        };
         let written_render = |chain: &Chain, held: Option<&podstamp::security_level::Held>| {
-            let template = fresh();
-            let mut rendered =
-                render_unverified(&template, &node, chain, "kube-system", &mut |_, _, _| {})
-                    .unwrap();
-            if let Some(held) = held {
-                rendered = rendered.held_to(held.clone());
-            }
-            let name = rendered.peek().file_name();
-            let bytes = rendered.peek().bytes.clone();
-            match rendered.verify_with(check) {
-                Ok(_) => {}
-                Err(e) if matches!(e.stage, podstamp::render::Stage::PodSecurity { .. }) => {}
-                Err(e) => panic!("a written render failed: {e}"),
-            }
+            let (rendered, name, bytes) = render_held(&fresh(), chain, held);
+            verify(rendered);
             write::write_atomic(written_dir.path(), &name, &bytes).unwrap();
         };
         let (written_checked, written_unchecked) = measure_pair(
@@ -615,20 +624,9 @@ fn main() {
             let template = fresh();
             let (own_before, helper_before) = cpu_now();
             let started = Instant::now();
-            let mut rendered =
-                render_unverified(&template, &node, chain, "kube-system", &mut |_, _, _| {})
-                    .unwrap();
-            if let Some(held) = held {
-                rendered = rendered.held_to(held.clone());
-            }
-            let name = rendered.peek().file_name();
-            let bytes = rendered.peek().bytes.clone();
+            let (rendered, name, bytes) = render_held(&template, chain, held);
             let rendered_at = Instant::now();
-            match rendered.verify_with(check) {
-                Ok(_) => {}
-                Err(e) if matches!(e.stage, podstamp::render::Stage::PodSecurity { .. }) => {}
-                Err(e) => panic!("a written render failed: {e}"),
-            }
+            verify(rendered);
             let verified_at = Instant::now();
             write::write_atomic(written_dir.path(), &name, &bytes).unwrap();
             let written_at = Instant::now();
