@@ -87,11 +87,11 @@ const MAX_NAME: usize = 253;
 /// The target of a template's inputs: the same on every node that reads the
 /// same PodTemplate with the same chain. 10 hex digits, like revisions.
 pub fn target(template_fingerprint: &[u8; 32], chain_fingerprint: &[u8; 32]) -> String {
-    let mut hash = Sha256::new();
-    hash.update(b"podstamp target v1\0");
-    hash.update(template_fingerprint);
-    hash.update(chain_fingerprint);
-    hex::encode(hash.finalize())[..10].to_string()
+    short_digest(
+        b"podstamp target v1\0",
+        template_fingerprint,
+        chain_fingerprint,
+    )
 }
 
 /// The change of a template's inputs: its target ([`target`]) without the
@@ -100,10 +100,16 @@ pub fn target(template_fingerprint: &[u8; 32], chain_fingerprint: &[u8; 32]) -> 
 /// plugin settings differ, rolling different targets, roll one change.
 /// 10 hex digits, hashed apart from targets.
 pub fn change(template_fingerprint: &[u8; 32], chain_shape: &[u8; 32]) -> String {
+    short_digest(b"podstamp change v1\0", template_fingerprint, chain_shape)
+}
+
+/// The first 10 hex digits of the sha256 of `domain` (which keeps targets
+/// and changes apart), the template's fingerprint and the chain's.
+fn short_digest(domain: &[u8], template: &[u8; 32], chain: &[u8; 32]) -> String {
     let mut hash = Sha256::new();
-    hash.update(b"podstamp change v1\0");
-    hash.update(template_fingerprint);
-    hash.update(chain_shape);
+    hash.update(domain);
+    hash.update(template);
+    hash.update(chain);
     hex::encode(hash.finalize())[..10].to_string()
 }
 
