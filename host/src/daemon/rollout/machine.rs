@@ -140,10 +140,9 @@ pub struct Machine {
     /// Rollouts across nodes; None when nothing coordinates (a `dir:`
     /// source).
     slots: Option<Slots>,
-    /// The last failed rollout per template on this node, as reported.
-    fleet_failed: BTreeMap<String, fleet::Failed>,
     /// Per template, what a restart must know, as loaded by the shell
-    /// ([`Machine::load_state`]) and changed here.
+    /// ([`Machine::load_state`]) and changed here; its `failed` is also
+    /// the last failure this node reports to the others.
     states: BTreeMap<String, RolloutState>,
     known: BTreeMap<String, Known>,
     rolling_back: BTreeMap<String, RollingBack>,
@@ -167,7 +166,6 @@ impl Machine {
             local: false,
             written_unfollowed: BTreeMap::new(),
             slots: coordinated.then(Slots::default),
-            fleet_failed: BTreeMap::new(),
             states: BTreeMap::new(),
             known: BTreeMap::new(),
             rolling_back: BTreeMap::new(),
@@ -206,9 +204,6 @@ impl Machine {
     /// Template `id`'s rollout state as kept on disk (read by the shell
     /// once per template and run).
     pub fn load_state(&mut self, id: &str, state: RolloutState) {
-        if let Some(failed) = &state.failed {
-            self.fleet_failed.insert(id.to_string(), failed.clone());
-        }
         self.states.insert(id.to_string(), state);
     }
 
@@ -640,7 +635,6 @@ impl Machine {
         self.tracker.forget(id);
         self.written_unfollowed.remove(id);
         self.with_slots(|slots| slots.forget(id));
-        self.fleet_failed.remove(id);
         self.states.remove(id);
         self.known.remove(id);
         self.rolling_back.remove(id);
@@ -785,7 +779,6 @@ impl Machine {
                 message: crate::text::cut(message.to_string(), 1024),
                 at: (self.clock)(),
             };
-            self.fleet_failed.insert(id.to_string(), failed.clone());
             self.change_state(id, |s| s.failed = Some(failed));
         } else {
             self.lift_change(id, rollout);
@@ -808,10 +801,11 @@ impl Machine {
     /// nodes go on.
     fn lift_change(&mut self, id: &str, rollout: &Rollout) {
         let Some(slots) = &self.slots else { return };
-        let held = self.states.get(id).is_some_and(|s| s.held.is_some());
-        let Some(failed) = self.fleet_failed.get_mut(id) else {
+        let Some(state) = self.states.get(id) else {
             return;
         };
+        let held = state.held.is_some();
+        let Some(failed) = &state.failed else { return };
         let (target, change) = (
             slots.target_of(id, &rollout.revision),
             slots.change_of(id, &rollout.revision),
@@ -828,8 +822,10 @@ impl Machine {
             failed = %failed.target,
             "target {} of the change that failed here is Ready: the change halts the other nodes no more (target {} stays held)",
             target.unwrap_or_default(), failed.target);
-        failed.change = None;
-        let failed = failed.clone();
+        let failed = fleet::Failed {
+            change: None,
+            ..failed.clone()
+        };
         self.change_state(id, |s| s.failed = Some(failed));
     }
 
@@ -894,7 +890,7 @@ impl Machine {
             phase: phase.as_str().to_string(),
             since: String::new(),
             message,
-            failed: self.fleet_failed.get(id).cloned(),
+            failed: self.states.get(id).and_then(|s| s.failed.clone()),
         };
         self.with_slots(|slots| slots.report(id, status));
     }
