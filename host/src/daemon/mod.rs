@@ -24,6 +24,7 @@ pub mod configmaps;
 pub mod coordinator;
 pub mod cri;
 pub mod events;
+mod heap;
 pub mod inbox;
 pub mod lease_namespace;
 pub mod local_evidence;
@@ -131,6 +132,10 @@ fn read_node_file(path: &Path, node_name: &str) -> Result<NodeContext, DaemonErr
 /// Runs the daemon with resolved `settings` ([`crate::settings::daemon`])
 /// until SIGTERM or SIGINT (Ok), or until it cannot go on.
 pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
+    // Before the first thread: an arena made before the limit stays.
+    if let Some(arenas) = heap::limit_arenas() {
+        tracing::debug!("the C library's malloc limited to {arenas} arenas");
+    }
     let nofile = match rlimit::raise_open_file_limit() {
         Ok(limit) if limit.now > limit.before => {
             tracing::info!(

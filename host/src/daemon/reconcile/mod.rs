@@ -510,6 +510,9 @@ impl Reconciler {
                     "first sync done; ready"
                 );
                 self.metrics.set_ready();
+                // The first sync's lists, objects and renders are freed:
+                // give their memory back rather than keep it for good.
+                super::heap::give_back();
             }
         }
     }
