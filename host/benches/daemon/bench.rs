@@ -179,8 +179,17 @@ impl Bench {
 
     /// `podstamp run` for `node` on `ns`, with the 3-plugin chain, at the
     /// default log level, the compiled code cached in `cache`.
+    ///
+    /// Its revision history is its node's own under the bench's root, so
+    /// it starts empty in each bench run, as on a new node, and is kept
+    /// across the restarts of one run, as on a node; left to the test
+    /// support's default (one directory per log path, outside the root), a
+    /// second bench run found the first's rollout states and revisions and
+    /// measured a restart, not a first sync.
     pub fn daemon(&self, ns: &str, node: &str, dir: &Path, cache: &Path) -> Daemon {
         let kubeconfig = self.server.kubeconfig("admin");
+        let revisions = self.root.join("revisions").join(node);
+        fs::create_dir_all(&revisions).unwrap();
         Daemon::start_binary(
             &self.binary,
             &[
@@ -196,6 +205,8 @@ impl Bench {
                 dir.to_str().unwrap(),
                 "--cache-dir",
                 cache.to_str().unwrap(),
+                "--revisions-dir",
+                revisions.to_str().unwrap(),
             ],
             self.root.join("logs").join(format!("{node}.log")),
             "warn",
