@@ -127,6 +127,7 @@ func BenchmarkServe(b *testing.B) {
 	}{
 		{"kubelet/small", func() []byte { return kubeletRequest("", ms["small"]) }, `{"ok":true}`},
 		{"kubelet/full", func() []byte { return kubeletRequest("", ms["full"]) }, `{"ok":true}`},
+		{"kubelet-v1.34/small", func() []byte { return kubeletRequest("v1.34.0", ms["small"]) }, `{"ok":true}`},
 		{"kubelet-v1.34/full", func() []byte { return kubeletRequest("v1.34.0", ms["full"]) }, ""},
 		{"both-restricted/small", func() []byte { return bothRequestBytes("restricted", ms["small"]) }, ""},
 		{"both-baseline/full", func() []byte { return bothRequestBytes("baseline", ms["full"]) }, ""},
