@@ -7,7 +7,7 @@
 // measure the wrong path).
 //
 //	cd tests/harness && GOMAXPROCS=1 go test -run '^$' -bench . -benchmem \
-//	  -cpuprofile /tmp/kc.prof ./cmd/podstamp-kubecheck
+//	  -cpuprofile /tmp/kc.prof -o /tmp/kc.test ./cmd/podstamp-kubecheck
 //	go tool pprof -top /tmp/kc.prof
 package main
 
