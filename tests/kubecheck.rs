@@ -729,4 +729,26 @@ fn fields_newer_than_the_nodes_kubelet_are_named_and_refused_by_the_setting() {
             .unwrap_or_else(|e| panic!("{kubelet}: {e}"));
     }
     assert_eq!(strict.newer_counts().get(NODE), Some(&1));
+    // A pod with nothing newer than a v1.34 kubelet (the helper answers it
+    // without comparing the pod's JSON before and after the drop): written
+    // under the setting, nothing counted.
+    let plain = Template::from_value(&json!({
+        "apiVersion": "v1", "kind": "PodTemplate",
+        "metadata": {"name": "plain", "namespace": "kube-system"},
+        "template": {"spec": {"containers": [{"name": "main", "image": "registry.example.com/web:1"}]}},
+    }))
+    .unwrap();
+    let mut node = NodeContext::named(NODE);
+    node.kubelet_version = Some("v1.34.0".to_string());
+    render::render_unverified(
+        &plain,
+        &node,
+        &Chain::new(vec![]),
+        "kube-system",
+        &mut |_, _, _| {},
+    )
+    .unwrap()
+    .verify_with(&strict)
+    .unwrap_or_else(|e| panic!("a plain pod for a v1.34 kubelet: {e}"));
+    assert_eq!(strict.newer_counts().get(NODE), Some(&1));
 }

@@ -37,10 +37,20 @@ pub fn proc_ticks(pid: u32, children: bool) -> Option<u64> {
 /// The RSS of the children of `pid` (podstamp's pod check helper), in KiB,
 /// and how many there are.
 pub fn children_rss_kib(pid: u32) -> (u64, usize) {
+    let children = children(pid);
+    let rss = children
+        .iter()
+        .filter_map(|&c| proc_status_kib(c, "VmRSS"))
+        .sum();
+    (rss, children.len())
+}
+
+/// The pids of the children of `pid`, from every thread of it.
+fn children(pid: u32) -> Vec<u32> {
     let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
-        return (0, 0);
+        return Vec::new();
     };
-    let children: Vec<u32> = tasks
+    tasks
         .filter_map(Result::ok)
         .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
         .flat_map(|text| {
@@ -48,12 +58,16 @@ pub fn children_rss_kib(pid: u32) -> (u64, usize) {
                 .filter_map(|c| c.parse().ok())
                 .collect::<Vec<u32>>()
         })
-        .collect();
-    let rss = children
+        .collect()
+}
+
+/// The CPU time (utime + stime, clock ticks) of the children of `pid` so
+/// far: the pod check helper's work, its start included.
+pub fn children_ticks(pid: u32) -> u64 {
+    children(pid)
         .iter()
-        .filter_map(|&c| proc_status_kib(c, "VmRSS"))
-        .sum();
-    (rss, children.len())
+        .filter_map(|&c| proc_ticks(c, false))
+        .sum()
 }
 
 /// The RSS of every process in process group `pgid`, in KiB.

@@ -17,7 +17,9 @@ use crate::bench::Bench;
 use crate::objects::template;
 use crate::observe::Renames;
 use crate::poller::Poller;
-use crate::procfs::{children_rss_kib, proc_status_kib, rss_by_mapping};
+use crate::procfs::{
+    children_rss_kib, children_ticks, clock_ticks, proc_status_kib, proc_ticks, rss_by_mapping,
+};
 use crate::report::{mib, ms, verdict};
 use crate::{READY_LIMIT, SELECTOR};
 
@@ -123,6 +125,11 @@ impl Bench {
         }
         let rss_split = rss_by_mapping(daemon.pid());
         let helper = children_rss_kib(daemon.pid());
+        // CPU since the spawn: podstamp's own, and its pod check helper's
+        // (started by the first check; its start included).
+        let cpu_ms = |ticks: u64| ticks as f64 * 1000.0 / clock_ticks() as f64;
+        let daemon_cpu = proc_ticks(daemon.pid(), false).map(cpu_ms);
+        let helper_cpu = cpu_ms(children_ticks(daemon.pid()));
         let initial_sync = daemon_metric("podstamp_initial_sync_seconds");
         let show = |d: Option<Duration>| d.map_or("timed out".to_string(), ms);
         println!("  podstamp (3 plugins, warm code cache, log level warn):");
@@ -192,6 +199,16 @@ impl Bench {
                 share((total - summed).max(0.0))
             );
         }
+        let written = daemon_metric("podstamp_renders_total{result=\"written\"}").unwrap_or(0.0);
+        println!(
+            "    CPU since the spawn: podstamp {}, its pod check helper {helper_cpu:.0} ms ({:.0} µs a manifest written)",
+            daemon_cpu.map_or("unknown".into(), |c| format!("{c:.0} ms")),
+            if written > 0.0 {
+                helper_cpu * 1000.0 / written
+            } else {
+                0.0
+            }
+        );
         if let Some(to_list) =
             daemon_metric("podstamp_initial_sync_part_seconds{part=\"start_to_list\"}")
         {

@@ -9,19 +9,22 @@
 //! So does the combined request (both questions on one decode of the
 //! manifest, for a write held to a level): `"both":true` in the hello.
 //!
-//! Every wait is bounded: the helper's stdin and stdout are served by a
-//! thread each, so a helper that stops reading or answering makes the call
-//! time out instead of blocking the render; the helper is then killed by its
-//! pid, which ends both threads. It starts with an empty environment but
-//! its Go settings, `/` as its directory, no descriptors but its three pipes,
+//! Every wait is bounded: the helper's stdin and stdout are non-blocking
+//! pipes, written and read by the calling thread itself between `poll`s
+//! bounded by the call's deadline, so a helper that stops reading or
+//! answering makes the call time out instead of blocking the render; the
+//! helper is then killed by its pid. (Each call is a round trip of two
+//! wake-ups, the helper's and the caller's: no thread in between, which on
+//! a loaded machine waits for a core at every hand-over.) It starts with an
+//! empty environment but its Go settings, `/` as its directory, no descriptors but its three pipes,
 //! and, when podstamp is root with the capability to, drops to nobody
 //! (65534) before it reads a byte (it also sets no-new-privileges and a
 //! limit of 16 open files on itself). Its stderr lines are logged, each cut to 1 KiB.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::Unavailable;
@@ -36,8 +39,11 @@ const MAX_LOG_LINE: usize = 1024;
 
 pub struct Helper {
     child: Child,
-    requests: Option<Sender<Vec<u8>>>,
-    answers: Receiver<Result<Vec<u8>, String>>,
+    /// None once it is being stopped.
+    stdin: Option<ChildStdin>,
+    stdout: ChildStdout,
+    /// What was read from stdout and not yet returned as an answer.
+    unread: Vec<u8>,
     kubernetes: String,
     /// The Pod Security library's version, when the helper has the check.
     pod_security: Option<String>,
@@ -73,15 +79,14 @@ impl Helper {
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
         let stderr = child.stderr.take().expect("piped");
-        let (requests, to_write) = mpsc::channel::<Vec<u8>>();
-        let (answered, answers) = mpsc::channel();
-        let spawned = spawn("kubecheck-write", move || write_requests(stdin, to_write))
-            .and_then(|()| spawn("kubecheck-read", move || read_answers(stdout, answered)))
+        let spawned = set_nonblocking(stdin.as_raw_fd())
+            .and_then(|()| set_nonblocking(stdout.as_raw_fd()))
             .and_then(|()| spawn("kubecheck-log", move || log_lines(stderr)));
         let mut helper = Helper {
             child,
-            requests: Some(requests),
-            answers,
+            stdin: Some(stdin),
+            stdout,
+            unread: Vec::new(),
             kubernetes: String::new(),
             pod_security: None,
             both: false,
@@ -89,9 +94,11 @@ impl Helper {
         };
         if let Err(e) = spawned {
             helper.stop();
-            return Err(Unavailable(format!("cannot start a thread for it: {e}")));
+            return Err(Unavailable(format!(
+                "cannot set up its pipes or its log's thread: {e}"
+            )));
         }
-        let hello = match helper.answer(timeout) {
+        let hello = match helper.answer(Instant::now() + timeout, timeout) {
             Ok(hello) => hello,
             Err(e) => {
                 helper.stop();
@@ -152,31 +159,84 @@ impl Helper {
             }
             request.extend_from_slice(part);
         }
-        let sent = self
-            .requests
-            .as_ref()
-            .is_some_and(|requests| requests.send(request).is_ok());
-        if !sent {
-            return Err(Unavailable("the pod check's process has stopped".into()));
-        }
-        let answer = self.answer(timeout);
+        let deadline = Instant::now() + timeout;
+        let answer = self
+            .send(&request, deadline, timeout)
+            .and_then(|()| self.answer(deadline, timeout));
         self.last_used = Instant::now();
         answer
     }
 
-    fn answer(&mut self, timeout: Duration) -> Result<Vec<u8>, Unavailable> {
-        match self.answers.recv_timeout(timeout) {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) => Err(Unavailable(format!("the pod check's process failed: {e}"))),
-            Err(RecvTimeoutError::Timeout) => Err(Unavailable(format!(
-                "the pod check did not answer within {} ms",
-                timeout.as_millis()
-            ))),
-            Err(RecvTimeoutError::Disconnected) => Err(Unavailable(format!(
-                "the pod check's process ended ({})",
-                self.exit_status()
-            ))),
+    /// Writes all of `request` by `deadline`.
+    fn send(
+        &mut self,
+        mut request: &[u8],
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<(), Unavailable> {
+        let Some(stdin) = self.stdin.as_mut() else {
+            return Err(Unavailable("the pod check's process has stopped".into()));
+        };
+        while !request.is_empty() {
+            match stdin.write(request) {
+                Ok(0) => return Err(self.ended()),
+                Ok(n) => request = &request[n..],
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    // Its pipe is full: it has not read the last bytes yet.
+                    wait_for(stdin.as_raw_fd(), libc::POLLOUT, deadline, timeout)?;
+                }
+                // Its end of the pipe is closed: it has exited.
+                Err(e) if e.kind() == ErrorKind::BrokenPipe => return Err(self.ended()),
+                Err(e) => {
+                    return Err(Unavailable(format!("the pod check's process failed: {e}")));
+                }
+            }
         }
+        Ok(())
+    }
+
+    /// The next answer (a frame's payload), read by `deadline`.
+    fn answer(&mut self, deadline: Instant, timeout: Duration) -> Result<Vec<u8>, Unavailable> {
+        let mut chunk = [0u8; 16 << 10];
+        loop {
+            if let Some(len) = self
+                .unread
+                .first_chunk::<4>()
+                .map(|n| u32::from_le_bytes(*n))
+            {
+                let len = len as usize;
+                if len > MAX_ANSWER {
+                    return Err(Unavailable(format!(
+                        "the pod check's process failed: an answer of {len} bytes"
+                    )));
+                }
+                if self.unread.len() >= 4 + len {
+                    let answer = self.unread[4..4 + len].to_vec();
+                    self.unread.drain(..4 + len);
+                    return Ok(answer);
+                }
+            }
+            match self.stdout.read(&mut chunk) {
+                // Its stdout closed: it has exited, or is about to.
+                Ok(0) => return Err(self.ended()),
+                Ok(n) => self.unread.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    wait_for(self.stdout.as_raw_fd(), libc::POLLIN, deadline, timeout)?;
+                }
+                Err(e) => {
+                    return Err(Unavailable(format!("the pod check's process failed: {e}")));
+                }
+            }
+        }
+    }
+
+    fn ended(&mut self) -> Unavailable {
+        Unavailable(format!(
+            "the pod check's process ended ({})",
+            self.exit_status()
+        ))
     }
 
     fn exit_status(&mut self) -> String {
@@ -193,7 +253,7 @@ impl Helper {
 
     /// Closes its stdin, kills it by its pid and reaps it.
     pub fn stop(mut self) {
-        self.requests = None;
+        self.stdin = None;
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -206,35 +266,50 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
         .map(drop)
 }
 
-fn write_requests(mut stdin: impl Write, requests: Receiver<Vec<u8>>) {
-    for request in requests {
-        if stdin
-            .write_all(&request)
-            .and_then(|()| stdin.flush())
-            .is_err()
-        {
-            return;
-        }
+fn set_nonblocking(fd: RawFd) -> std::io::Result<()> {
+    // SAFETY: fcntl on a descriptor this process owns (a child's pipe, held
+    // open by the caller); F_GETFL and F_SETFL touch only its flags.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
     }
+    Ok(())
 }
 
-fn read_answers(stdout: impl Read, answers: Sender<Result<Vec<u8>, String>>) {
-    let mut stdout = BufReader::new(stdout);
+/// Waits until `fd` is ready for `events` (or closed: the next read or
+/// write then says how), at most until `deadline`.
+fn wait_for(
+    fd: RawFd,
+    events: libc::c_short,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(), Unavailable> {
     loop {
-        let mut len = [0u8; 4];
-        if stdout.read_exact(&mut len).is_err() {
-            return;
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Unavailable(format!(
+                "the pod check did not answer within {} ms",
+                timeout.as_millis()
+            )));
         }
-        let len = u32::from_le_bytes(len) as usize;
-        if len > MAX_ANSWER {
-            let _ = answers.send(Err(format!("an answer of {len} bytes")));
-            return;
-        }
-        let mut answer = vec![0; len];
-        let read = stdout.read_exact(&mut answer).map_err(|e| e.to_string());
-        let failed = read.is_err();
-        if answers.send(read.map(|()| answer)).is_err() || failed {
-            return;
+        let mut poll = libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        };
+        // Rounded up: a wait of 0 ms would spin until the deadline.
+        let ms = left.as_millis().clamp(1, libc::c_int::MAX as u128) as libc::c_int;
+        // SAFETY: one valid pollfd, its count 1.
+        match unsafe { libc::poll(&mut poll, 1, ms) } {
+            n if n > 0 => return Ok(()),
+            0 => {}
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != ErrorKind::Interrupted {
+                    return Err(Unavailable(format!("the pod check's process failed: {e}")));
+                }
+            }
         }
     }
 }
@@ -276,4 +351,78 @@ fn parse_hello(hello: &[u8]) -> Result<Hello, String> {
         ));
     }
     Ok(hello)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A helper that greets and then runs `rest` (shell), its stdout kept
+    /// open and never written again.
+    fn silent_helper(dir: &Path, rest: &str) -> std::path::PathBuf {
+        let hello = br#"{"protocol":1,"kubernetes":"v1.37.2"}"#;
+        let mut frame = (hello.len() as u32).to_le_bytes().to_vec();
+        frame.extend_from_slice(hello);
+        let escaped: String = frame.iter().map(|b| format!("\\{b:03o}")).collect();
+        let path = dir.join("silent-helper");
+        std::fs::write(&path, format!("#!/bin/sh\nprintf '{escaped}'\n{rest}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_helper_that_reads_and_never_answers_times_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut helper = Helper::start(
+            &silent_helper(dir.path(), "while read -r line; do :; done"),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert_eq!(helper.kubernetes(), "v1.37.2");
+        let started = Instant::now();
+        let e = helper
+            .call_parts(
+                &[b"n1", b"", b"apiVersion: v1\n"],
+                Duration::from_millis(200),
+            )
+            .unwrap_err();
+        assert_eq!(e.0, "the pod check did not answer within 200 ms");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        helper.stop();
+    }
+
+    #[test]
+    fn a_helper_that_stops_reading_times_out_on_a_request_larger_than_its_pipe() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut helper = Helper::start(
+            &silent_helper(dir.path(), "exec sleep 30"),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        // More than a pipe holds (64 KiB on Linux): the write itself waits.
+        let manifest = vec![b'#'; 1 << 20];
+        let e = helper
+            .call_parts(&[b"n1", b"", &manifest], Duration::from_millis(200))
+            .unwrap_err();
+        assert_eq!(e.0, "the pod check did not answer within 200 ms");
+        helper.stop();
+    }
+
+    #[test]
+    fn a_helper_that_exits_after_its_greeting_is_said_to_have_ended() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut helper =
+            Helper::start(&silent_helper(dir.path(), "exit 0"), Duration::from_secs(5)).unwrap();
+        let e = helper
+            .call_parts(&[b"n1", b"", b"apiVersion: v1\n"], Duration::from_secs(5))
+            .unwrap_err();
+        // Whether the request's write or the answer's read finds it gone.
+        assert_eq!(e.0, "the pod check's process ended (exit status: 0)");
+        helper.stop();
+    }
 }

@@ -54,7 +54,8 @@ func bothRequest(req []byte) both {
 	}
 	node, kubelet := parts[1], parts[2]
 	lv, bad := levelVersion(parts[3], parts[4])
-	pod, refused := decodeManifest([]byte(parts[5]))
+	manifest := []byte(parts[5])
+	pod, refused := decodeManifest(manifest)
 	if refused != nil {
 		if bad == "" {
 			bad = "the manifest is not a pod: " + refused.Error
@@ -69,7 +70,7 @@ func bothRequest(req []byte) both {
 	} else {
 		security = evaluate(lv, v1pod)
 	}
-	return both{Kubelet: checkPod(pod, node, kubelet), PodSecurity: security}
+	return both{Kubelet: checkPod(pod, manifest, node, kubelet), PodSecurity: security}
 }
 
 // levelVersion parses a request's level and version; bad says why not.
