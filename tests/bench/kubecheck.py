@@ -31,25 +31,9 @@ HELPER = COMPARE[0] if COMPARE else (sys.argv[1] if len(sys.argv) > 1 else os.pa
 # What podstamp gives it (host/src/kube_check/helper.rs).
 ENV = {"GOMAXPROCS": "1", "GOMEMLIMIT": "256MiB"}
 
-SMALL = b"""apiVersion: v1
-kind: Pod
-metadata:
-  name: web
-  namespace: kube-system
-  labels: {app: web}
-spec:
-  hostNetwork: true
-  containers:
-  - name: main
-    image: registry.example.com/web:1
-    command: [/bin/web, --port=8443]
-    env: [{name: A, value: b}]
-    ports: [{containerPort: 8443, name: https}]
-    livenessProbe: {httpGet: {port: 8443, path: /healthz}, periodSeconds: 10}
-    resources: {requests: {cpu: 100m, memory: 128Mi}, limits: {memory: 256Mi}}
-    volumeMounts: [{name: etc, mountPath: /etc/web, readOnly: true}]
-  volumes: [{name: etc, hostPath: {path: /etc/web}}]
-"""
+# The small pod, shared with the helper's Go benchmark (bench_test.go).
+with open(os.path.join(REPO, "tests/fixtures/kubecheck/small.yaml"), "rb") as f:
+    SMALL = f.read()
 
 
 def start(helper=None):

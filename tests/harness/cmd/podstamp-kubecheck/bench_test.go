@@ -29,27 +29,6 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// small is tests/bench/kubecheck.py's small pod (581 B).
-const small = `apiVersion: v1
-kind: Pod
-metadata:
-  name: web
-  namespace: kube-system
-  labels: {app: web}
-spec:
-  hostNetwork: true
-  containers:
-  - name: main
-    image: registry.example.com/web:1
-    command: [/bin/web, --port=8443]
-    env: [{name: A, value: b}]
-    ports: [{containerPort: 8443, name: https}]
-    livenessProbe: {httpGet: {port: 8443, path: /healthz}, periodSeconds: 10}
-    resources: {requests: {cpu: 100m, memory: 128Mi}, limits: {memory: 256Mi}}
-    volumeMounts: [{name: etc, mountPath: /etc/web, readOnly: true}]
-  volumes: [{name: etc, hostPath: {path: /etc/web}}]
-`
-
 var setup = sync.OnceValues(func() ([]byte, error) {
 	// What main does before serving.
 	klog.SetLogger(logr.Discard())
@@ -84,7 +63,12 @@ func manifests(b *testing.B) map[string][]byte {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return map[string][]byte{"small": []byte(small), "full": full}
+	small, err := os.ReadFile(filepath.Join("..", "..", "..", "fixtures", "kubecheck", "small.yaml"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// small is the small pod of tests/bench/kubecheck.py too (581 B).
+	return map[string][]byte{"small": small, "full": full}
 }
 
 func frame(payload []byte) []byte {
