@@ -355,6 +355,9 @@ impl Chain {
         // The pod `text` holds, when it was parsed (or is the template's):
         // the "before" of the next step's scope check.
         let mut known: Option<Cow<'_, Value>> = Some(Cow::Borrowed(pod));
+        // The memo's hash of `text`, when the step that made it hashed it:
+        // one step's output is the next one's input, hashed once.
+        let mut text_key: Option<u64> = None;
         for (index, step) in self.steps.iter().enumerate() {
             let fail = |failure| self.failure(index, failure);
             let started = Instant::now();
@@ -403,7 +406,10 @@ impl Chain {
             // compared as they are, nothing built but what differs.
             let by_text = !step.scope.is_unrestricted() && explain.is_none() && !debug;
             // A pair that passed this step's check before passes again.
-            let pair = by_text.then(|| (text_hash(&text), text_hash(&output)));
+            let pair = by_text.then(|| {
+                let input = text_key.unwrap_or_else(|| text_hash(&text));
+                (input, text_hash(&output))
+            });
             if let Some(pair) = pair
                 && step.lock_passed().contains(&pair)
             {
@@ -411,6 +417,7 @@ impl Chain {
                     return parse_output(&output).map_err(fail);
                 }
                 text = output;
+                text_key = Some(pair.1);
                 known = None;
                 continue;
             }
@@ -420,6 +427,7 @@ impl Chain {
                 let new_name = name_in(&output).map_err(fail)?.unwrap_or(Value::Null);
                 self.check_name(index, &name, &new_name)?;
                 text = output;
+                text_key = pair.map(|(_, output)| output);
                 known = None;
                 continue;
             }
@@ -445,6 +453,7 @@ impl Chain {
                     return Ok(after);
                 }
                 text = output;
+                text_key = Some(pair.1);
                 known = None;
                 continue;
             }
@@ -478,6 +487,7 @@ impl Chain {
                 return Ok(after);
             }
             text = output;
+            text_key = pair.map(|(_, output)| output);
             known = Some(Cow::Owned(after));
         }
         unreachable!("a chain of steps returns from its last step")
