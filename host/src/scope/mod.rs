@@ -212,9 +212,9 @@ impl Scope {
     }
 
     /// [`Scope::check`] on two JSON texts, without parsing either whole:
-    /// a subtree with the same bytes on both sides is not read, and one is
-    /// read a level at a time only where a grant goes on below it; where
-    /// none does, its two sides are compared as values. The verdict and the
+    /// a subtree with the same bytes on both sides is not read, nothing is
+    /// read below a granted path, and elsewhere both sides are read a level
+    /// at a time, values parsed only at the leaves. The verdict and the
     /// overstep are those of [`Scope::check`] on the parsed texts. Both
     /// must be JSON, as the chain has checked each before: one that is not
     /// is an Err where the reading meets the fault, and a fault in a part
