@@ -7,11 +7,13 @@
 //!
 //! Each step has a [`Scope`]: the fields its plugin may change. When a
 //! step's output differs from its input (as text: an unchanged text is an
-//! unchanged pod, and costs no parse), both are compared as values and a
-//! change outside the scope fails the step, naming the first such field;
-//! only a step with no scope at all (`podstamp render --plugin`) is merely
-//! probed. The comparison also gives `render --explain` and the debug log
-//! what each plugin changed. A step remembers the (input, output) pairs
+//! unchanged pod, and costs no parse), the two texts are compared
+//! ([`Scope::check_text`]: a part with the same bytes on both sides is not
+//! read, and nothing is built whole) and a change outside the scope fails
+//! the step, naming the first such field; only a step with no scope at all
+//! (`podstamp render --plugin`) is merely probed. `render --explain` and the
+//! debug log, which list what each plugin changed, compare the two as
+//! values instead, with the same verdict. A step remembers the (input, output) pairs
 //! that passed, by keyed hashes of the texts, so that rendering a template
 //! again the same way costs two hashes, not a parse and a walk.
 //!
@@ -79,6 +81,15 @@ impl Step {
         self.scope = scope;
         self.passed = Mutex::default();
         self
+    }
+
+    /// `pair` passed this step's scope check.
+    fn remember(&self, pair: (u64, u64)) {
+        let mut passed = self.lock_passed();
+        if passed.len() >= PASSED_LIMIT {
+            passed.clear();
+        }
+        passed.insert(pair);
     }
 
     fn lock_passed(&self) -> std::sync::MutexGuard<'_, HashSet<(u64, u64)>> {
@@ -344,6 +355,9 @@ impl Chain {
         // The pod `text` holds, when it was parsed (or is the template's):
         // the "before" of the next step's scope check.
         let mut known: Option<Cow<'_, Value>> = Some(Cow::Borrowed(pod));
+        // The memo's hash of `text`, when the step that made it hashed it:
+        // one step's output is the next one's input, hashed once.
+        let mut text_key: Option<u64> = None;
         for (index, step) in self.steps.iter().enumerate() {
             let fail = |failure| self.failure(index, failure);
             let started = Instant::now();
@@ -388,9 +402,14 @@ impl Chain {
                 continue;
             }
             let compare = !step.scope.is_unrestricted() || explain.is_some() || debug;
+            // Only a verdict wanted, no list of changes: the two texts are
+            // compared as they are, nothing built but what differs.
+            let by_text = !step.scope.is_unrestricted() && explain.is_none() && !debug;
             // A pair that passed this step's check before passes again.
-            let pair = (!step.scope.is_unrestricted() && explain.is_none() && !debug)
-                .then(|| (text_hash(&text), text_hash(&output)));
+            let pair = by_text.then(|| {
+                let input = text_key.unwrap_or_else(|| text_hash(&text));
+                (input, text_hash(&output))
+            });
             if let Some(pair) = pair
                 && step.lock_passed().contains(&pair)
             {
@@ -398,6 +417,7 @@ impl Chain {
                     return parse_output(&output).map_err(fail);
                 }
                 text = output;
+                text_key = Some(pair.1);
                 known = None;
                 continue;
             }
@@ -407,6 +427,33 @@ impl Chain {
                 let new_name = name_in(&output).map_err(fail)?.unwrap_or(Value::Null);
                 self.check_name(index, &name, &new_name)?;
                 text = output;
+                text_key = pair.map(|(_, output)| output);
+                known = None;
+                continue;
+            }
+            if let Some(pair) = pair {
+                // Checked as a pod first, so the texts are JSON: only the
+                // last output is built, as it is returned.
+                let after = if last {
+                    let after = parse_output(&output).map_err(fail)?;
+                    let new_name = after.pointer("/metadata/name").unwrap_or(&Value::Null);
+                    self.check_name(index, &name, new_name)?;
+                    Some(after)
+                } else {
+                    let new_name = name_in(&output).map_err(fail)?.unwrap_or(Value::Null);
+                    self.check_name(index, &name, &new_name)?;
+                    None
+                };
+                step.scope
+                    .check_text(&text, &output)
+                    .map_err(|e| fail(StepFailure::InvalidJson(e.to_string())))?
+                    .map_err(|overstep| self.out_of_scope(index, *overstep))?;
+                step.remember(pair);
+                if let Some(after) = after {
+                    return Ok(after);
+                }
+                text = output;
+                text_key = Some(pair.1);
                 known = None;
                 continue;
             }
@@ -422,26 +469,9 @@ impl Chain {
                     Some(pod) => pod,
                     None => Cow::Owned(parse_output(&text).map_err(fail)?),
                 };
-                step.scope.check(&before, &after).map_err(|overstep| {
-                    let declared = step
-                        .plugin
-                        .declared_scope()
-                        .map(|d| declaration_note(d, &overstep.needed).into_boxed_str());
-                    fail(StepFailure::OutOfScope {
-                        change: overstep.change,
-                        needed: overstep.needed,
-                        scope: step.scope.to_string(),
-                        sha256: step.plugin.sha256().to_string(),
-                        declared,
-                    })
-                })?;
-                if let Some(pair) = pair {
-                    let mut passed = step.lock_passed();
-                    if passed.len() >= PASSED_LIMIT {
-                        passed.clear();
-                    }
-                    passed.insert(pair);
-                }
+                step.scope
+                    .check(&before, &after)
+                    .map_err(|overstep| self.out_of_scope(index, *overstep))?;
                 if explain.is_some() || debug {
                     let (changes, more) = scope::diff(&before, &after, EXPLAIN_LIMIT);
                     if debug {
@@ -457,6 +487,7 @@ impl Chain {
                 return Ok(after);
             }
             text = output;
+            text_key = pair.map(|(_, output)| output);
             known = Some(Cow::Owned(after));
         }
         unreachable!("a chain of steps returns from its last step")
@@ -481,6 +512,25 @@ impl Chain {
                     .map_or_else(|| new_name.to_string(), str::to_string),
             },
         ))
+    }
+
+    /// The step at `index` changed what its scope does not grant.
+    fn out_of_scope(&self, index: usize, overstep: scope::Overstep) -> Box<ChainFailure> {
+        let step = &self.steps[index];
+        let declared = step
+            .plugin
+            .declared_scope()
+            .map(|d| declaration_note(d, &overstep.needed).into_boxed_str());
+        self.failure(
+            index,
+            StepFailure::OutOfScope {
+                change: overstep.change,
+                needed: overstep.needed,
+                scope: step.scope.to_string(),
+                sha256: step.plugin.sha256().to_string(),
+                declared,
+            },
+        )
     }
 
     /// What the step at `index` changed.

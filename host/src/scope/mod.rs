@@ -20,17 +20,24 @@
 //! * an entry without `scope:` gets [`DEFAULT_GRANTS`], which allow nothing
 //!   that gives a pod more privilege than its template asked for (see
 //!   docs/daemon.md); `scope: []` allows no change at all;
-//! * the check walks the two pods once, and not below a granted path.
+//! * the check walks the two pods once, and not below a granted path;
+//! * [`Scope::check_text`] gives the verdict [`Scope::check`] gives on the
+//!   same texts parsed, overstep and all: one walk serves both, over parsed
+//!   values or over the texts read lazily ([`text`]), where equal bytes end
+//!   the walk and only what differs is read.
 
 mod diff;
+mod text;
 
 pub use diff::{Change, ChangeKind, diff, top_level_fields};
 
+use std::borrow::Cow;
 use std::fmt;
 
 use serde_json::Value;
 
 use crate::validate::{join_index, join_key};
+use text::{JsonText, Malformed, Node, Open};
 
 /// What an entry without `scope:` may change: metadata labels, and the
 /// environment of containers and init containers. Nothing here adds a
@@ -95,7 +102,7 @@ pub struct Overstep {
 /// One step of a concrete path in a pod.
 #[derive(Debug, Clone)]
 enum Step<'a> {
-    Key(&'a str),
+    Key(Cow<'a, str>),
     Index(usize),
 }
 
@@ -197,9 +204,73 @@ impl Scope {
         if self.unrestricted {
             return Ok(());
         }
+        match self.walk_from(before, after) {
+            Err(Stop::Overstep(overstep)) => Err(overstep),
+            // Parsed values are never malformed.
+            Ok(()) | Err(Stop::Malformed) => Ok(()),
+        }
+    }
+
+    /// [`Scope::check`] on two JSON texts, without parsing either whole:
+    /// a subtree with the same bytes on both sides is not read, nothing is
+    /// read below a granted path, and elsewhere both sides are read a level
+    /// at a time, values parsed only at the leaves. The verdict and the
+    /// overstep are those of [`Scope::check`] on the parsed texts. Both
+    /// must be JSON, as the chain has checked each before: one that is not
+    /// is an Err where the reading meets the fault, and a fault in a part
+    /// it does not read (a bad escape in an unchanged string) goes unseen.
+    pub fn check_text(
+        &self,
+        before: &str,
+        after: &str,
+    ) -> Result<Result<(), Box<Overstep>>, serde_json::Error> {
+        if self.unrestricted {
+            return Ok(Ok(()));
+        }
+        match self.check_lazily(before, after) {
+            Ok(verdict) => Ok(verdict),
+            // Not the JSON it should be: read as serde_json reads it, to
+            // report its error, or (should the lazy reading be wrong about
+            // valid JSON) to give the verdict all the same.
+            Err(Malformed) => {
+                let before: Value = serde_json::from_str(before)?;
+                let after: Value = serde_json::from_str(after)?;
+                Ok(self.check(&before, &after))
+            }
+        }
+    }
+
+    /// [`Scope::check_text`] without its fallback to values.
+    fn check_lazily(
+        &self,
+        before: &str,
+        after: &str,
+    ) -> Result<Result<(), Box<Overstep>>, Malformed> {
+        let (before, after) = (JsonText::new(before)?, JsonText::new(after)?);
+        match self.walk_from(before.root()?, after.root()?) {
+            Ok(()) => Ok(Ok(())),
+            Err(Stop::Overstep(overstep)) => Ok(Err(overstep)),
+            Err(Stop::Malformed) => Err(Malformed),
+        }
+    }
+
+    fn walk_from<'a, N: Node<'a>>(&self, before: N, after: N) -> Result<(), Stop> {
         let live: Vec<(&Grant, usize)> = self.grants.iter().map(|g| (g, 0)).collect();
         let mut path = Vec::new();
         walk(Some(before), Some(after), &mut path, &live)
+    }
+}
+
+/// Why a walk stopped.
+enum Stop {
+    Overstep(Box<Overstep>),
+    /// A text was not the JSON it should be.
+    Malformed,
+}
+
+impl From<Malformed> for Stop {
+    fn from(_: Malformed) -> Stop {
+        Stop::Malformed
     }
 }
 
@@ -220,59 +291,76 @@ impl fmt::Display for Scope {
 
 /// Walks `before` and `after` at `path` with the grants still `live` (each
 /// with how many of its selectors are matched): Ok when the two are equal
-/// or a live grant is matched whole.
-fn walk<'a>(
-    before: Option<&'a Value>,
-    after: Option<&'a Value>,
+/// or a live grant is matched whole. Equal bytes end it at once;
+/// otherwise it reads one level down on both sides, and compares values
+/// only where one side is neither an object nor a list.
+fn walk<'a, N: Node<'a>>(
+    before: Option<N>,
+    after: Option<N>,
     path: &mut Vec<Step<'a>>,
     live: &[(&Grant, usize)],
-) -> Result<(), Box<Overstep>> {
+) -> Result<(), Stop> {
     if live.iter().any(|(g, n)| *n == g.selectors.len()) {
         return Ok(());
     }
     let refuse = |kind, path: &[Step<'_>]| {
-        Err(Box::new(Overstep {
+        Err(Stop::Overstep(Box::new(Overstep {
             change: Change {
                 path: path_text(path),
                 kind,
             },
             needed: grant_for(path),
-        }))
+        })))
     };
-    match (before, after) {
-        (None, None) => Ok(()),
-        (None, Some(_)) => refuse(ChangeKind::Added, path),
-        (Some(_), None) => refuse(ChangeKind::Removed, path),
-        (Some(Value::Object(b)), Some(Value::Object(a))) => {
-            for (key, value) in b {
+    let (b, a) = match (before, after) {
+        (None, None) => return Ok(()),
+        (None, Some(_)) => return refuse(ChangeKind::Added, path),
+        (Some(_), None) => return refuse(ChangeKind::Removed, path),
+        (Some(b), Some(a)) => (b, a),
+    };
+    // Not compared as values where no grant goes on, but walked on: a
+    // plugin that writes the fields in another order leaves most of them
+    // the same bytes, found so without building either side.
+    if b.same(a) {
+        return Ok(());
+    }
+    match (b.open()?, a.open()?) {
+        (Open::Object(b), Open::Object(a)) => {
+            let get = |fields: &[(Cow<'a, str>, N)], key: &str| {
+                fields
+                    .binary_search_by(|(k, _)| k.as_ref().cmp(key))
+                    .ok()
+                    .map(|at| fields[at].1)
+            };
+            for (key, value) in &b {
                 let next = advance_key(live, key);
-                path.push(Step::Key(key));
-                walk(Some(value), a.get(key), path, &next)?;
+                path.push(Step::Key(key.clone()));
+                walk(Some(*value), get(&a, key), path, &next)?;
                 path.pop();
             }
-            for (key, value) in a {
-                if b.contains_key(key) {
+            for (key, value) in &a {
+                if get(&b, key).is_some() {
                     continue;
                 }
                 let next = advance_key(live, key);
-                path.push(Step::Key(key));
-                walk(None, Some(value), path, &next)?;
+                path.push(Step::Key(key.clone()));
+                walk(None, Some(*value), path, &next)?;
                 path.pop();
             }
             Ok(())
         }
-        (Some(Value::Array(b)), Some(Value::Array(a))) => {
+        (Open::Array(b), Open::Array(a)) => {
             for i in 0..b.len().max(a.len()) {
-                let (bi, ai) = (b.get(i), a.get(i));
-                let next = advance_index(live, bi, ai);
+                let (bi, ai) = (b.get(i).copied(), a.get(i).copied());
+                let next = advance_index(live, bi, ai)?;
                 path.push(Step::Index(i));
                 walk(bi, ai, path, &next)?;
                 path.pop();
             }
             Ok(())
         }
-        (Some(b), Some(a)) if b == a => Ok(()),
-        (Some(_), Some(_)) => refuse(ChangeKind::Changed, path),
+        _ if b.equal(a)? => Ok(()),
+        _ => refuse(ChangeKind::Changed, path),
     }
 }
 
@@ -286,24 +374,33 @@ fn advance_key<'g>(live: &[(&'g Grant, usize)], key: &str) -> Vec<(&'g Grant, us
 
 /// The live grants that go on past a list element, `before`/`after` as
 /// the element is on each side.
-fn advance_index<'g>(
+fn advance_index<'a, 'g, N: Node<'a>>(
     live: &[(&'g Grant, usize)],
-    before: Option<&Value>,
-    after: Option<&Value>,
-) -> Vec<(&'g Grant, usize)> {
-    let named = |name: &str| {
-        let is = |v: Option<&Value>| v.map(|v| v.get("name").and_then(Value::as_str) == Some(name));
+    before: Option<N>,
+    after: Option<N>,
+) -> Result<Vec<(&'g Grant, usize)>, Malformed> {
+    let named = |name: &str| -> Result<bool, Malformed> {
         // Each side that has the element must name it so.
-        is(before).unwrap_or(true) && is(after).unwrap_or(true)
+        let is = |v: Option<N>| -> Result<bool, Malformed> {
+            Ok(match v {
+                Some(v) => v.name()?.as_deref() == Some(name),
+                None => true,
+            })
+        };
+        Ok(is(before)? && is(after)?)
     };
-    live.iter()
-        .filter(|(g, n)| match &g.selectors[*n] {
+    let mut next = Vec::new();
+    for (g, n) in live {
+        let goes_on = match &g.selectors[*n] {
             Selector::Any => true,
-            Selector::Named(name) => named(name),
+            Selector::Named(name) => named(name)?,
             Selector::Key(_) => false,
-        })
-        .map(|(g, n)| (*g, n + 1))
-        .collect()
+        };
+        if goes_on {
+            next.push((*g, n + 1));
+        }
+    }
+    Ok(next)
 }
 
 /// Whether `grant` allows everything `other` does: its selectors a prefix
