@@ -424,10 +424,9 @@ impl Chain {
             if !last && !compare {
                 // Only probed: blame the right plugin for invalid JSON or a
                 // renamed pod, and build nothing.
-                let new_name = name_in(&output).map_err(fail)?.unwrap_or(Value::Null);
-                self.check_name(index, &name, &new_name)?;
+                self.probe(index, &name, &output)?;
                 text = output;
-                text_key = pair.map(|(_, output)| output);
+                text_key = None;
                 known = None;
                 continue;
             }
@@ -440,8 +439,7 @@ impl Chain {
                     self.check_name(index, &name, new_name)?;
                     Some(after)
                 } else {
-                    let new_name = name_in(&output).map_err(fail)?.unwrap_or(Value::Null);
-                    self.check_name(index, &name, &new_name)?;
+                    self.probe(index, &name, &output)?;
                     None
                 };
                 step.scope
@@ -486,11 +484,21 @@ impl Chain {
             if last {
                 return Ok(after);
             }
+            // Compared as values (or not at all): no memo key was made.
             text = output;
-            text_key = pair.map(|(_, output)| output);
+            text_key = None;
             known = Some(Cow::Owned(after));
         }
         unreachable!("a chain of steps returns from its last step")
+    }
+
+    /// Fails the step at `index` when its `output` is not a JSON object
+    /// or renames the pod, without building the pod.
+    fn probe(&self, index: usize, name: &Value, output: &str) -> Result<(), Box<ChainFailure>> {
+        let new_name = name_in(output)
+            .map_err(|failure| self.failure(index, failure))?
+            .unwrap_or(Value::Null);
+        self.check_name(index, name, &new_name)
     }
 
     /// Fails the step at `index` when it renamed the pod.

@@ -41,11 +41,6 @@ pub fn limit_arenas() -> Option<i32> {
     set_arena_max(ARENAS).then_some(ARENAS)
 }
 
-/// Gives the heap's free memory back to the kernel (glibc's `malloc_trim`).
-pub fn give_back() {
-    trim();
-}
-
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn set_arena_max(arenas: i32) -> bool {
     // SAFETY: mallopt only sets one of malloc's parameters; it is called
@@ -53,8 +48,9 @@ fn set_arena_max(arenas: i32) -> bool {
     unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) == 1 }
 }
 
+/// Gives the heap's free memory back to the kernel (glibc's `malloc_trim`).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn trim() {
+pub fn give_back() {
     // SAFETY: malloc_trim releases only free memory, under malloc's locks.
     unsafe {
         libc::malloc_trim(0);
@@ -67,4 +63,4 @@ fn set_arena_max(_arenas: i32) -> bool {
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn trim() {}
+pub fn give_back() {}
