@@ -176,10 +176,7 @@ const DEADLINE_SECS: u64 = 60;
 
 /// podstamp's rollout state on disk for the API server's template.
 fn rollout_state(history: &Path) -> serde_json::Value {
-    let path = history
-        .join(format!("{NS}_{TEMPLATE}"))
-        .join("rollout.json");
-    serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap()
+    common::rollout_state(history, &format!("{NS}/{TEMPLATE}"))
 }
 
 /// Makes `bad` through podstamp on a self-hosted control plane: the new
@@ -278,7 +275,7 @@ fn a_bad_change_is_rolled_back_with_the_api_down(name: &str, bad: Bad, meanwhile
     // Held once the good revision is in place: saved (and the rollback
     // logged) just after its rename, so seen a moment after the file.
     wait_for(
-        "the failed revision held in rollout.json",
+        "the failed revision held in rollout-states.jsonl",
         Duration::from_secs(10),
         || (rollout_state(&history)["held"].as_str() == Some(bad_revision.as_str())).then_some(()),
     );

@@ -1404,7 +1404,7 @@ const FAULTS: &[Fault] = &[
         id: "api-down-restart-mid-rollout",
         area: "kubelet",
         fault: "podstamp killed (-9) while a bad revision it wrote is in place and the API server is down, then started again with the API server still down",
-        kept: "the revision in place followed from `rollout.json` alone (`pending`: its own write), judged from the node, rolled back from the history and held, before the API answers",
+        kept: "the revision in place followed from its rollout state alone (`rollout-states.jsonl` `pending`: its own write), judged from the node, rolled back from the history and held, before the API answers",
         reported: "the log's `rollout failed` (\"seen on the node\"); the `RolloutFailed` Event kept on disk, published once the API server answers",
         says: "seen on the node",
         test: "tests/kubelet.rs: killed_while_the_api_server_is_down_podstamp_still_rolls_back_after_a_restart",
@@ -1413,7 +1413,7 @@ const FAULTS: &[Fault] = &[
         id: "rollout-event-not-reported",
         area: "rollouts",
         fault: "a rollout Event (`RolloutFailed`, `RolloutSucceeded`, `RolloutHalted`) the API server does not take",
-        kept: "on disk beside the template's `rollout.json` (`events.json`, at most 16, the oldest dropped first), tried again every 2 s, published in order once the API answers, also after a restart",
+        kept: "on disk in the template's directory of the history (`events.json`, at most 16, the oldest dropped first), tried again every 2 s, published in order once the API answers, also after a restart",
         reported: "a warning `cannot publish Event: ...; kept on disk`; the Event's note ends with when it happened",
         says: "reported once the API server answered again",
         test: "tests/kubelet.rs: with_the_api_server_down_a_bad_revision_is_rolled_back_from_the_node_itself",
@@ -1665,7 +1665,7 @@ const FAULTS: &[Fault] = &[
         id: "kubelet-restart-mid-rollout",
         area: "kubelet",
         fault: "podstamp stopped between writing a failing revision (a container that exits 1) and its verdict, then restarted; and restarted again once it was rolled back",
-        kept: "the restarted podstamp follows the revision in place as its own, rolls it back to the last revision that succeeded and holds it; the hold outlives a restart (`rollout.json` next to the history): the failed revision is not written again (manifest unchanged, same container) until the template changes",
+        kept: "the restarted podstamp follows the revision in place as its own, rolls it back to the last revision that succeeded and holds it; the hold outlives a restart (`rollout-states.jsonl` in the revisions directory): the failed revision is not written again (manifest unchanged, same container) until the template changes",
         reported: "`RolloutFailed` Event with the kubelet's reason, from the restarted podstamp",
         says: "rolled back to revision",
         test: "tests/kubelet.rs: a_restart_mid_rollout_still_rolls_back_and_a_held_revision_stays_held",
@@ -1673,9 +1673,9 @@ const FAULTS: &[Fault] = &[
     Fault {
         id: "rollout-state-damaged",
         area: "kubelet",
-        fault: "a template's `rollout.json` in the revisions directory that does not parse (edited by hand)",
-        kept: "read as empty (nothing held): the manifest is written and later changes too; the file is replaced at the next change of the rollout state",
-        reported: "an error in the log naming the file",
+        fault: "a template's line of `rollout-states.jsonl` in the revisions directory that does not parse (edited by hand), or an earlier podstamp's `rollout.json` of a template that does not",
+        kept: "that template's state read as empty (nothing held): its manifest is written and later changes too; the other templates' lines are read as they are; the line is left out at the next write of the file",
+        reported: "an error in the log naming the file and the line",
         says: "cannot read the rollout state",
         test: "a_damaged_rollout_state_is_named_and_read_as_empty",
     },
@@ -4510,10 +4510,15 @@ fn a_damaged_rollout_state_is_named_and_read_as_empty() {
     let fault = row("rollout-state-damaged");
     let env = env();
     let history = env.tmp.path().join("history");
-    let state_dir = history.join("kube-system_web");
-    fs::create_dir_all(&state_dir).unwrap();
-    let state = state_dir.join("rollout.json");
-    fs::write(&state, "{\"held\": 3}").unwrap();
+    fs::create_dir_all(&history).unwrap();
+    let state = history.join("rollout-states.jsonl");
+    // web's line damaged; another template's line, read as it is.
+    fs::write(
+        &state,
+        "{\"template\":\"kube-system/other\",\"state\":{\"held\":\"abcd\"}}\n\
+         {\"template\":\"kube-system/web\",\"state\":{\"held\":3}}\n",
+    )
+    .unwrap();
     env.put("web.yaml", &template("web", None, "busybox:1"));
     let daemon = env.start(
         &["--revisions-dir", history.to_str().unwrap()],
@@ -4528,17 +4533,22 @@ fn a_damaged_rollout_state_is_named_and_read_as_empty() {
             .map(str::to_string)
     });
     assert!(
-        line.contains(state.to_str().unwrap()) && line.contains("delete it"),
+        line.contains(&format!("{} line 2", state.display())) && line.contains("delete the line"),
         "{line}"
     );
-    // Replaced by a readable one as the rollout state changes.
+    // Replaced by a readable line as the rollout state changes; the other
+    // template's line is kept.
     env.put("web.yaml", &template("web", None, "busybox:2"));
     wait_content(&daemon, &env.manifest("web"), "image: busybox:2");
-    let text = wait_logged(&daemon, "a readable rollout state", || {
-        read(&state).filter(|t| t.contains("pending"))
+    let value = wait_logged(&daemon, "a readable rollout state", || {
+        let value = common::rollout_state(&history, "kube-system/web");
+        value["pending"].is_string().then_some(value)
     });
-    let value: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert!(value["pending"].is_string(), "{value}");
+    assert_eq!(
+        common::rollout_state(&history, "kube-system/other"),
+        serde_json::json!({"held": "abcd"})
+    );
     assert!(daemon.stop().success());
 }
 

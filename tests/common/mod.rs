@@ -374,3 +374,16 @@ pub fn kubelet_verdicts(
     }
     verdicts
 }
+
+/// Template `id`'s rollout state as podstamp keeps it in the revisions
+/// directory `history` (its line of `rollout-states.jsonl`); null when it
+/// has none.
+pub fn rollout_state(history: &Path, id: &str) -> serde_json::Value {
+    let Ok(text) = std::fs::read_to_string(history.join("rollout-states.jsonl")) else {
+        return serde_json::Value::Null;
+    };
+    text.lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .find(|line| line["template"] == id)
+        .map_or(serde_json::Value::Null, |line| line["state"].clone())
+}

@@ -5,12 +5,13 @@
 //! podstamp in between.
 //!
 //! Layout: `<revisions dir>/<namespace>_<template>/events.json`, beside the
-//! template's `rollout.json` ([`super::rollout_file`]), outside the
-//! kubelet's directory: a JSON list of the Events, oldest first.
+//! template's kept revisions, outside the kubelet's directory: a JSON list
+//! of the Events, oldest first.
 //!
 //! Invariants:
-//! * Written like the rollout state ([`crate::write`]: dot-temp file,
-//!   fsync, rename, directory fsync; mode 0600).
+//! * Written like the rollout states ([`super::rollout_file`],
+//!   [`crate::write`]: dot-temp file, fsync, rename, directory fsync; mode
+//!   0600).
 //! * Bounded: at most [`MAX_KEPT`] Events per template, the oldest dropped
 //!   first (a rollout's story is its last Events).
 //! * An Event is removed only once the API server accepted it; one that

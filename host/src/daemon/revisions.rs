@@ -15,16 +15,18 @@
 //!   alone, like the manifests.
 //! * Files are written as manifests are ([`crate::write`]): a dot-temp file,
 //!   synced, renamed into place, the directory synced; for many templates at
-//!   once ([`Store::record_many`], [`Store::save_states`]) each step is taken
-//!   for all of them before the next, the syncs in parallel. A revision already
-//!   kept is never written again; recorded again (after an older one came
-//!   back), its file is renamed to the newest `seq`, not rewritten.
+//!   once ([`Store::record_many`]) each step is taken for all of them before
+//!   the next, the syncs in parallel, and the states of many templates
+//!   ([`Store::save_states`]) are one write. A revision already kept is never
+//!   written again; recorded again (after an older one came back), its file
+//!   is renamed to the newest `seq`, not rewritten.
 //! * At most `keep` files per template: the oldest go when a new one comes.
 //! * A revision recorded in this run is not looked up on disk again: a
 //!   template whose revision did not change costs no file system access.
-//! * Each template's directory also holds its rollout state
-//!   ([`rollout_file`], `rollout.json`): not a revision, never pruned with
-//!   them.
+//! * The rollout states of all templates are one file beside the
+//!   templates' directories ([`rollout_file`], `rollout-states.jsonl`),
+//!   read once at open; a template's directory holds only its revisions
+//!   (and its outbox of Events, [`super::outbox`]).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -68,6 +70,8 @@ pub struct Store {
     keep: usize,
     /// Template id → the revision last recorded for it in this run.
     recorded: BTreeMap<String, String>,
+    /// Every template's rollout state, read once.
+    states: rollout_file::States,
 }
 
 impl Store {
@@ -97,16 +101,22 @@ impl Store {
         if real.starts_with(&manifests) {
             return Err(OpenError::InManifestDir(dir));
         }
+        write::remove_stale_temp_files(&dir).map_err(io(&dir))?;
         for entry in fs::read_dir(&dir).map_err(io(&dir))? {
             let entry = entry.map_err(io(&dir))?;
             if entry.file_type().map_err(io(&dir))?.is_dir() {
                 write::remove_stale_temp_files(&entry.path()).map_err(io(&entry.path()))?;
             }
         }
+        let (states, unreadable) = rollout_file::States::load(&dir);
+        for e in unreadable {
+            tracing::error!("cannot read the rollout state: {e}; starting without it");
+        }
         Ok(Store {
             dir,
             keep,
             recorded: BTreeMap::new(),
+            states,
         })
     }
 
@@ -237,62 +247,29 @@ impl Store {
     }
 
     /// What template `id`'s rollouts left ([`rollout_file`]).
-    pub fn state(&self, id: &str) -> Result<State, rollout_file::LoadError> {
-        rollout_file::load(&self.template_dir(id))
+    pub fn state(&mut self, id: &str) -> Result<State, rollout_file::LoadError> {
+        let dir = self.template_dir(id);
+        self.states.get(id, &dir)
     }
 
     /// Replaces what template `id`'s rollouts leave for the next start.
-    pub fn save_state(&self, id: &str, state: &State) -> io::Result<()> {
-        let dir = self.make_template_dir(id)?;
-        rollout_file::save(&dir, state)
+    pub fn save_state(&mut self, id: &str, state: &State) -> io::Result<()> {
+        self.save_states(&[(id.to_string(), state.clone())])
     }
 
-    /// [`Store::save_state`] for many templates at once: staged, synced in
-    /// parallel, renamed, and each template's directory synced (in parallel)
-    /// before this returns. The result of each, in order.
-    pub fn save_states(&self, states: &[(String, State)]) -> Vec<io::Result<()>> {
-        let mut results = Vec::with_capacity(states.len());
-        let mut staged = Vec::new();
-        for (i, (id, state)) in states.iter().enumerate() {
-            let result = self
-                .make_template_dir(id)
-                .and_then(|dir| rollout_file::stage(&dir, state));
-            match result {
-                Ok(Some(s)) => {
-                    staged.push((i, s));
-                    results.push(Ok(()));
-                }
-                Ok(None) => results.push(Ok(())),
-                Err(e) => results.push(Err(e)),
-            }
-        }
-        let (indices, mut files): (Vec<usize>, Vec<write::Staged>) = staged.into_iter().unzip();
-        let synced = write::sync_staged(&mut files);
-        let mut dirs = Vec::new();
-        for ((i, file), synced) in indices.into_iter().zip(files).zip(synced) {
-            match synced.and_then(|()| file.commit()) {
-                Ok(()) => dirs.push((i, self.template_dir(&states[i].0))),
-                Err(e) => results[i] = Err(e),
-            }
-        }
-        let (indices, dirs): (Vec<usize>, Vec<PathBuf>) = dirs.into_iter().unzip();
-        for (i, synced) in indices.into_iter().zip(write::sync_dirs(&dirs)) {
-            if let Err(e) = synced {
-                results[i] = Err(e);
-            }
-        }
-        results
+    /// [`Store::save_state`] for many templates at once: one write of the
+    /// one file ([`rollout_file`]), synced, before this returns.
+    pub fn save_states(&mut self, states: &[(String, State)]) -> io::Result<()> {
+        let root = self.dir.clone();
+        self.states
+            .set_many(states, |id| root.join(id.replacen('/', "_", 1)))
     }
 
     /// Removes template `id`'s rollout state (the template is gone); its
     /// kept revisions stay, for people to compare.
-    pub fn forget_state(&self, id: &str) -> io::Result<()> {
+    pub fn forget_state(&mut self, id: &str) -> io::Result<()> {
         let dir = self.template_dir(id);
-        match fs::remove_file(dir.join(rollout_file::FILE)) {
-            Ok(()) => write::sync_dir(&dir),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e),
-        }
+        self.states.forget(id, &dir)
     }
 
     /// The revisions kept for template `id`, oldest first.

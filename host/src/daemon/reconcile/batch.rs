@@ -6,10 +6,10 @@
 //! written beside the target, not synced), and each rollout state the
 //! machine asks to save ([`super::Effect::SaveState`]) is only kept here.
 //! [`super::Reconciler::commit_pass`] then, in this order:
-//! 1. saves the rollout states: staged, fsynced in parallel, renamed, each
-//!    template directory fsynced (in parallel) — every state that marks a
-//!    revision `pending` is durable before any manifest is renamed, as when
-//!    each was written alone;
+//! 1. saves the rollout states, in one write of their one file
+//!    ([`crate::daemon::rollout_file`]) — every state that marks a revision
+//!    `pending` is durable before any manifest is renamed, as when each was
+//!    written alone;
 //! 2. fsyncs every staged manifest, in parallel threads;
 //! 3. renames each synced manifest over its target, in the pass's order, and
 //!    fsyncs the manifest directory once;
@@ -45,9 +45,10 @@ use super::Reconciler;
 use super::outcome::{Done, write_failed};
 use super::timing::Part;
 
-/// The most manifests (and, apart, rollout states) a pass holds staged
-/// before it commits them: each is an open file until it is synced, and
-/// 128 fsyncs at once already share their journal commits.
+/// The most manifests a pass holds staged before it commits them: each is
+/// an open file until it is synced, and 128 fsyncs at once already share
+/// their journal commits. (Rollout states are not files of their own: one
+/// write carries however many a commit holds.)
 pub(super) const MAX_STAGED: usize = 128;
 
 /// A manifest staged in this pass.
@@ -102,15 +103,12 @@ impl Reconciler {
     pub(super) fn commit_pass(&mut self) {
         let started = Instant::now();
         let states = std::mem::take(&mut self.pass.states);
-        if let Some(store) = &self.revisions
+        if let Some(store) = &mut self.revisions
             && !states.is_empty()
+            && let Err(e) = store.save_states(&states)
         {
-            for ((id, _), result) in states.iter().zip(store.save_states(&states)) {
-                if let Err(e) = result {
-                    tracing::error!(template = %id, dir = %store.template_dir(id).display(),
-                        "cannot keep the rollout state: {e}; a restart would not know it");
-                }
-            }
+            tracing::error!(templates = states.len(), dir = %store.dir().display(),
+                "cannot keep the rollout states: {e}; a restart would not know them");
         }
         self.timing.add(Part::CommitStates, started);
         let writes = std::mem::take(&mut self.pass.writes);
@@ -175,7 +173,7 @@ impl Reconciler {
     /// Whether the pass holds as much as it may ([`MAX_STAGED`]): time to
     /// commit.
     pub(super) fn pass_full(&self) -> bool {
-        self.pass.writes.len() >= MAX_STAGED || self.pass.states.len() >= MAX_STAGED
+        self.pass.writes.len() >= MAX_STAGED
     }
 
     /// Closes the pass, committing what it holds; from here on rollout

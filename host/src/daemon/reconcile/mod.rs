@@ -544,16 +544,16 @@ impl Reconciler {
                 self.pass.save_state(id, state);
             }
             Effect::SaveState { id, state } => {
-                if let Some(store) = &self.revisions
+                if let Some(store) = &mut self.revisions
                     && let Err(e) = store.save_state(&id, &state)
                 {
-                    tracing::error!(template = %id, dir = %store.template_dir(&id).display(),
+                    tracing::error!(template = %id, dir = %store.dir().display(),
                         "cannot keep the rollout state: {e}; a restart would not know it");
                 }
             }
             Effect::ForgetState { id } => {
                 self.pass.forget_state(&id);
-                if let Some(store) = &self.revisions
+                if let Some(store) = &mut self.revisions
                     && let Err(e) = store.forget_state(&id)
                 {
                     tracing::error!(template = %id, "cannot remove the rollout state: {e}");
@@ -629,7 +629,7 @@ impl Reconciler {
         {
             return;
         }
-        ensure_state(&mut self.rollouts, self.revisions.as_ref(), id);
+        ensure_state(&mut self.rollouts, self.revisions.as_mut(), id);
         let store = self.revisions.as_ref();
         let quorum = self.rollouts.is_quorum(id);
         self.rollouts.in_place(
@@ -732,7 +732,7 @@ fn template_reference(id: &str) -> Option<k8s_openapi::api::core::v1::ObjectRefe
 
 /// Loads template `id`'s rollout state into the machine, from `store`, the
 /// first time (a file that cannot be read is reported and read as empty).
-fn ensure_state(rollouts: &mut Machine, store: Option<&Store>, id: &str) {
+fn ensure_state(rollouts: &mut Machine, store: Option<&mut Store>, id: &str) {
     if rollouts.knows_state(id) {
         return;
     }

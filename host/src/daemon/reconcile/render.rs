@@ -271,7 +271,7 @@ impl Reconciler {
             quorum: policy == Policy::Quorum,
         };
         let template_id = template.id();
-        ensure_state(&mut self.rollouts, self.revisions.as_ref(), &source);
+        ensure_state(&mut self.rollouts, self.revisions.as_mut(), &source);
         let mut held = self.rollouts.is_held(&source, &manifest.revision);
         // Held only while the revision it was rolled back to is in place,
         // whole: a manifest gone or edited (say, a node whose manifest

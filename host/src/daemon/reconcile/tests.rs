@@ -351,7 +351,7 @@ fn a_held_revision_is_not_written_again_after_a_restart() {
     assert!(next != good && next != failing);
     let state = r
         .revisions
-        .as_ref()
+        .as_mut()
         .unwrap()
         .state("kube-system/a")
         .unwrap();
@@ -399,15 +399,15 @@ fn a_template_is_kept_only_where_its_node_selector_selects() {
     r.apply(node(&[("zone", "a")]));
     r.reconcile();
     assert!(dir.join("cp.yaml").exists(), "zone a is selected");
-    let store = || r.revisions.as_ref().unwrap();
-    assert!(store().state("kube-system/cp").unwrap().pending.is_some());
+    let store = r.revisions.as_mut().unwrap();
+    assert!(store.state("kube-system/cp").unwrap().pending.is_some());
 
     // Leaves: its manifest and its rollout state go; the other stays.
     r.apply(node(&[("zone", "a"), ("drain", "")]));
     r.reconcile();
     assert!(!dir.join("cp.yaml").exists(), "drain is not selected");
     assert!(dir.join("any.yaml").exists());
-    let store = r.revisions.as_ref().unwrap();
+    let store = r.revisions.as_mut().unwrap();
     assert_eq!(
         store.state("kube-system/cp").unwrap(),
         RolloutState::default()

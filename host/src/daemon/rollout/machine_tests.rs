@@ -493,7 +493,7 @@ fn the_deadline_recorded_at_the_write_is_the_pending_revisions_after_a_restart()
     m.writing(ID, "r2", Duration::from_secs(90));
     let state = saved(&m.take_effects()).pop().unwrap();
     assert_eq!(state.deadline, Some(90));
-    // As a restarted daemon reads it back from rollout.json.
+    // As a restarted daemon reads it back from rollout-states.jsonl.
     let text = serde_json::to_string(&state).unwrap();
     assert_eq!(text, r#"{"pending":"r2","deadline":90}"#);
     let mut restarted = Machine::new("n1", false).with_clock(at);
