@@ -11,7 +11,9 @@
 //! `render` (one template: render, check, gate, stage its write), `outcome`
 //! (how a render ends: metrics, log, Event, the machine told), `batch`
 //! (the pass's writes and rollout states, put in place together, crash-safe),
-//! `dir` (the manifest directory: what is ours, garbage, durability).
+//! `dir` (the manifest directory: what is ours, garbage, durability),
+//! `ahead` (a pass's renders a chunk ahead, their checks sent to the helper
+//! while the next ones render).
 //!
 //! The rules it keeps:
 //! * Only files whose `podstamp.io/source` annotation names a template in the
@@ -42,6 +44,7 @@
 //!   ([`super::revisions`]), a held revision, a slot) is the machine's
 //!   decision, carried out here in the order given.
 
+mod ahead;
 mod batch;
 mod dir;
 mod outcome;
@@ -145,6 +148,8 @@ pub struct Reconciler {
     waiting_for_namespace_logged: bool,
     /// What the pass under way holds back until it commits ([`batch`]).
     pass: batch::Pass,
+    /// Renders done ahead in the pass's current chunk ([`ahead`]).
+    ahead: ahead::Ahead,
 }
 
 impl Reconciler {
@@ -191,6 +196,7 @@ impl Reconciler {
             namespace_labels: Some(BTreeMap::new()),
             waiting_for_namespace_logged: false,
             pass: batch::Pass::default(),
+            ahead: ahead::Ahead::default(),
         })
     }
 
@@ -468,13 +474,20 @@ impl Reconciler {
         dirty.sort();
         let rendered = !dirty.is_empty();
         self.open_pass();
-        for (_, key) in dirty {
-            self.render_one(&key);
-            self.run_effects();
-            if self.pass_full() {
-                self.commit_pass();
-                self.run_effects();
+        for chunk in dirty.chunks(ahead::AHEAD) {
+            // A pass of one renders in place: nothing to overlap.
+            if chunk.len() > 1 {
+                self.render_ahead(chunk);
             }
+            for (_, key) in chunk {
+                self.render_one(key);
+                self.run_effects();
+                if self.pass_full() {
+                    self.commit_pass();
+                    self.run_effects();
+                }
+            }
+            self.ahead.clear();
         }
         self.close_pass();
         self.run_effects();

@@ -184,10 +184,15 @@ impl Reconciler {
                 message: e.to_string(),
             }
         };
-        let rendered = check_size(template, self.max_manifest_bytes)
-            .and_then(|()| render_timed(template, node, &chain, &self.namespace, &self.metrics))
-            .map_err(render_failed)?
-            .held_to(held);
+        // Rendered ahead, with the pass's chunk ([`super::ahead`]), or now.
+        let rendered = match self.ahead.take(key, template, &chain) {
+            Some(rendered) => rendered,
+            None => check_size(template, self.max_manifest_bytes).and_then(|()| {
+                render_timed(template, node, &chain, &self.namespace, &self.metrics)
+            }),
+        }
+        .map_err(render_failed)?
+        .held_to(held);
         let manifest = rendered.peek();
         if manifest.bytes.len() > self.max_manifest_bytes {
             return Err(Failure {
