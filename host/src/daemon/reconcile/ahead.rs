@@ -29,6 +29,8 @@ use std::collections::HashMap;
 use super::Reconciler;
 use super::render::render_timed;
 use crate::chain::Chain;
+use crate::daemon::rollout;
+use crate::fleet::policy;
 use crate::kube_check::KubeCheck;
 use crate::render::{RenderError, Rendered, check_size};
 use crate::security_level;
@@ -96,6 +98,17 @@ impl Reconciler {
                 Ok(Some(s)) if !s.matches(&node.labels) => continue,
                 Err(_) => continue,
                 _ => {}
+            }
+            // Refused by try_render before its render: not rendered here
+            // either, so that no plugin call is counted for it.
+            let deadline_bad = template
+                .annotations
+                .get(rollout::DEADLINE_ANNOTATION)
+                .is_some_and(|text| {
+                    !crate::config::parse_duration(text).is_ok_and(|d| !d.is_zero())
+                });
+            if deadline_bad || policy::from_annotations(&template.annotations).is_err() {
+                continue;
             }
             let Ok(held) = security_level::resolve(
                 &self.pod_security,
