@@ -8,6 +8,10 @@
 //! says whether the helper knows it (`podSecurity`, the library's version).
 //! So does the combined request (both questions on one decode of the
 //! manifest, for a write held to a level): `"both":true` in the hello.
+//! The helper answers frames in the order they came, one after another, so
+//! several requests may be in flight ([`Helper::send`] then
+//! [`Helper::answer`], see `prefetch`): every helper
+//! since protocol 1 is asked so, and the hello needs no new word for it.
 //!
 //! Every wait is bounded: the helper's stdin and stdout are served by a
 //! thread each, so a helper that stops reading or answering makes the call
@@ -143,6 +147,15 @@ impl Helper {
         parts: &[&[u8]],
         timeout: Duration,
     ) -> Result<Vec<u8>, Unavailable> {
+        self.send(parts)?;
+        self.answer(timeout)
+    }
+
+    /// Frames `parts` (a NUL between each) and hands it to the writing
+    /// thread, without waiting for its answer: the helper answers frames in
+    /// the order they came, so the caller reads the answers in that order
+    /// ([`Helper::answer`]).
+    pub fn send(&mut self, parts: &[&[u8]]) -> Result<(), Unavailable> {
         let len = parts.iter().map(|p| p.len()).sum::<usize>() + parts.len().saturating_sub(1);
         let mut request = Vec::with_capacity(4 + len);
         request.extend_from_slice(&(len as u32).to_le_bytes());
@@ -159,13 +172,14 @@ impl Helper {
         if !sent {
             return Err(Unavailable("the pod check's process has stopped".into()));
         }
-        let answer = self.answer(timeout);
-        self.last_used = Instant::now();
-        answer
+        Ok(())
     }
 
-    fn answer(&mut self, timeout: Duration) -> Result<Vec<u8>, Unavailable> {
-        match self.answers.recv_timeout(timeout) {
+    /// The next answer, within `timeout`.
+    pub fn answer(&mut self, timeout: Duration) -> Result<Vec<u8>, Unavailable> {
+        let answer = self.answers.recv_timeout(timeout);
+        self.last_used = Instant::now();
+        match answer {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(e)) => Err(Unavailable(format!("the pod check's process failed: {e}"))),
             Err(RecvTimeoutError::Timeout) => Err(Unavailable(format!(
