@@ -879,6 +879,15 @@ const FAULTS: &[Fault] = &[
         test: "tests/pod_security.rs: a_helper_without_the_pod_security_check_is_a_check_that_fails",
     },
     Fault {
+        id: "kubecheck-prefetch-fails",
+        area: "pod check",
+        fault: "the pod check cannot start, or fails, while a pass sends it many manifests at once (the prefetch, several requests in flight)",
+        kept: "the prefetch only fills the check's memo: the helper is stopped (answers may be left in its pipe), and each template's own check before its write asks again or fails as without it; nothing is written unchecked",
+        reported: "as `kubecheck-cannot-run` when the template's own check fails too (RenderFailed)",
+        says: "build-kubecheck.sh",
+        test: "tests/pod_security.rs: a_prefetch_sends_what_the_checks_would_and_they_then_send_nothing",
+    },
+    Fault {
         id: "pod-security-bad-level",
         area: "pod security",
         fault: "a level that is no level or version: the template's `podstamp.io/pod-security` annotation, or `--pod-security` / `PODSTAMP_POD_SECURITY` / `podSecurity`",

@@ -21,13 +21,18 @@
 //!   level it checked against, and a helper that predates the request is a
 //!   check that fails, never a pass.
 //!
+//! - A prefetch (several requests in flight, a pass's manifests before their
+//!   checks) memoizes for each manifest the verdict its own request gives:
+//!   compared case by case through the real helper, and with a stand-in
+//!   helper that logs what it is asked.
+//!
 //! Needs target/kubecheck/podstamp-kubecheck (tests/harness/build-kubecheck.sh).
 
 mod common;
 
 use std::collections::BTreeSet;
 
-use podstamp::kube_check::{KubeCheck, Level, PodSecurityError, Policy, Settings};
+use podstamp::kube_check::{KubeCheck, Level, PodSecurityError, Policy, Question, Settings};
 use serde_json::{Value, json};
 
 /// A pod that meets the restricted profile.
@@ -884,4 +889,125 @@ fn a_write_held_to_a_level_asks_the_helper_once() {
     let (check, log) = logging_helper(older.path(), false);
     assert_eq!(check.check_held("n1", None, pod, &policy), Ok(Ok(())));
     assert_eq!(requests(&log), ["kubelet", "pod-security"]);
+}
+
+/// A prefetch (every case at every level held, and every case unheld, all
+/// sent in one session with several requests in flight) memoizes for each
+/// manifest the verdicts its own requests give: the checks afterwards ask
+/// the helper nothing and answer as a check that was never prefetched.
+#[test]
+fn a_prefetch_answers_each_manifest_as_its_own_request_would() {
+    let prefetched = helper();
+    let alone = helper();
+    let mut questions = Vec::new();
+    for case in &cases() {
+        let pod = static_pod_of(case);
+        for level in Level::ALL {
+            let node = format!("node-{level}");
+            questions.push((case.name, node, pod.clone(), Some(Policy::latest(level))));
+        }
+        questions.push((case.name, "node-plain".to_string(), pod, None));
+    }
+    let mut session = prefetched.prefetch();
+    for (_, node, pod, policy) in &questions {
+        session.ask(Question {
+            node,
+            kubelet: Some("v1.37.2"),
+            manifest: pod,
+            policy: policy.as_ref(),
+        });
+    }
+    let answered = session.finish();
+    // One request per distinct question: a few cases are the same pod once
+    // made static (their ConfigMap volume an emptyDir), asked once.
+    let distinct: BTreeSet<(&String, &Vec<u8>)> = questions
+        .iter()
+        .map(|(_, node, pod, _)| (node, pod))
+        .collect();
+    assert_eq!(answered, distinct.len());
+    let asked = prefetched.counts().1;
+    assert_eq!(asked as usize, distinct.len());
+    let (mut held, mut refused) = (0, 0);
+    for (name, node, pod, policy) in &questions {
+        match policy {
+            Some(policy) => {
+                let got = prefetched.check_held(node, Some("v1.37.2"), pod, policy);
+                let want = alone
+                    .check(node, Some("v1.37.2"), pod)
+                    .map(|()| alone.pod_security(policy, pod));
+                assert_eq!(got, want, "{name} on {node}");
+                held += 1;
+                refused += usize::from(got.is_err());
+            }
+            None => assert_eq!(
+                prefetched.check(node, Some("v1.37.2"), pod),
+                alone.check(node, Some("v1.37.2"), pod),
+                "{name} unheld"
+            ),
+        }
+    }
+    // Every verdict came from the memo: nothing more was asked.
+    assert_eq!(prefetched.counts().1, asked);
+    assert_eq!(prefetched.counts().0 as usize, questions.len());
+    println!(
+        "{} questions prefetched and compared ({held} held to a level, {refused} of those refused by the kubelet's check alike)",
+        questions.len()
+    );
+    assert!(held >= 3 * cases().len(), "{held}");
+}
+
+/// What a prefetch sends: the combined request for a pod held to a level,
+/// the kubelet's for the others, a repeated question once; nothing for a
+/// verdict memoized; the checks afterwards send nothing. A helper without
+/// the combined request is sent the kubelet's, and the Pod Security question
+/// is asked by the check, as without the prefetch. No helper: nothing sent,
+/// and the check fails as it would have.
+#[test]
+fn a_prefetch_sends_what_the_checks_would_and_they_then_send_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (check, log) = logging_helper(dir.path(), true);
+    let policy = Policy::latest(Level::Restricted);
+    let (a, b) = (&b"apiVersion: v1\nkind: Pod\n"[..], &b"kind: Pod\n"[..]);
+    let held = |manifest: &'static [u8]| Question {
+        node: "n1",
+        kubelet: None,
+        manifest,
+        policy: Some(&policy),
+    };
+    let mut session = check.prefetch();
+    session.ask(held(a));
+    session.ask(held(a));
+    session.ask(Question {
+        policy: None,
+        ..held(b)
+    });
+    assert_eq!(session.finish(), 2);
+    assert_eq!(requests(&log), ["both", "kubelet"]);
+    assert_eq!(check.check_held("n1", None, a, &policy), Ok(Ok(())));
+    assert_eq!(check.check("n1", None, b), Ok(()));
+    assert_eq!(requests(&log), ["both", "kubelet"]);
+    // Memoized already: a second session sends nothing.
+    let mut session = check.prefetch();
+    session.ask(held(a));
+    assert_eq!(session.finish(), 0);
+    assert_eq!(requests(&log), ["both", "kubelet"]);
+
+    let older = tempfile::tempdir().unwrap();
+    let (check, log) = logging_helper(older.path(), false);
+    let mut session = check.prefetch();
+    session.ask(held(a));
+    assert_eq!(session.finish(), 1);
+    assert_eq!(requests(&log), ["kubelet"]);
+    assert_eq!(check.check_held("n1", None, a, &policy), Ok(Ok(())));
+    assert_eq!(requests(&log), ["kubelet", "pod-security"]);
+
+    let missing = KubeCheck::new(Settings {
+        path: Some("/nonexistent/podstamp-kubecheck".into()),
+        ..Settings::default()
+    });
+    let mut session = missing.prefetch();
+    session.ask(held(a));
+    assert_eq!(session.finish(), 0);
+    let e = missing.check_held("n1", None, a, &policy).unwrap_err();
+    assert!(e.to_string().contains("build-kubecheck.sh"), "{e}");
 }

@@ -20,7 +20,9 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::chain::{Chain, ChainFailure, Step, StepChanges};
-use crate::kube_check::{CheckError, KubeCheck, PodSecurityError, Refusal, Unavailable, Violation};
+use crate::kube_check::{
+    CheckError, KubeCheck, PodSecurityError, Question, Refusal, Unavailable, Violation,
+};
 use crate::manifest::{self, Manifest};
 use crate::node::NodeContext;
 use crate::plugin::WitNode;
@@ -228,6 +230,17 @@ impl Rendered {
     /// The manifest, for its name, source and bytes; not to be written.
     pub fn peek(&self) -> &Manifest {
         self.manifest.peek()
+    }
+
+    /// The question [`Rendered::verify`] will ask the kubelet's check about
+    /// these bytes, for [`KubeCheck::prefetch`] to send ahead.
+    pub fn question(&self) -> Question<'_> {
+        Question {
+            node: &self.node,
+            kubelet: self.kubelet_version.as_deref(),
+            manifest: &self.manifest.peek().bytes,
+            policy: self.pod_security.as_ref().map(|held| &held.policy),
+        }
     }
 
     /// Reads the bytes back, then asks the process's kubelet check

@@ -8,6 +8,10 @@
 //! says whether the helper knows it (`podSecurity`, the library's version).
 //! So does the combined request (both questions on one decode of the
 //! manifest, for a write held to a level): `"both":true` in the hello.
+//! The helper answers frames in the order they came, one after another, so
+//! several requests may be in flight ([`Helper::send`] then
+//! [`Helper::answer`], see `prefetch`): every helper since protocol 1 is
+//! asked so, and the hello needs no new word for it.
 //!
 //! Every wait is bounded: the helper's stdin and stdout are non-blocking
 //! pipes, written and read by the calling thread itself between `poll`s
@@ -98,7 +102,7 @@ impl Helper {
                 "cannot set up its pipes or its log's thread: {e}"
             )));
         }
-        let hello = match helper.answer(Instant::now() + timeout, timeout) {
+        let hello = match helper.read_answer(Instant::now() + timeout, timeout) {
             Ok(hello) => hello,
             Err(e) => {
                 helper.stop();
@@ -150,41 +154,54 @@ impl Helper {
         parts: &[&[u8]],
         timeout: Duration,
     ) -> Result<Vec<u8>, Unavailable> {
-        let len = parts.iter().map(|p| p.len()).sum::<usize>() + parts.len().saturating_sub(1);
-        let mut request = Vec::with_capacity(4 + len);
-        request.extend_from_slice(&(len as u32).to_le_bytes());
-        for (i, part) in parts.iter().enumerate() {
-            if i > 0 {
-                request.push(0);
-            }
-            request.extend_from_slice(part);
-        }
         let deadline = Instant::now() + timeout;
         let answer = self
-            .send(&request, deadline, timeout)
-            .and_then(|()| self.answer(deadline, timeout));
+            .write_all(&frame(parts), deadline, timeout)
+            .and_then(|()| self.read_answer(deadline, timeout));
         self.last_used = Instant::now();
         answer
     }
 
-    /// Writes all of `request` by `deadline`.
-    fn send(
+    /// Sends one request of `parts` without reading its answer, written
+    /// within `timeout`: the helper answers in the order it was asked, and
+    /// the caller reads the answers in that order ([`Helper::answer`]).
+    pub fn send(&mut self, parts: &[&[u8]], timeout: Duration) -> Result<(), Unavailable> {
+        let sent = self.write_all(&frame(parts), Instant::now() + timeout, timeout);
+        self.last_used = Instant::now();
+        sent
+    }
+
+    /// The oldest answer not read yet, within `timeout`.
+    pub fn answer(&mut self, timeout: Duration) -> Result<Vec<u8>, Unavailable> {
+        let answer = self.read_answer(Instant::now() + timeout, timeout);
+        self.last_used = Instant::now();
+        answer
+    }
+
+    /// Writes all of `request` by `deadline`. While the helper's stdin is
+    /// full, what it answered meanwhile is read into `unread`: with several
+    /// requests in flight, a helper blocked on a full stdout would never
+    /// read the rest of its stdin.
+    fn write_all(
         &mut self,
         mut request: &[u8],
         deadline: Instant,
         timeout: Duration,
     ) -> Result<(), Unavailable> {
-        let Some(stdin) = self.stdin.as_mut() else {
-            return Err(Unavailable("the pod check's process has stopped".into()));
-        };
         while !request.is_empty() {
+            let Some(stdin) = self.stdin.as_mut() else {
+                return Err(Unavailable("the pod check's process has stopped".into()));
+            };
             match stdin.write(request) {
                 Ok(0) => return Err(self.ended()),
                 Ok(n) => request = &request[n..],
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     // Its pipe is full: it has not read the last bytes yet.
-                    wait_for(stdin.as_raw_fd(), libc::POLLOUT, deadline, timeout)?;
+                    let stdin = stdin.as_raw_fd();
+                    if wait_for_either(stdin, self.stdout.as_raw_fd(), deadline, timeout)? {
+                        self.read_some()?;
+                    }
                 }
                 // Its end of the pipe is closed: it has exited.
                 Err(e) if e.kind() == ErrorKind::BrokenPipe => return Err(self.ended()),
@@ -197,8 +214,11 @@ impl Helper {
     }
 
     /// The next answer (a frame's payload), read by `deadline`.
-    fn answer(&mut self, deadline: Instant, timeout: Duration) -> Result<Vec<u8>, Unavailable> {
-        let mut chunk = [0u8; 16 << 10];
+    fn read_answer(
+        &mut self,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, Unavailable> {
         loop {
             if let Some(len) = self
                 .unread
@@ -217,14 +237,26 @@ impl Helper {
                     return Ok(answer);
                 }
             }
+            if !self.read_some()? {
+                wait_for(self.stdout.as_raw_fd(), libc::POLLIN, deadline, timeout)?;
+            }
+        }
+    }
+
+    /// Reads what the helper's stdout holds into `unread`, without waiting;
+    /// whether anything was read.
+    fn read_some(&mut self) -> Result<bool, Unavailable> {
+        let mut chunk = [0u8; 16 << 10];
+        loop {
             match self.stdout.read(&mut chunk) {
                 // Its stdout closed: it has exited, or is about to.
                 Ok(0) => return Err(self.ended()),
-                Ok(n) => self.unread.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    wait_for(self.stdout.as_raw_fd(), libc::POLLIN, deadline, timeout)?;
+                Ok(n) => {
+                    self.unread.extend_from_slice(&chunk[..n]);
+                    return Ok(true);
                 }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
                 Err(e) => {
                     return Err(Unavailable(format!("the pod check's process failed: {e}")));
                 }
@@ -279,6 +311,63 @@ fn set_nonblocking(fd: RawFd) -> std::io::Result<()> {
 
 /// Waits until `fd` is ready for `events` (or closed: the next read or
 /// write then says how), at most until `deadline`.
+/// One request of `parts`, a NUL between each, behind its length.
+fn frame(parts: &[&[u8]]) -> Vec<u8> {
+    let len = parts.iter().map(|p| p.len()).sum::<usize>() + parts.len().saturating_sub(1);
+    let mut request = Vec::with_capacity(4 + len);
+    request.extend_from_slice(&(len as u32).to_le_bytes());
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            request.push(0);
+        }
+        request.extend_from_slice(part);
+    }
+    request
+}
+
+/// Waits by `deadline` until `stdin` takes bytes or `stdout` has some:
+/// true when `stdout` has (or is closed).
+fn wait_for_either(
+    stdin: RawFd,
+    stdout: RawFd,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<bool, Unavailable> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Unavailable(format!(
+                "the pod check did not take a request within {} ms",
+                timeout.as_millis()
+            )));
+        }
+        let mut polls = [
+            libc::pollfd {
+                fd: stdin,
+                events: libc::POLLOUT,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stdout,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let ms = left.as_millis().clamp(1, libc::c_int::MAX as u128) as libc::c_int;
+        // SAFETY: two valid pollfds, their count 2.
+        match unsafe { libc::poll(polls.as_mut_ptr(), 2, ms) } {
+            n if n > 0 => return Ok(polls[1].revents != 0),
+            0 => {}
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != ErrorKind::Interrupted {
+                    return Err(Unavailable(format!("the pod check's process failed: {e}")));
+                }
+            }
+        }
+    }
+}
+
 fn wait_for(
     fd: RawFd,
     events: libc::c_short,

@@ -44,7 +44,7 @@
 //! One concern per file: `locate` (where the helper is), `helper` (the child
 //! process and its protocol), `verdict` (its answer → podstamp's messages),
 //! `pod_security` (the Pod Security request and verdict), `memo` (verdicts
-//! by digest).
+//! by digest), `prefetch` (many questions asked at once, for a pass).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -55,10 +55,12 @@ mod helper;
 mod locate;
 mod memo;
 pub mod pod_security;
+mod prefetch;
 mod verdict;
 
 pub use locate::{ENV_VAR, HELPER_NAME, IMAGE_PATH};
 pub use pod_security::{Level, Policy, Violation};
+pub use prefetch::{MAX_IN_FLIGHT, Prefetch, Question};
 pub use verdict::Refusal;
 
 use helper::Helper;

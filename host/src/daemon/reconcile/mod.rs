@@ -12,6 +12,8 @@
 //! (how a render ends: metrics, log, Event, the machine told), `batch`
 //! (the pass's writes and rollout states, put in place together, crash-safe),
 //! `dir` (the manifest directory: what is ours, garbage, durability),
+//! `ahead` (a pass's renders a chunk ahead, their checks sent to the helper
+//! while the next ones render),
 //! `timing` (where the first sync's time goes).
 //!
 //! The rules it keeps:
@@ -43,6 +45,7 @@
 //!   ([`super::revisions`]), a held revision, a slot) is the machine's
 //!   decision, carried out here in the order given.
 
+mod ahead;
 mod batch;
 mod dir;
 mod outcome;
@@ -149,6 +152,8 @@ pub struct Reconciler {
     pass: batch::Pass,
     /// The first sync's time, by part ([`timing`]).
     timing: timing::SyncTiming,
+    /// Renders done ahead in the pass's current chunk ([`ahead`]).
+    ahead: ahead::Ahead,
 }
 
 impl Reconciler {
@@ -196,6 +201,7 @@ impl Reconciler {
             waiting_for_namespace_logged: false,
             pass: batch::Pass::default(),
             timing: timing::SyncTiming::default(),
+            ahead: ahead::Ahead::default(),
         })
     }
 
@@ -476,13 +482,20 @@ impl Reconciler {
         dirty.sort();
         let rendered = !dirty.is_empty();
         self.open_pass();
-        for (_, key) in dirty {
-            self.render_one(&key);
-            self.run_effects();
-            if self.pass_full() {
-                self.commit_pass();
-                self.run_effects();
+        for chunk in dirty.chunks(ahead::AHEAD) {
+            // A pass of one renders in place: nothing to overlap.
+            if chunk.len() > 1 {
+                self.render_ahead(chunk);
             }
+            for (_, key) in chunk {
+                self.render_one(key);
+                self.run_effects();
+                if self.pass_full() {
+                    self.commit_pass();
+                    self.run_effects();
+                }
+            }
+            self.ahead.clear();
         }
         self.close_pass();
         self.run_effects();

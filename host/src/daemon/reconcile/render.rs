@@ -191,9 +191,14 @@ impl Reconciler {
                 message: e.to_string(),
             }
         };
+        // Rendered ahead, with the pass's chunk ([`super::ahead`]), or now.
         let started = Instant::now();
-        let rendered = check_size(template, self.max_manifest_bytes)
-            .and_then(|()| render_timed(template, node, &chain, &self.namespace, &self.metrics));
+        let rendered = match self.ahead.take(key, template, &chain) {
+            Some(rendered) => rendered,
+            None => check_size(template, self.max_manifest_bytes).and_then(|()| {
+                render_timed(template, node, &chain, &self.namespace, &self.metrics)
+            }),
+        };
         self.timing.add(Part::Render, started);
         let rendered = rendered.map_err(render_failed)?.held_to(held);
         let manifest = rendered.peek();

@@ -85,6 +85,13 @@ impl SyncTiming {
         }
     }
 
+    /// Adds `took` to `part`, as [`SyncTiming::add`].
+    pub(super) fn add_duration(&mut self, part: Part, took: Duration) {
+        if !self.done && self.to_list.is_some() {
+            self.parts[part as usize] += took;
+        }
+    }
+
     /// The first complete list was applied now.
     pub(super) fn listed(&mut self) {
         self.to_list.get_or_insert_with(|| self.started.elapsed());
