@@ -627,8 +627,13 @@ fn roll_through(kube: &Kube, nodes: &[&NodeUnderTest], image: &str) {
 /// The images of every revision a node kept (its revision history).
 fn kept_images(tmp: &Path, node: &str) -> String {
     let mut all = String::new();
-    for dir in fs::read_dir(tmp.join(format!("revisions-{node}"))).unwrap() {
-        for file in fs::read_dir(dir.unwrap().path()).unwrap() {
+    for entry in fs::read_dir(tmp.join(format!("revisions-{node}"))).unwrap() {
+        // The templates' directories; beside them, their rollout states.
+        let dir = entry.unwrap().path();
+        if !dir.is_dir() {
+            continue;
+        }
+        for file in fs::read_dir(dir).unwrap() {
             all.push_str(&fs::read_to_string(file.unwrap().path()).unwrap());
         }
     }
