@@ -337,7 +337,7 @@ fn wait_for_either(
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(Unavailable(format!(
-                "the pod check did not take a request within {} ms",
+                "the pod check did not answer within {} ms",
                 timeout.as_millis()
             )));
         }
@@ -499,6 +499,44 @@ mod tests {
             .call_parts(&[b"n1", b"", &manifest], Duration::from_millis(200))
             .unwrap_err();
         assert_eq!(e.0, "the pod check did not answer within 200 ms");
+        helper.stop();
+    }
+
+    /// Many requests in flight, both pipes full: the helper cannot read
+    /// the next request until its answers are read, and the caller is still
+    /// writing requests. The answers read meanwhile keep both going.
+    #[test]
+    fn requests_in_flight_larger_than_both_pipes_do_not_block_each_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("echo-helper");
+        // Greets, then answers each frame with 32 KiB of its own.
+        let script = r#"#!/usr/bin/env python3
+import struct, sys
+out, inp = sys.stdout.buffer, sys.stdin.buffer
+def send(b):
+    out.write(struct.pack('<I', len(b)) + b); out.flush()
+send(b'{"protocol":1,"kubernetes":"v1.37.2"}')
+while True:
+    head = inp.read(4)
+    if len(head) < 4:
+        break
+    body = inp.read(struct.unpack('<I', head)[0])
+    send(b'x' * (32 << 10) + str(len(body)).encode())
+"#;
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut helper = Helper::start(&path, Duration::from_secs(10)).unwrap();
+        let manifest = vec![b'#'; 200 << 10];
+        for _ in 0..8 {
+            helper
+                .send(&[&manifest[..]], Duration::from_secs(10))
+                .unwrap();
+        }
+        for _ in 0..8 {
+            let answer = helper.answer(Duration::from_secs(10)).unwrap();
+            assert!(answer.ends_with(format!("{}", 200 << 10).as_bytes()));
+            assert_eq!(answer.len(), (32 << 10) + 6);
+        }
         helper.stop();
     }
 
