@@ -74,8 +74,9 @@ impl Bench {
         // the bench's copy of podstamp (200 MB with its line tables), the
         // API server's writes of 11,000 templates and the previous run's
         // tree removed would otherwise be written back (and, on a disk
-        // mounted with `discard`, trimmed) under the sync's fsyncs, each
-        // run more than the last (docs/performance.md §3.4).
+        // mounted with `discard`, trimmed) under the sync's fsyncs. It does
+        // not stop each run of a sitting being dearer than the last
+        // (docs/performance.md §3.4): compare runs in alternating pairs.
         flush_disk();
         let dir = self.dir("sync/podstamp");
         let mut renames = Renames::watch(std::slice::from_ref(&dir));
