@@ -309,8 +309,6 @@ fn set_nonblocking(fd: RawFd) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Waits until `fd` is ready for `events` (or closed: the next read or
-/// write then says how), at most until `deadline`.
 /// One request of `parts`, a NUL between each, behind its length.
 fn frame(parts: &[&[u8]]) -> Vec<u8> {
     let len = parts.iter().map(|p| p.len()).sum::<usize>() + parts.len().saturating_sub(1);
@@ -333,44 +331,34 @@ fn wait_for_either(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<bool, Unavailable> {
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(Unavailable(format!(
-                "the pod check did not answer within {} ms",
-                timeout.as_millis()
-            )));
-        }
-        let mut polls = [
-            libc::pollfd {
-                fd: stdin,
-                events: libc::POLLOUT,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stdout,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        let ms = left.as_millis().clamp(1, libc::c_int::MAX as u128) as libc::c_int;
-        // SAFETY: two valid pollfds, their count 2.
-        match unsafe { libc::poll(polls.as_mut_ptr(), 2, ms) } {
-            n if n > 0 => return Ok(polls[1].revents != 0),
-            0 => {}
-            _ => {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != ErrorKind::Interrupted {
-                    return Err(Unavailable(format!("the pod check's process failed: {e}")));
-                }
-            }
-        }
-    }
+    let mut fds = [pollfd(stdin, libc::POLLOUT), pollfd(stdout, libc::POLLIN)];
+    poll_until(&mut fds, deadline, timeout)?;
+    Ok(fds[1].revents != 0)
 }
 
+/// Waits until `fd` is ready for `events` (or closed: the next read or
+/// write then says how), at most until `deadline`.
 fn wait_for(
     fd: RawFd,
     events: libc::c_short,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(), Unavailable> {
+    poll_until(&mut [pollfd(fd, events)], deadline, timeout)
+}
+
+fn pollfd(fd: RawFd, events: libc::c_short) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }
+}
+
+/// Polls `fds` until one is ready, at most until `deadline` (then the
+/// call's timeout is the error).
+fn poll_until(
+    fds: &mut [libc::pollfd],
     deadline: Instant,
     timeout: Duration,
 ) -> Result<(), Unavailable> {
@@ -382,15 +370,10 @@ fn wait_for(
                 timeout.as_millis()
             )));
         }
-        let mut poll = libc::pollfd {
-            fd,
-            events,
-            revents: 0,
-        };
         // Rounded up: a wait of 0 ms would spin until the deadline.
         let ms = left.as_millis().clamp(1, libc::c_int::MAX as u128) as libc::c_int;
-        // SAFETY: one valid pollfd, its count 1.
-        match unsafe { libc::poll(&mut poll, 1, ms) } {
+        // SAFETY: `fds` is a valid array of pollfds, its length their count.
+        match unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) } {
             n if n > 0 => return Ok(()),
             0 => {}
             _ => {
