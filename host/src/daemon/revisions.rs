@@ -126,7 +126,7 @@ impl Store {
 
     /// The directory of template `id` (`namespace/name`).
     pub fn template_dir(&self, id: &str) -> PathBuf {
-        self.dir.join(id.replacen('/', "_", 1))
+        template_dir_in(&self.dir, id)
     }
 
     /// Records that `revision` (with these bytes) is now the template's
@@ -260,9 +260,8 @@ impl Store {
     /// [`Store::save_state`] for many templates at once: one write of the
     /// one file ([`rollout_file`]), synced, before this returns.
     pub fn save_states(&mut self, states: &[(String, State)]) -> io::Result<()> {
-        let root = self.dir.clone();
-        self.states
-            .set_many(states, |id| root.join(id.replacen('/', "_", 1)))
+        let root = &self.dir;
+        self.states.set_many(states, |id| template_dir_in(root, id))
     }
 
     /// Removes template `id`'s rollout state (the template is gone); its
@@ -299,6 +298,12 @@ impl Store {
         kept.sort_by_key(|k| k.seq);
         Ok(kept)
     }
+}
+
+/// The directory of template `id` (`namespace/name`) in the revisions
+/// directory `root`: `<namespace>_<name>`.
+fn template_dir_in(root: &Path, id: &str) -> PathBuf {
+    root.join(id.replacen('/', "_", 1))
 }
 
 fn file_name(seq: u64, revision: &str) -> String {
