@@ -264,11 +264,18 @@ impl<'a> Node<'a> for &'a Value {
 
     fn open(self) -> Result<Open<'a, Self>, Malformed> {
         Ok(match self {
-            Value::Object(map) => Open::Object(
-                map.iter()
+            Value::Object(map) => {
+                let mut fields: Vec<_> = map
+                    .iter()
                     .map(|(k, v)| (Cow::Borrowed(k.as_str()), v))
-                    .collect(),
-            ),
+                    .collect();
+                // Already in key order unless serde_json's `preserve_order`
+                // is on (a dependency may turn it on): the walk looks keys
+                // up by binary search, and meets them in the order a text's
+                // are met. A sorted list costs one pass to confirm.
+                fields.sort_by(|a, b| a.0.cmp(&b.0));
+                Open::Object(fields)
+            }
             Value::Array(items) => Open::Array(items.iter().collect()),
             _ => Open::Scalar,
         })
