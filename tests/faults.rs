@@ -1689,6 +1689,15 @@ const FAULTS: &[Fault] = &[
         test: "a_damaged_rollout_state_is_named_and_read_as_empty",
     },
     Fault {
+        id: "revision-history-write-fails",
+        area: "kubelet",
+        fault: "a revision that the history's writer, behind the pass, cannot write (the template's directory in the revisions directory replaced by a file; a full or failing disk)",
+        kept: "the manifest in place and running (written before its revision is kept, as always); the other templates' revisions written; that template's history read again from disk before its next revision is recorded, and written then",
+        reported: "an error in the log naming the template, the revision, the directory and the error; `podstamp_revision_history_writes_total{result=\"failed\"}`",
+        says: "cannot keep the revision",
+        test: "host/src/daemon/revisions.rs: a_write_that_fails_behind_is_read_again_from_disk",
+    },
+    Fault {
         id: "deploy-cache-volume",
         area: "deploy",
         fault: "deploy/'s DaemonSet started with each volume as the kubelet makes it (its cache was an emptyDir, 0777: `podstamp run` exited 2)",

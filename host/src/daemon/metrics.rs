@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::daemon::revisions::Counts as HistoryCounts;
 use crate::oci::PullCounts;
 use crate::reason::Reason;
 use tokio::net::{TcpListener, TcpStream};
@@ -100,6 +101,8 @@ pub struct Metrics {
     ready: AtomicBool,
     /// The plugin registry's pull counts, kept by the catalog loader.
     oci_pulls: OnceLock<Arc<PullCounts>>,
+    /// The revision history's writer, behind the passes.
+    history: OnceLock<Arc<HistoryCounts>>,
 }
 
 /// How one reload of the catalog ended.
@@ -313,6 +316,12 @@ impl Metrics {
     /// Shows `pulls` (the catalog's registry's) as `podstamp_oci_pulls_total`.
     pub fn follow_oci_pulls(&self, pulls: Arc<PullCounts>) {
         let _ = self.oci_pulls.set(pulls);
+    }
+
+    /// Shows the revision history's writer as
+    /// `podstamp_revision_history_*`.
+    pub fn follow_revision_history(&self, counts: Arc<HistoryCounts>) {
+        let _ = self.history.set(counts);
     }
 
     /// One request sent to the API server (see `api_requests`).
@@ -586,6 +595,22 @@ impl Metrics {
             for (result, n) in pulls.snapshot() {
                 let _ = writeln!(out, "podstamp_oci_pulls_total{{result=\"{result}\"}} {n}");
             }
+        }
+        if let Some(history) = self.history.get() {
+            use std::sync::atomic::Ordering::SeqCst;
+            let _ = writeln!(
+                out,
+                "# HELP podstamp_revision_history_queued Revisions recorded and not yet written to the revision history (its writer works behind the passes).\n\
+                 # TYPE podstamp_revision_history_queued gauge\n\
+                 podstamp_revision_history_queued {}\n\
+                 # HELP podstamp_revision_history_writes_total Revisions put in the revision history (written, renamed or pruned), by result: ok or failed (the log names the template and the error).\n\
+                 # TYPE podstamp_revision_history_writes_total counter\n\
+                 podstamp_revision_history_writes_total{{result=\"ok\"}} {}\n\
+                 podstamp_revision_history_writes_total{{result=\"failed\"}} {}",
+                history.queued.load(SeqCst),
+                history.done.load(SeqCst),
+                history.failed.load(SeqCst)
+            );
         }
         let _ = writeln!(
             out,

@@ -129,6 +129,10 @@ fn read_node_file(path: &Path, node_name: &str) -> Result<NodeContext, DaemonErr
     Ok(context)
 }
 
+/// How long a stopping daemon waits for the revision history's last writes
+/// (a disk that takes longer is stuck; the kubelet's grace period is 30 s).
+const HISTORY_DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Runs the daemon with resolved `settings` ([`crate::settings::daemon`])
 /// until SIGTERM or SIGINT (Ok), or until it cannot go on.
 pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
@@ -290,11 +294,14 @@ async fn serve(
     tracing::info!(level = %settings.pod_security, namespace_label = from_api,
         "Pod Security: every rendered pod is held to its namespace's {} label, else this level",
         crate::security_level::ENFORCE_LABEL);
-    reconciler.set_revisions(revisions::Store::open(
+    let history = revisions::Store::open(
         settings.revisions_dir.clone(),
         settings.revision_history,
         &settings.manifest_dir,
-    )?);
+    )?;
+    metrics.follow_revision_history(history.counts());
+    let history_drain = history.drain();
+    reconciler.set_revisions(history);
     // With the API, updates roll across the nodes through its Leases.
     let coordinating = client.as_ref().map(|client| {
         let (asks, asked) = tokio::sync::mpsc::unbounded_channel();
@@ -458,6 +465,15 @@ async fn serve(
         shared = refused => return Err(shared.into()),
     }
     tracing::info!("stopping");
+    // The revisions a pass recorded are written behind it: finished before
+    // the process ends, unless the disk hangs.
+    let done = tokio::task::spawn_blocking(move || history_drain.wait(HISTORY_DRAIN_LIMIT))
+        .await
+        .unwrap_or(false);
+    if !done {
+        tracing::warn!(limit = ?HISTORY_DRAIN_LIMIT,
+            "the revision history's last writes did not finish in time; the manifests are in place, their newest revisions may be missing from the history");
+    }
     Ok(())
 }
 

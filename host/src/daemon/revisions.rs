@@ -14,15 +14,23 @@
 //!   directories in it are 0700 and the files 0600, readable by this user
 //!   alone, like the manifests.
 //! * Files are written as manifests are ([`crate::write`]): a dot-temp file,
-//!   synced, renamed into place, the directory synced; for many templates at
-//!   once ([`Store::record_many`]) each step is taken for all of them before
-//!   the next, the syncs in parallel, and the states of many templates
-//!   ([`Store::save_states`]) are one write. A revision already kept is never
-//!   written again; recorded again (after an older one came back), its file
-//!   is renamed to the newest `seq`, not rewritten.
+//!   synced, renamed into place, the directory synced. The store decides
+//!   what each template's history needs (which file to write, rename or
+//!   prune) and its writer thread ([`writer`]) does it, behind the pass: a
+//!   pass's manifests are in place without waiting for their history. Many
+//!   templates at once ([`Store::record_many`]) are one batch, each step
+//!   taken for all of them before the next, the syncs in parallel. The
+//!   states of many templates ([`Store::save_states`]) are one write, done
+//!   before this returns. A revision already kept is never written again;
+//!   recorded again (after an older one came back), its file is renamed to
+//!   the newest `seq`, not rewritten.
 //! * At most `keep` files per template: the oldest go when a new one comes.
-//! * A revision recorded in this run is not looked up on disk again: a
-//!   template whose revision did not change costs no file system access.
+//! * What a template keeps is read from disk once, the first time it is
+//!   recorded in this run, then kept in an index that each record updates
+//!   as it queues its job: a template whose revision did not change costs
+//!   no file system access. A job that fails marks its template stale and
+//!   the index is read again from disk (after the queue is done).
+//! * Reading a kept file waits for the queue ([`writer::Writer::flush`]).
 //! * The rollout states of all templates are one file beside the
 //!   templates' directories ([`rollout_file`], `rollout-states.jsonl`),
 //!   read once at open; a template's directory holds only its revisions
@@ -37,6 +45,9 @@ use std::path::{Path, PathBuf};
 use super::rollout::RolloutState as State;
 use super::rollout_file;
 use crate::write;
+
+mod writer;
+pub use writer::{Counts, Drain};
 
 /// Why the revisions directory cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -68,10 +79,13 @@ pub struct Kept {
 pub struct Store {
     dir: PathBuf,
     keep: usize,
-    /// Template id → the revision last recorded for it in this run.
-    recorded: BTreeMap<String, String>,
+    /// Template id → the revisions it keeps, oldest first, as decided in
+    /// this run (their jobs may still be queued).
+    index: BTreeMap<String, Vec<Kept>>,
     /// Every template's rollout state, read once.
     states: rollout_file::States,
+    /// Does the disk work of the history (dropped last: it finishes first).
+    writer: writer::Writer,
 }
 
 impl Store {
@@ -112,11 +126,13 @@ impl Store {
         for e in unreadable {
             tracing::error!("cannot read the rollout state: {e}; starting without it");
         }
+        let writer = writer::Writer::start(dir.clone());
         Ok(Store {
             dir,
             keep,
-            recorded: BTreeMap::new(),
+            index: BTreeMap::new(),
             states,
+            writer,
         })
     }
 
@@ -130,120 +146,104 @@ impl Store {
     }
 
     /// Records that `revision` (with these bytes) is now the template's
-    /// manifest. Returns whether a file was written.
+    /// manifest, and waits until it is on disk. Returns whether a file was
+    /// written.
     pub fn record(&mut self, id: &str, revision: &str, bytes: &[u8]) -> io::Result<bool> {
-        if self.recorded.get(id).map(String::as_str) == Some(revision) {
-            return Ok(false);
+        match self.plan(id, revision, bytes)? {
+            None => Ok(false),
+            Some(job) => self
+                .writer
+                .run_now(vec![job])
+                .pop()
+                .expect("one outcome a job"),
         }
-        let dir = self.make_template_dir(id)?;
-        let kept = self.kept_in(&dir)?;
-        let next = kept.last().map_or(1, |k| k.seq + 1);
-        let file = file_name(next, revision);
-        let written = match kept.iter().find(|k| k.revision == revision) {
-            Some(k) if Some(k) == kept.last() => false,
-            Some(k) => {
-                fs::rename(dir.join(&k.file), dir.join(&file))?;
-                false
-            }
-            None => {
-                write::replace(&dir, &file, bytes)?;
-                true
-            }
-        };
-        let kept = self.kept_in(&dir)?;
-        for old in &kept[..kept.len().saturating_sub(self.keep)] {
-            fs::remove_file(dir.join(&old.file))?;
-        }
-        write::sync_dir(&dir)?;
-        self.recorded.insert(id.to_string(), revision.to_string());
-        Ok(written)
     }
 
     /// [`Store::record`] for many templates at once (`(id, revision,
-    /// bytes)`, one per template): the new files are staged, synced in
-    /// parallel, renamed, and each template's directory synced, in parallel
-    /// too. The result of each, in order.
-    pub fn record_many(&mut self, items: &[(&str, &str, &[u8])]) -> Vec<io::Result<bool>> {
-        // The new files to write, beside the index of their item.
-        let mut staged: Vec<(usize, write::Staged)> = Vec::new();
-        let mut results: Vec<io::Result<bool>> = Vec::with_capacity(items.len());
-        for (i, (id, revision, bytes)) in items.iter().enumerate() {
-            let result = (|| {
-                if self.recorded.get(*id).map(String::as_str) == Some(*revision) {
-                    return Ok(false);
-                }
-                let dir = self.make_template_dir(id)?;
-                let kept = self.kept_in(&dir)?;
-                let next = kept.last().map_or(1, |k| k.seq + 1);
-                let file = file_name(next, revision);
-                match kept.iter().find(|k| k.revision == *revision) {
-                    Some(k) if Some(k) == kept.last() => {}
-                    Some(k) => fs::rename(dir.join(&k.file), dir.join(&file))?,
-                    None => {
-                        if let Some(s) = write::stage(&dir, &file, bytes)? {
-                            staged.push((i, s));
-                        }
-                    }
-                }
-                Ok(true)
-            })();
-            results.push(result);
+    /// bytes)`, one per template), without waiting: their files are
+    /// written behind, in one batch ([`writer`]), and each outcome logged
+    /// there. What is returned, in order, is whether each could be
+    /// decided (its directory read).
+    pub fn record_many(&mut self, items: &[(&str, &str, &[u8])]) -> Vec<io::Result<()>> {
+        let mut jobs = Vec::new();
+        let mut results = Vec::with_capacity(items.len());
+        for (id, revision, bytes) in items {
+            results.push(self.plan(id, revision, bytes).map(|job| jobs.extend(job)));
         }
-        let (indices, mut files): (Vec<usize>, Vec<write::Staged>) = staged.into_iter().unzip();
-        let synced = write::sync_staged(&mut files);
-        let mut written = vec![false; items.len()];
-        for ((i, file), synced) in indices.into_iter().zip(files).zip(synced) {
-            match synced.and_then(|()| file.commit()) {
-                Ok(()) => written[i] = true,
-                Err(e) => results[i] = Err(e),
-            }
-        }
-        // Pruned, then each directory synced once.
-        let mut dirs = Vec::new();
-        for (i, (id, _, _)) in items.iter().enumerate() {
-            if !matches!(results[i], Ok(true)) {
-                continue;
-            }
-            let dir = self.template_dir(id);
-            let pruned = self.kept_in(&dir).and_then(|kept| {
-                kept[..kept.len().saturating_sub(self.keep)]
-                    .iter()
-                    .try_for_each(|old| fs::remove_file(dir.join(&old.file)))
-            });
-            match pruned {
-                Ok(()) => dirs.push((i, dir)),
-                Err(e) => results[i] = Err(e),
-            }
-        }
-        let (indices, dirs): (Vec<usize>, Vec<PathBuf>) = dirs.into_iter().unzip();
-        for (i, synced) in indices.into_iter().zip(write::sync_dirs(&dirs)) {
-            match synced {
-                Ok(()) => {
-                    let (id, revision, _) = items[i];
-                    self.recorded.insert(id.to_string(), revision.to_string());
-                    results[i] = Ok(written[i]);
-                }
-                Err(e) => results[i] = Err(e),
+        if !jobs.is_empty()
+            && let Err(e) = self.writer.send(jobs)
+        {
+            for result in results.iter_mut().filter(|r| r.is_ok()) {
+                *result = Err(io::Error::new(e.kind(), e.to_string()));
             }
         }
         results
     }
 
-    /// Creates (0700) the directory of template `id` if missing.
-    fn make_template_dir(&self, id: &str) -> io::Result<PathBuf> {
+    /// What recording `revision` as template `id`'s newest takes on disk;
+    /// the index updated as if it were done. None: nothing to do.
+    fn plan(&mut self, id: &str, revision: &str, bytes: &[u8]) -> io::Result<Option<writer::Job>> {
+        if self.writer.stale(id, true) {
+            // Its last job failed: the disk says what it keeps.
+            self.writer.flush();
+            self.index.remove(id);
+        }
         let dir = self.template_dir(id);
-        match fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
+        let kept = match self.index.entry(id.to_string()) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => e.insert(kept_on_disk(&dir)?),
+        };
+        let next = kept.last().map_or(1, |k| k.seq + 1);
+        let newest = Kept {
+            seq: next,
+            revision: revision.to_string(),
+            file: file_name(next, revision),
+        };
+        let change = match kept.iter().position(|k| k.revision == revision) {
+            Some(i) if i + 1 == kept.len() => writer::Change::Keep,
+            Some(i) => {
+                let older = kept.remove(i);
+                kept.push(newest.clone());
+                writer::Change::Rename {
+                    from: older.file,
+                    to: newest.file,
+                }
+            }
+            None => {
+                kept.push(newest.clone());
+                writer::Change::Write {
+                    file: newest.file,
+                    bytes: bytes.to_vec(),
+                }
+            }
+        };
+        let excess = kept.len().saturating_sub(self.keep);
+        let prune: Vec<String> = kept.drain(..excess).map(|k| k.file).collect();
+        if matches!(change, writer::Change::Keep) && prune.is_empty() {
+            return Ok(None);
         }
-        if !fs::symlink_metadata(&dir)?.is_dir() {
-            return Err(io::Error::other(format!(
-                "{} is not a directory; remove it",
-                dir.display()
-            )));
-        }
-        Ok(dir)
+        Ok(Some(writer::Job {
+            id: id.to_string(),
+            revision: revision.to_string(),
+            dir,
+            change,
+            prune,
+        }))
+    }
+
+    /// Waits until every revision recorded so far is on disk.
+    pub fn flush(&self) {
+        self.writer.flush();
+    }
+
+    /// A handle to wait, when stopping, for the history's writes.
+    pub fn drain(&self) -> Drain {
+        self.writer.drain()
+    }
+
+    /// The writer's counts, for `/metrics`.
+    pub fn counts(&self) -> std::sync::Arc<Counts> {
+        self.writer.counts()
     }
 
     /// What template `id`'s rollouts left ([`rollout_file`]).
@@ -271,33 +271,50 @@ impl Store {
         self.states.forget(id, &dir)
     }
 
-    /// The revisions kept for template `id`, oldest first.
+    /// The revisions kept for template `id`, oldest first (as recorded:
+    /// some may still be being written).
     pub fn kept(&self, id: &str) -> io::Result<Vec<Kept>> {
-        match self.kept_in(&self.template_dir(id)) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
-            other => other,
+        if self.writer.stale(id, false) {
+            self.writer.flush();
+        } else if let Some(kept) = self.index.get(id) {
+            return Ok(kept.clone());
         }
+        kept_on_disk(&self.template_dir(id))
     }
 
-    /// The bytes of a kept revision of template `id`.
+    /// The bytes of a kept revision of template `id` (once written).
     pub fn read(&self, id: &str, kept: &Kept) -> io::Result<Vec<u8>> {
+        self.writer.flush();
         fs::read(self.template_dir(id).join(&kept.file))
     }
+}
 
-    fn kept_in(&self, dir: &Path) -> io::Result<Vec<Kept>> {
-        let mut kept = Vec::new();
-        for entry in fs::read_dir(dir)? {
-            let entry = entry?;
-            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
-                continue;
-            };
-            if let Some(k) = parse_file_name(&name) {
-                kept.push(k);
-            }
+/// The revisions in a template's directory, oldest first; none if it does
+/// not exist yet.
+fn kept_on_disk(dir: &Path) -> io::Result<Vec<Kept>> {
+    match fs::symlink_metadata(dir) {
+        Ok(meta) if !meta.is_dir() => {
+            return Err(io::Error::other(format!(
+                "{} is not a directory; remove it",
+                dir.display()
+            )));
         }
-        kept.sort_by_key(|k| k.seq);
-        Ok(kept)
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
     }
+    let mut kept = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        if let Some(k) = parse_file_name(&name) {
+            kept.push(k);
+        }
+    }
+    kept.sort_by_key(|k| k.seq);
+    Ok(kept)
 }
 
 /// The directory of template `id` (`namespace/name`) in the revisions
@@ -423,6 +440,85 @@ mod tests {
         assert_eq!(again.read(id, &again.kept(id).unwrap()[2]).unwrap(), b"b");
         // Only our files, no temp files left.
         assert_eq!(fs::read_dir(&dir).unwrap().count(), 3);
+    }
+
+    fn on_disk(store: &Store, id: &str) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(store.template_dir(id))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Recorded behind the pass: the index answers at once; the files land
+    /// in the order recorded once the writer is done, a template's jobs in
+    /// batches of their own and many templates' in one; a dropped store
+    /// finishes its queue first.
+    #[test]
+    fn revisions_recorded_behind_land_in_order() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (root, mut store) = store(2);
+        let id = "ns/t";
+        for rev in ["a1", "b2", "c3", "d4"] {
+            let results = store.record_many(&[(id, rev, rev.as_bytes())]);
+            assert!(results.iter().all(Result::is_ok), "{results:?}");
+        }
+        let others: Vec<(String, String)> = (0..300)
+            .map(|i| (format!("ns/m{i}"), format!("r{i}")))
+            .collect();
+        let items: Vec<(&str, &str, &[u8])> = others
+            .iter()
+            .map(|(id, rev)| (id.as_str(), rev.as_str(), rev.as_bytes()))
+            .collect();
+        store.record_many(&items);
+        let newest = ["00000003-c3.yaml", "00000004-d4.yaml"];
+        assert_eq!(names(&store, id), newest, "from the index");
+        store.flush();
+        assert_eq!(on_disk(&store, id), newest);
+        assert_eq!(on_disk(&store, "ns/m299"), ["00000001-r299.yaml"]);
+        let kept = store.kept(id).unwrap();
+        assert_eq!(store.read(id, &kept[1]).unwrap(), b"d4");
+        let counts = store.counts();
+        assert_eq!(counts.queued.load(SeqCst), 0);
+        assert_eq!(counts.done.load(SeqCst), 304);
+        assert_eq!(counts.failed.load(SeqCst), 0);
+        // Dropped with work queued: it is done first.
+        let mut again =
+            Store::open(store.dir().to_path_buf(), 2, &root.path().join("manifests")).unwrap();
+        again.record_many(&[(id, "e5", b"e5")]);
+        drop(again);
+        assert_eq!(
+            on_disk(&store, id),
+            ["00000004-d4.yaml", "00000005-e5.yaml"]
+        );
+    }
+
+    /// A write that fails behind the pass is logged and marks its template:
+    /// what it keeps is read from disk again before anything more is
+    /// decided for it.
+    #[test]
+    fn a_write_that_fails_behind_is_read_again_from_disk() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (_root, mut store) = store(3);
+        let id = "ns/t";
+        assert!(store.record(id, "a1", b"a1").unwrap());
+        let dir = store.template_dir(id);
+        fs::remove_dir_all(&dir).unwrap();
+        fs::write(&dir, b"in the way").unwrap();
+        let results = store.record_many(&[(id, "b2", b"b2")]);
+        assert!(results[0].is_ok(), "decided from the index: {results:?}");
+        store.flush();
+        assert_eq!(store.counts().failed.load(SeqCst), 1);
+        let e = store.kept(id).unwrap_err();
+        assert!(
+            e.to_string().contains("is not a directory; remove it"),
+            "{e}"
+        );
+        fs::remove_file(&dir).unwrap();
+        assert!(store.record(id, "c3", b"c3").unwrap());
+        assert_eq!(names(&store, id), ["00000001-c3.yaml"]);
+        assert_eq!(on_disk(&store, id), ["00000001-c3.yaml"]);
     }
 
     #[test]

@@ -13,8 +13,11 @@
 //! 2. fsyncs every staged manifest, in parallel threads;
 //! 3. renames each synced manifest over its target, in the pass's order, and
 //!    fsyncs the manifest directory once;
-//! 4. records the revisions written ([`super::super::revisions::Store::record_many`]):
-//!    staged, fsynced in parallel, renamed, their directories fsynced;
+//! 4. records the revisions written ([`super::super::revisions::Store::record_many`]),
+//!    queued to the history's writer thread, which stages them, fsyncs them
+//!    in parallel, renames them and fsyncs their directories behind the
+//!    pass (the revision of a manifest was always kept after the manifest
+//!    was in place);
 //! 5. ends each template's render as it would have ended alone (metrics, log,
 //!    the rollout machine told), in the pass's order.
 //!
@@ -140,14 +143,13 @@ impl Reconciler {
                 .filter(|(_, r)| r.is_ok())
                 .map(|((_, _, m, _, _), _)| (m.source.as_str(), m.revision.as_str(), &m.bytes[..]))
                 .collect();
+            // Written behind ([`crate::daemon::revisions`]'s writer), which
+            // logs each; here only what could not even be decided.
             for ((source, revision, _), result) in items.iter().zip(store.record_many(&items)) {
-                match result {
-                    Ok(true) => tracing::info!(template = %source, revision = %revision,
-                        dir = %store.template_dir(source).display(), "kept revision"),
-                    Ok(false) => {}
-                    Err(e) => tracing::error!(template = %source, revision = %revision,
+                if let Err(e) = result {
+                    tracing::error!(template = %source, revision = %revision,
                         dir = %store.template_dir(source).display(),
-                        "cannot keep the revision: {e}; the manifest is in place, but it cannot be rolled back to"),
+                        "cannot keep the revision: {e}; the manifest is in place, but it cannot be rolled back to");
                 }
             }
         }

@@ -360,17 +360,20 @@ impl Reconciler {
     }
 }
 
-/// Records `manifest` as its template's revision in use. A failure is
-/// logged, not the render's: the manifest itself is in place.
+/// Records `manifest` as its template's revision in use, written behind
+/// the pass (the writer logs how it went). A failure is logged, not the
+/// render's: the manifest itself is in place.
 fn record_revision(store: &mut Option<Store>, manifest: &manifest::Manifest) {
     let Some(store) = store else { return };
-    match store.record(&manifest.source, &manifest.revision, &manifest.bytes) {
-        Ok(true) => tracing::info!(template = %manifest.source, revision = %manifest.revision,
-            dir = %store.template_dir(&manifest.source).display(), "kept revision"),
-        Ok(false) => {}
-        Err(e) => tracing::error!(template = %manifest.source, revision = %manifest.revision,
+    let item = (
+        manifest.source.as_str(),
+        manifest.revision.as_str(),
+        &manifest.bytes[..],
+    );
+    if let Some(Err(e)) = store.record_many(&[item]).pop() {
+        tracing::error!(template = %manifest.source, revision = %manifest.revision,
             dir = %store.template_dir(&manifest.source).display(),
-            "cannot keep the revision: {e}; the manifest is in place, but it cannot be rolled back to"),
+            "cannot keep the revision: {e}; the manifest is in place, but it cannot be rolled back to");
     }
 }
 
