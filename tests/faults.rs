@@ -1695,7 +1695,7 @@ const FAULTS: &[Fault] = &[
         kept: "the manifest in place and running (written before its revision is kept, as always); the other templates' revisions written; that template's history read again from disk before its next revision is recorded, and written then",
         reported: "an error in the log naming the template, the revision, the directory and the error; `podstamp_revision_history_writes_total{result=\"failed\"}`",
         says: "cannot keep the revision",
-        test: "host/src/daemon/revisions.rs: a_write_that_fails_behind_is_read_again_from_disk",
+        test: "host/src/daemon/revisions/writer.rs: a_write_that_fails_behind_is_read_again_from_disk",
     },
     Fault {
         id: "deploy-cache-volume",
@@ -1918,6 +1918,9 @@ fn docs_reliability_md_is_the_fault_table() {
                 }
                 "host/src/plugin/declared.rs" => include_str!("../host/src/plugin/declared.rs"),
                 "host/src/daemon/watch.rs" => include_str!("../host/src/daemon/watch.rs"),
+                "host/src/daemon/revisions/writer.rs" => {
+                    include_str!("../host/src/daemon/revisions/writer.rs")
+                }
                 other => panic!("fault {}: unknown file {other}", f.id),
             };
             assert!(

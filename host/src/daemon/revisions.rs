@@ -494,33 +494,6 @@ mod tests {
         );
     }
 
-    /// A write that fails behind the pass is logged and marks its template:
-    /// what it keeps is read from disk again before anything more is
-    /// decided for it.
-    #[test]
-    fn a_write_that_fails_behind_is_read_again_from_disk() {
-        use std::sync::atomic::Ordering::SeqCst;
-        let (_root, mut store) = store(3);
-        let id = "ns/t";
-        assert!(store.record(id, "a1", b"a1").unwrap());
-        let dir = store.template_dir(id);
-        fs::remove_dir_all(&dir).unwrap();
-        fs::write(&dir, b"in the way").unwrap();
-        let results = store.record_many(&[(id, "b2", b"b2")]);
-        assert!(results[0].is_ok(), "decided from the index: {results:?}");
-        store.flush();
-        assert_eq!(store.counts().failed.load(SeqCst), 1);
-        let e = store.kept(id).unwrap_err();
-        assert!(
-            e.to_string().contains("is not a directory; remove it"),
-            "{e}"
-        );
-        fs::remove_file(&dir).unwrap();
-        assert!(store.record(id, "c3", b"c3").unwrap());
-        assert_eq!(names(&store, id), ["00000001-c3.yaml"]);
-        assert_eq!(on_disk(&store, id), ["00000001-c3.yaml"]);
-    }
-
     #[test]
     fn a_smaller_history_prunes_at_the_next_record() {
         let (root, mut store) = store(3);

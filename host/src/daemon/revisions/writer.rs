@@ -395,3 +395,63 @@ fn make_dir(dir: &Path) -> io::Result<bool> {
     }
     Ok(created)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::sync::atomic::Ordering::SeqCst;
+
+    use super::super::Store;
+
+    fn kept(store: &Store, id: &str) -> Vec<String> {
+        store
+            .kept(id)
+            .unwrap()
+            .into_iter()
+            .map(|k| k.file)
+            .collect()
+    }
+
+    fn on_disk(store: &Store, id: &str) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(store.template_dir(id))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// A write that fails behind the pass is logged and marks its template:
+    /// what it keeps is read from disk again before anything more is
+    /// decided for it.
+    #[test]
+    fn a_write_that_fails_behind_is_read_again_from_disk() {
+        let root = tempfile::tempdir().unwrap();
+        let manifests = root.path().join("manifests");
+        fs::create_dir(&manifests).unwrap();
+        let mut store = Store::open(root.path().join("revisions"), 3, &manifests).unwrap();
+        let id = "ns/t";
+        assert!(store.record(id, "a1", b"a1").unwrap());
+        let dir = store.template_dir(id);
+        fs::remove_dir_all(&dir).unwrap();
+        fs::write(&dir, b"in the way").unwrap();
+        // In one batch with another template's, which lands.
+        let results = store.record_many(&[(id, "b2", b"b2"), ("ns/other", "o1", b"o1")]);
+        assert!(
+            results.iter().all(Result::is_ok),
+            "decided from the index: {results:?}"
+        );
+        store.flush();
+        assert_eq!(store.counts().failed.load(SeqCst), 1);
+        assert_eq!(on_disk(&store, "ns/other"), ["00000001-o1.yaml"]);
+        let e = store.kept(id).unwrap_err();
+        assert!(
+            e.to_string().contains("is not a directory; remove it"),
+            "{e}"
+        );
+        fs::remove_file(&dir).unwrap();
+        assert!(store.record(id, "c3", b"c3").unwrap());
+        assert_eq!(kept(&store, id), ["00000001-c3.yaml"]);
+        assert_eq!(on_disk(&store, id), ["00000001-c3.yaml"]);
+    }
+}
