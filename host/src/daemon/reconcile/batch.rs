@@ -38,6 +38,7 @@
 //! first, so that it is never overwritten by a staged write of the same
 //! pass.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use crate::daemon::rollout::RolloutState;
@@ -74,20 +75,19 @@ pub(super) struct Pass {
     /// Whether a pass is under way: rollout states are held back meanwhile.
     pub(super) open: bool,
     /// Rollout states to save, one (the latest) per template.
-    pub(super) states: Vec<(String, RolloutState)>,
+    pub(super) states: BTreeMap<String, RolloutState>,
     pub(super) writes: Vec<PendingWrite>,
 }
 
 impl Pass {
     /// Holds back `state` of template `id` (replacing one held before).
     pub(super) fn save_state(&mut self, id: String, state: RolloutState) {
-        self.states.retain(|(other, _)| *other != id);
-        self.states.push((id, state));
+        self.states.insert(id, state);
     }
 
     /// Template `id`'s state is removed: a state held back for it is moot.
     pub(super) fn forget_state(&mut self, id: &str) {
-        self.states.retain(|(other, _)| other != id);
+        self.states.remove(id);
     }
 }
 
@@ -105,7 +105,8 @@ impl Reconciler {
     /// closed) as it was.
     pub(super) fn commit_pass(&mut self) {
         let started = Instant::now();
-        let states = std::mem::take(&mut self.pass.states);
+        let states: Vec<(String, RolloutState)> =
+            std::mem::take(&mut self.pass.states).into_iter().collect();
         if let Some(store) = &mut self.revisions
             && !states.is_empty()
             && let Err(e) = store.save_states(&states)
