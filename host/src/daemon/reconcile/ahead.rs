@@ -28,15 +28,12 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::Reconciler;
+use super::prepare::Ready;
 use super::render::render_timed;
 use super::timing::Part;
 use crate::chain::Chain;
-use crate::daemon::rollout;
-use crate::fleet::policy;
 use crate::kube_check::KubeCheck;
 use crate::render::{RenderError, Rendered, check_size};
-use crate::security_level;
-use crate::selector;
 use crate::template::Template;
 use crate::write;
 
@@ -80,7 +77,7 @@ impl Reconciler {
     /// the helper each new manifest's question (see the module header).
     /// A template `try_render` would refuse before its render is skipped.
     pub(super) fn render_ahead(&mut self, keys: &[(u64, String)]) {
-        let (Some(node), Some(catalog), Some(labels)) = (
+        let (Some(node), Some(_), Some(_)) = (
             self.node.as_ref(),
             self.catalog.as_deref(),
             self.namespace_labels.as_ref(),
@@ -95,34 +92,10 @@ impl Reconciler {
             else {
                 continue;
             };
-            if template.namespace != self.namespace {
-                continue;
-            }
-            match selector::from_annotations(&template.annotations) {
-                Ok(Some(s)) if !s.matches(&node.labels) => continue,
-                Err(_) => continue,
-                _ => {}
-            }
             // Refused by try_render before its render: not rendered here
             // either, so that no plugin call is counted for it.
-            let deadline_bad = template
-                .annotations
-                .get(rollout::DEADLINE_ANNOTATION)
-                .is_some_and(|text| {
-                    !crate::config::parse_duration(text).is_ok_and(|d| !d.is_zero())
-                });
-            if deadline_bad || policy::from_annotations(&template.annotations).is_err() {
-                continue;
-            }
-            let Ok(held) = security_level::resolve(
-                &self.pod_security,
-                Some((self.namespace.as_str(), labels)),
-                &template.id(),
-                &template.annotations,
-            ) else {
-                continue;
-            };
-            let Ok(chain) = catalog.chain_for(&template.annotations) else {
+            let Ok(Ready { held, chain, .. }) = self.prepare(template, node, &mut None, &mut None)
+            else {
                 continue;
             };
             let started = Instant::now();

@@ -49,6 +49,7 @@ mod ahead;
 mod batch;
 mod dir;
 mod outcome;
+mod prepare;
 mod render;
 #[cfg(test)]
 mod tests;

@@ -13,20 +13,18 @@ use std::fs;
 use std::time::Instant;
 
 use super::outcome::{Done, Failure, write_failed};
+use super::prepare::{NotReady, Ready};
 use super::timing::Part;
 use super::{ChainKey, Reconciler, ensure_state, read_regular};
 use crate::chain::{Chain, StepFailure};
 use crate::daemon::metrics::Metrics;
 use crate::daemon::revisions::Store;
-use crate::daemon::rollout;
 use crate::fleet;
-use crate::fleet::policy::{self, Policy};
+use crate::fleet::policy::Policy;
 use crate::manifest;
 use crate::node::NodeContext;
 use crate::reason::Reason;
 use crate::render::{RenderError, Rendered, Stage, check_size, render_unverified};
-use crate::security_level;
-use crate::selector;
 use crate::template::Template;
 use crate::write::{self, Outcome};
 
@@ -91,86 +89,28 @@ impl Reconciler {
         selected: &mut Option<bool>,
     ) -> Result<Placed, Failure> {
         let entry = &self.entries[key];
-        let invalid = |message: String| Failure {
-            reason: Reason::InvalidTemplate,
-            plugin: None,
-            message,
-        };
         let template = entry.incoming.template.as_ref().map_err(|e| Failure {
             reason: e.reason(),
             plugin: None,
             message: e.to_string(),
         })?;
-        if template.namespace != self.namespace {
-            return Err(invalid(format!(
-                "PodTemplate {}: metadata.namespace: is {:?}, but this podstamp manages namespace {:?}",
-                template.id(),
-                template.namespace,
-                self.namespace
-            )));
-        }
-        let selector = selector::from_annotations(&template.annotations)
-            .map_err(|e| invalid(format!("PodTemplate {}: {e}", template.id())))?;
-        *selected = Some(selector.as_ref().is_none_or(|s| s.matches(&node.labels)));
+        let Ready {
+            selector,
+            deadline,
+            policy,
+            held,
+            chain,
+        } = match self.prepare(template, node, chain_seen, selected) {
+            Ok(ready) => ready,
+            Err(NotReady::NotForNode(selector)) => return Ok(Placed::NotForNode { selector }),
+            Err(NotReady::Refused(failure)) => return Err(failure),
+        };
         // What a share of the nodes (`max-unavailable: 10%`) is of, as the
         // API reads a label selector: kubectl's syntax, which it prints.
         let nodes = selector
             .as_ref()
             .map(ToString::to_string)
             .unwrap_or_default();
-        if *selected == Some(false) {
-            return Ok(Placed::NotForNode {
-                selector: template.annotations[selector::NODE_SELECTOR_ANNOTATION].clone(),
-            });
-        }
-        let deadline = match template.annotations.get(rollout::DEADLINE_ANNOTATION) {
-            None => rollout::DEFAULT_DEADLINE,
-            Some(text) => match crate::config::parse_duration(text) {
-                Ok(d) if !d.is_zero() => d,
-                Ok(_) => {
-                    return Err(invalid(format!(
-                        "PodTemplate {}: metadata.annotations.{}: {text:?} is zero; give a duration such as 5m, or remove it for the default ({:?})",
-                        template.id(),
-                        rollout::DEADLINE_ANNOTATION,
-                        rollout::DEFAULT_DEADLINE
-                    )));
-                }
-                Err(e) => {
-                    return Err(invalid(format!(
-                        "PodTemplate {}: metadata.annotations.{}: {e}; give a duration such as 5m, or remove it for the default ({:?})",
-                        template.id(),
-                        rollout::DEADLINE_ANNOTATION,
-                        rollout::DEFAULT_DEADLINE
-                    )));
-                }
-            },
-        };
-        let policy = policy::from_annotations(&template.annotations)
-            .map_err(|e| invalid(format!("PodTemplate {}: {e}", template.id())))?;
-        // The level is known before anything renders: a pod is never
-        // written unchecked for want of it.
-        let labels = self
-            .namespace_labels
-            .as_ref()
-            .expect("checked by reconcile");
-        let held = security_level::resolve(
-            &self.pod_security,
-            Some((self.namespace.as_str(), labels)),
-            &template.id(),
-            &template.annotations,
-        )
-        .map_err(|e| invalid(e.to_string()))?;
-        let catalog = self.catalog.as_deref().expect("checked by reconcile");
-        let chain = catalog.chain_for(&template.annotations);
-        *chain_seen = Some(match &chain {
-            Ok(chain) => Ok(chain.fingerprint()),
-            Err(e) => Err(e.to_string()),
-        });
-        let chain = chain.map_err(|e| Failure {
-            reason: e.reason(),
-            plugin: None,
-            message: format!("PodTemplate {}: {e}", template.id()),
-        })?;
         let target = self
             .rollouts
             .coordinated()
