@@ -382,7 +382,8 @@ mod tests {
         (root, store)
     }
 
-    fn names(store: &Store, id: &str) -> Vec<String> {
+    /// The files template `id` keeps, by the index.
+    pub(super) fn names(store: &Store, id: &str) -> Vec<String> {
         store
             .kept(id)
             .unwrap()
@@ -442,7 +443,8 @@ mod tests {
         assert_eq!(fs::read_dir(&dir).unwrap().count(), 3);
     }
 
-    fn on_disk(store: &Store, id: &str) -> Vec<String> {
+    /// The files in template `id`'s directory.
+    pub(super) fn on_disk(store: &Store, id: &str) -> Vec<String> {
         let mut names: Vec<String> = fs::read_dir(store.template_dir(id))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -402,24 +402,7 @@ mod tests {
     use std::sync::atomic::Ordering::SeqCst;
 
     use super::super::Store;
-
-    fn kept(store: &Store, id: &str) -> Vec<String> {
-        store
-            .kept(id)
-            .unwrap()
-            .into_iter()
-            .map(|k| k.file)
-            .collect()
-    }
-
-    fn on_disk(store: &Store, id: &str) -> Vec<String> {
-        let mut names: Vec<String> = fs::read_dir(store.template_dir(id))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
-    }
+    use super::super::tests::{names, on_disk};
 
     /// A write that fails behind the pass is logged and marks its template:
     /// what it keeps is read from disk again before anything more is
@@ -451,7 +434,7 @@ mod tests {
         );
         fs::remove_file(&dir).unwrap();
         assert!(store.record(id, "c3", b"c3").unwrap());
-        assert_eq!(kept(&store, id), ["00000001-c3.yaml"]);
+        assert_eq!(names(&store, id), ["00000001-c3.yaml"]);
         assert_eq!(on_disk(&store, id), ["00000001-c3.yaml"]);
     }
 }
