@@ -114,6 +114,13 @@ pub fn stage(dir: &Path, file_name: &str, bytes: &[u8]) -> io::Result<Option<Sta
     }
 }
 
+/// The most files a caller holds staged at once before it syncs them: a
+/// staged file is open until its fsync (a low open-file limit must not be
+/// met halfway), and 128 fsyncs at once already share their journal
+/// commits. The daemon's passes and the revision history's writer both
+/// commit at this bound.
+pub const MAX_STAGED: usize = 128;
+
 /// A file written under a dot-temp name beside its target, not yet synced
 /// nor renamed ([`stage`]). Dropped without [`Staged::commit`], its temp
 /// file is removed: the target is left as it was.

@@ -163,7 +163,7 @@ impl Store {
     /// bytes)`, one per template), without waiting: their files are
     /// written behind, in one batch ([`writer`]), and each outcome logged
     /// there. What is returned, in order, is whether each could be
-    /// decided (its directory read).
+    /// decided (its directory read), a failure logged here already.
     pub fn record_many(&mut self, items: &[(&str, &str, &[u8])]) -> Vec<io::Result<()>> {
         let mut jobs = Vec::new();
         let mut results = Vec::with_capacity(items.len());
@@ -175,6 +175,11 @@ impl Store {
         {
             for result in results.iter_mut().filter(|r| r.is_ok()) {
                 *result = Err(io::Error::new(e.kind(), e.to_string()));
+            }
+        }
+        for ((id, revision, _), result) in items.iter().zip(&results) {
+            if let Err(e) = result {
+                writer::log_failure(id, revision, &self.template_dir(id), e);
             }
         }
         results

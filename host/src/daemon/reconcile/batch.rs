@@ -49,11 +49,10 @@ use super::Reconciler;
 use super::outcome::{Done, write_failed};
 use super::timing::Part;
 
-/// The most manifests a pass holds staged before it commits them: each is
-/// an open file until it is synced, and 128 fsyncs at once already share
-/// their journal commits. (Rollout states are not files of their own: one
-/// write carries however many a commit holds.)
-pub(super) const MAX_STAGED: usize = 128;
+/// The most manifests a pass holds staged before it commits them
+/// ([`write::MAX_STAGED`]). (Rollout states are not files of their own:
+/// one write carries however many a commit holds.)
+pub(super) const MAX_STAGED: usize = write::MAX_STAGED;
 
 /// A manifest staged in this pass.
 pub(super) struct PendingWrite {
@@ -144,15 +143,9 @@ impl Reconciler {
                 .filter(|(_, r)| r.is_ok())
                 .map(|((_, _, m, _, _), _)| (m.source.as_str(), m.revision.as_str(), &m.bytes[..]))
                 .collect();
-            // Written behind ([`crate::daemon::revisions`]'s writer), which
-            // logs each; here only what could not even be decided.
-            for ((source, revision, _), result) in items.iter().zip(store.record_many(&items)) {
-                if let Err(e) = result {
-                    tracing::error!(template = %source, revision = %revision,
-                        dir = %store.template_dir(source).display(),
-                        "cannot keep the revision: {e}; the manifest is in place, but it cannot be rolled back to");
-                }
-            }
+            // Written behind, by the history's writer; a failure is logged
+            // there (or by the store, if it could not be decided).
+            store.record_many(&items);
         }
         self.timing.add(Part::CommitRevisions, started);
         let node = self.node.clone().expect("a pass renders only with a node");

@@ -301,19 +301,11 @@ impl Reconciler {
 }
 
 /// Records `manifest` as its template's revision in use, written behind
-/// the pass (the writer logs how it went). A failure is logged, not the
-/// render's: the manifest itself is in place.
+/// the pass. A failure is logged by the history, not the render's: the
+/// manifest itself is in place.
 fn record_revision(store: &mut Option<Store>, manifest: &manifest::Manifest) {
-    let Some(store) = store else { return };
-    let item = (
-        manifest.source.as_str(),
-        manifest.revision.as_str(),
-        &manifest.bytes[..],
-    );
-    if let Some(Err(e)) = store.record_many(&[item]).pop() {
-        tracing::error!(template = %manifest.source, revision = %manifest.revision,
-            dir = %store.template_dir(&manifest.source).display(),
-            "cannot keep the revision: {e}; the manifest is in place, but it cannot be rolled back to");
+    if let Some(store) = store {
+        store.record_many(&[(&manifest.source, &manifest.revision, &manifest.bytes)]);
     }
 }
 

@@ -13,7 +13,8 @@
 //! Invariants:
 //! * Jobs are done in the order they were sent. A batch never holds two
 //!   jobs of one template (the second waits for the next batch) nor more
-//!   than [`MAX_BATCH`] jobs (a staged file is open until its fsync).
+//!   than [`write::MAX_STAGED`] jobs (a staged file is open until its
+//!   fsync).
 //! * Nothing reads a history file while a job is queued: readers
 //!   [`Writer::flush`] first.
 //! * A job that fails is logged with its template, revision and error, and
@@ -40,9 +41,6 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::write;
-
-/// The most jobs one batch holds: each new file is open until its fsync.
-const MAX_BATCH: usize = 128;
 
 /// What one template's history needs done.
 pub(super) struct Job {
@@ -253,7 +251,7 @@ fn run(root: &Path, receiver: &mpsc::Receiver<Message>, shared: &Shared) {
                 }
                 Message::Jobs(jobs, reply) => {
                     let fits = batch.is_empty()
-                        || (batch.len() + jobs.len() <= MAX_BATCH
+                        || (batch.len() + jobs.len() <= write::MAX_STAGED
                             && jobs.iter().all(|j| !ids.contains(&j.id)));
                     if !fits {
                         held = Some(Message::Jobs(jobs, reply));
@@ -311,10 +309,15 @@ fn log(job: &Job, outcome: &Outcome) {
         Ok(true) => tracing::info!(template = %job.id, revision = %job.revision,
             dir = %job.dir.display(), "kept revision"),
         Ok(false) => {}
-        Err(e) => tracing::error!(template = %job.id, revision = %job.revision,
-            dir = %job.dir.display(),
-            "cannot keep the revision: {e}; the manifest is in place, but it cannot be rolled back to"),
+        Err(e) => log_failure(&job.id, &job.revision, &job.dir, e),
     }
+}
+
+/// Logs a revision of template `id` that could not be kept, whether the
+/// store could not decide it or this thread could not write it.
+pub(super) fn log_failure(id: &str, revision: &str, dir: &Path, e: &io::Error) {
+    tracing::error!(template = %id, revision = %revision, dir = %dir.display(),
+        "cannot keep the revision: {e}; the manifest is in place, but it cannot be rolled back to");
 }
 
 /// Does a batch's disk work, each step for every job before the next; the
