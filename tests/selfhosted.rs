@@ -87,11 +87,7 @@ fn yaml(text: &str) -> Value {
 /// One sample of podstamp's /metrics, None when it does not answer.
 fn metric(port: u16, sample: &str) -> Option<f64> {
     let (_, body) = support::http_get(port, "/metrics")?;
-    Some(
-        body.lines()
-            .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or(0.0),
-    )
+    Some(common::sample_value(&body, sample).unwrap_or(0.0))
 }
 
 /// The logs of container `container` of static pod `pod` (every restart),

@@ -22,6 +22,13 @@ pub fn kubectl() -> Command {
     Command::new("kubectl")
 }
 
+/// The value of `sample` (a metric's name and labels as written) in a
+/// Prometheus text `body`; None when it is not there.
+pub fn sample_value(body: &str, sample: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
+}
+
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()

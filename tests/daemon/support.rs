@@ -413,9 +413,7 @@ impl Daemon {
     /// The value of one sample in /metrics, 0 when absent.
     pub fn metric(&self, sample: &str) -> f64 {
         let (_, body) = self.get("/metrics").unwrap_or_default();
-        body.lines()
-            .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or(0.0)
+        crate::common::sample_value(&body, sample).unwrap_or(0.0)
     }
 
     pub fn wait_ready(&self, limit: Duration) {

@@ -114,10 +114,7 @@ impl Bench {
         let mut history = None;
         while history.is_none() && Instant::now() < deadline {
             let body = daemon.get("/metrics").map(|(_, b)| b).unwrap_or_default();
-            let value = |name: &str| {
-                body.lines()
-                    .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
-            };
+            let value = |name: &str| crate::common::sample_value(&body, name);
             if value("podstamp_initial_sync_seconds").is_some() {
                 match value("podstamp_revision_history_queued") {
                     None => break,
@@ -136,14 +133,7 @@ impl Bench {
             .get("/metrics")
             .map(|(_, body)| body)
             .unwrap_or_default();
-        let daemon_metric = |sample: &str| {
-            metrics.lines().find_map(|l| {
-                l.strip_prefix(sample)?
-                    .strip_prefix(' ')?
-                    .parse::<f64>()
-                    .ok()
-            })
-        };
+        let daemon_metric = |sample: &str| crate::common::sample_value(&metrics, sample);
         let rss = (
             proc_status_kib(daemon.pid(), "VmRSS"),
             proc_status_kib(daemon.pid(), "VmHWM"),
