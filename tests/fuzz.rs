@@ -811,7 +811,7 @@ fn podstamp_and_the_kubelet_agree_on_random_templates() {
             continue;
         };
         read += 1;
-        let mut pod = template.pod().clone();
+        let mut pod = template.pod();
         pod["metadata"]["namespace"] = json!("kube-system");
         let bytes = manifest::finish_unverified(pod, "kube-system", &template.id())
             .peek()

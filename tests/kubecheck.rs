@@ -551,7 +551,7 @@ fn case(name: &str, index: usize, mut doc: Value) -> Case {
         .unwrap_or_else(|e| panic!("case {name:?}: not a v1 PodTemplate podstamp reads: {e}"));
     // The bytes of the manifest, as podstamp writes it (a render without
     // plugins forces the namespace and writes this).
-    let mut pod = template.pod().clone();
+    let mut pod = template.pod();
     pod["metadata"]["namespace"] = json!("kube-system");
     let bytes = manifest::finish_unverified(pod, "kube-system", &template.id())
         .peek()

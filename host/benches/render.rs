@@ -362,7 +362,7 @@ fn main() {
             black_box(write::already_holds(disk.path(), &m.file_name(), &m.bytes));
         };
         let native = measure(|| in_step(&Chain::default()));
-        let pod_json = template.pod().to_string();
+        let pod_json = template.pod_json().to_string();
         let identity_step = &identity.steps()[0];
         let call = measure(|| {
             black_box(
@@ -495,7 +495,7 @@ fn main() {
         });
         let example_calls = in_chain(&example);
         let identity_calls = in_chain(&identities);
-        let mut pod = template.pod().clone();
+        let mut pod = template.pod();
         pod["metadata"]["namespace"] = Value::from("kube-system");
         let validating = measure(|| {
             validate::validate_pod(black_box(&pod)).unwrap();

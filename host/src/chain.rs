@@ -34,6 +34,7 @@ use serde_json::Value;
 
 use crate::plugin::{CallFailure, Plugin, PluginInfo, WitNode};
 use crate::scope::{self, Change, Scope};
+use crate::template::{self, Template};
 
 /// The most changes `render --explain` lists for one plugin.
 pub const EXPLAIN_LIMIT: usize = 40;
@@ -301,60 +302,77 @@ impl Chain {
         node: &WitNode,
         subject: &str,
     ) -> Result<Value, Box<ChainFailure>> {
-        self.apply_observed(pod, node, subject, &mut |_, _, _| {})
+        let name = pod
+            .pointer("/metadata/name")
+            .cloned()
+            .unwrap_or(Value::Null);
+        let start = Start {
+            text: pod.to_string(),
+            name,
+            parsed: Some(pod),
+        };
+        self.run(start, node, subject, &mut |_, _, _| {}, None)
     }
 
-    /// [`Chain::apply`], telling `observe` about every plugin call: the step,
-    /// whether the call succeeded, and how long it took.
+    /// Runs every step over `template`'s pod, telling `observe` about every
+    /// plugin call: the step, whether the call succeeded, and how long it
+    /// took. The pod starts as the template's text; it is parsed only when
+    /// a step's changes must be compared as values.
     pub fn apply_observed(
         &self,
-        pod: &Value,
+        template: &Template,
         node: &WitNode,
         subject: &str,
         observe: &mut dyn FnMut(&Step, bool, Duration),
     ) -> Result<Value, Box<ChainFailure>> {
-        self.run(pod, node, subject, observe, None)
+        self.run(Start::template(template), node, subject, observe, None)
     }
 
     /// [`Chain::apply_observed`], adding to `explain` what each step that
     /// ran to its end changed (a failed step has no entry).
     pub fn apply_explained(
         &self,
-        pod: &Value,
+        template: &Template,
         node: &WitNode,
         subject: &str,
         observe: &mut dyn FnMut(&Step, bool, Duration),
         explain: &mut Vec<StepChanges>,
     ) -> Result<Value, Box<ChainFailure>> {
-        self.run(pod, node, subject, observe, Some(explain))
+        self.run(
+            Start::template(template),
+            node,
+            subject,
+            observe,
+            Some(explain),
+        )
     }
 
     fn run(
         &self,
-        pod: &Value,
+        start: Start<'_>,
         node: &WitNode,
         subject: &str,
         observe: &mut dyn FnMut(&Step, bool, Duration),
         mut explain: Option<&mut Vec<StepChanges>>,
     ) -> Result<Value, Box<ChainFailure>> {
+        let Start { text, name, parsed } = start;
         if self.steps.is_empty() {
-            return Ok(pod.clone());
+            return Ok(match parsed {
+                Some(pod) => pod.clone(),
+                None => template::parse_pod(&text),
+            });
         }
         let debug = tracing::enabled!(tracing::Level::DEBUG);
         // A budget too large to add to the clock is no budget.
         let deadline = self
             .budget
             .and_then(|budget| Some((budget, Instant::now().checked_add(budget)?)));
-        let name = pod
-            .pointer("/metadata/name")
-            .cloned()
-            .unwrap_or(Value::Null);
-        // The first plugin gets the pod as text: written from the borrowed
-        // value, with no copy of it made.
-        let mut text = pod.to_string();
-        // The pod `text` holds, when it was parsed (or is the template's):
-        // the "before" of the next step's scope check.
-        let mut known: Option<Cow<'_, Value>> = Some(Cow::Borrowed(pod));
+        // The first plugin gets the pod as text.
+        let mut text = text;
+        // The pod `text` holds, when it is parsed (the caller's, or a
+        // step's output built for a check): the "before" of the next step's
+        // scope check. Otherwise the text is parsed when a check needs it.
+        let mut known: Option<Cow<'_, Value>> = parsed.map(Cow::Borrowed);
         // The memo's hash of `text`, when the step that made it hashed it:
         // one step's output is the next one's input, hashed once.
         let mut text_key: Option<u64> = None;
@@ -647,6 +665,27 @@ impl<'de> Visitor<'de> for Skip {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Skip, A::Error> {
         while map.next_entry::<Skip, Skip>()?.is_some() {}
         Ok(Skip)
+    }
+}
+
+/// Where a chain's run starts: the pod's text (what the first plugin
+/// receives), its `metadata.name` (no step may change it), and the pod
+/// parsed, when the caller has it.
+struct Start<'a> {
+    text: String,
+    name: Value,
+    parsed: Option<&'a Value>,
+}
+
+impl Start<'_> {
+    /// A template's pod is named after the template
+    /// ([`Template::from_value`] sets `metadata.name`) and kept as text.
+    fn template(template: &Template) -> Start<'static> {
+        Start {
+            text: template.pod_json().to_string(),
+            name: Value::String(template.name.clone()),
+            parsed: None,
+        }
     }
 }
 

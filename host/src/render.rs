@@ -320,10 +320,8 @@ fn render_inner(
     let subject = format!("{id} on {}", node.name);
     let wit_node = WitNode::from(node);
     let pod = match explain {
-        None => chain.apply_observed(template.pod(), &wit_node, &subject, observe),
-        Some(explain) => {
-            chain.apply_explained(template.pod(), &wit_node, &subject, observe, explain)
-        }
+        None => chain.apply_observed(template, &wit_node, &subject, observe),
+        Some(explain) => chain.apply_explained(template, &wit_node, &subject, observe, explain),
     }
     .map_err(|e| fail(Stage::Plugin(e)))?;
     let mut pod = pod;

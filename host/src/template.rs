@@ -70,21 +70,22 @@ pub struct Template {
     /// The PodTemplate's own annotations (a template picks its plugin chain
     /// with one of them).
     pub annotations: BTreeMap<String, String>,
-    /// The pod to render: apiVersion, kind, metadata (name, labels,
-    /// annotations) and spec, as the first plugin of the chain receives it.
-    /// Private, so that every template's pod has passed
+    /// The pod to render (apiVersion, kind, metadata (name, labels,
+    /// annotations) and spec), written as JSON: the text the first plugin of
+    /// the chain receives. Kept as text, not as a parsed value: a daemon
+    /// holds every selected template for as long as it runs, and a parsed
+    /// pod takes four times the memory of its text in a hundred
+    /// allocations (docs/performance.md §3.6), while a render needs only
+    /// the text. Private, so that every template's pod has passed
     /// [`validate::check_schema`]: a passthrough render relies on it.
-    pod: Value,
+    pod: Box<str>,
     /// Fields of `template.metadata` that the API server accepts but that
     /// mean nothing for a static pod: dropped, and named once in a warning
     /// (see [`Template::ignored`]).
     ignored: Ignored,
-    /// The length of `pod` written as JSON, counted once when the template
-    /// is read: every render checks it against the manifest size limit.
-    pod_json_len: usize,
-    /// The SHA-256 of `pod` written as JSON, hashed in the same pass that
-    /// counts its length: a part of [`Template::fingerprint`], which every
-    /// render of a rolled template asks for.
+    /// The SHA-256 of `pod`, hashed once when the template is read: a part
+    /// of [`Template::fingerprint`], which every render of a rolled
+    /// template asks for.
     pod_digest: [u8; 32],
     /// The PodTemplate's `metadata.generation` (the API server counts the
     /// changes of `template`); None in a file. Shown, never decided on.
@@ -152,14 +153,21 @@ impl Template {
         ))
     }
 
-    /// The pod to render; it has the shape of a v1 Pod (types, no unknown fields).
-    pub fn pod(&self) -> &Value {
+    /// The pod to render, parsed anew from its text at each call; it has the
+    /// shape of a v1 Pod (types, no unknown fields).
+    pub fn pod(&self) -> Value {
+        parse_pod(&self.pod)
+    }
+
+    /// The pod to render, written as JSON (what the chain's first plugin
+    /// receives).
+    pub fn pod_json(&self) -> &str {
         &self.pod
     }
 
     /// The length of the template's pod written as JSON, in bytes.
     pub fn pod_json_len(&self) -> usize {
-        self.pod_json_len
+        self.pod.len()
     }
 
     /// What every node reads of this template, hashed: its identity, its
@@ -304,7 +312,11 @@ impl Template {
             }));
         }
         if errors.is_empty() {
-            let (pod_json_len, pod_digest) = json_len_and_digest(&pod);
+            let text = pod.to_string();
+            let pod_digest = {
+                use sha2::{Digest, Sha256};
+                Sha256::digest(text.as_bytes()).into()
+            };
             Ok(Template {
                 namespace,
                 name,
@@ -312,9 +324,8 @@ impl Template {
                 generation: object
                     .pointer("/metadata/generation")
                     .and_then(Value::as_i64),
-                pod_json_len,
                 pod_digest,
-                pod,
+                pod: text.into_boxed_str(),
                 ignored,
             })
         } else {
@@ -323,26 +334,11 @@ impl Template {
     }
 }
 
-/// The length and SHA-256 of `value` written as JSON, without keeping the
-/// text.
-fn json_len_and_digest(value: &Value) -> (usize, [u8; 32]) {
-    use sha2::{Digest, Sha256};
-    /// Counts and hashes the bytes written to it.
-    struct Counter(usize, Sha256);
-    impl std::io::Write for Counter {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            self.1.update(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut counter = Counter(0, Sha256::new());
-    // Writing a `Value` to a sink that never fails cannot fail.
-    let _ = serde_json::to_writer(&mut counter, value);
-    (counter.0, counter.1.finalize().into())
+/// Parses a template's pod text ([`Template::pod_json`]). It was written
+/// from a `Value` by serde_json, and the schema check bounds its depth far
+/// below the parser's limit: it parses.
+pub(crate) fn parse_pod(text: &str) -> Value {
+    serde_json::from_str(text).expect("a template's pod is JSON written by serde_json")
 }
 
 /// Where a field of the template's pod lives in the PodTemplate object.
@@ -401,7 +397,7 @@ mod tests {
         assert_eq!(t.id(), "kube-system/web");
         assert_eq!(t.annotations["a"], "b");
         assert_eq!(
-            t.pod,
+            t.pod(),
             json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "labels": {"app": "web"}},
                    "spec": {"containers": [{"name": "web", "image": "nginx"}]}})
         );
@@ -440,7 +436,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            t.pod["metadata"],
+            t.pod()["metadata"],
             json!({"name": "web", "labels": {"app": "web"}})
         );
         assert_eq!(
