@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-fn main() {
+pub fn embed() {
     let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap());
     let plugins = manifest_dir.join("../plugins");
     let scaffold = plugins.join("scaffold");
