@@ -140,6 +140,9 @@ pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
     if let Some(arenas) = heap::limit_arenas() {
         tracing::debug!("the C library's malloc limited to {arenas} arenas");
     }
+    if let Some(bytes) = heap::fix_mmap_threshold() {
+        tracing::debug!("the C library's malloc maps requests of {bytes} bytes or more apart");
+    }
     let nofile = match rlimit::raise_open_file_limit() {
         Ok(limit) if limit.now > limit.before => {
             tracing::info!(
