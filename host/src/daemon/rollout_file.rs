@@ -91,7 +91,9 @@ struct Line<T, S> {
 #[derive(Debug)]
 pub struct States {
     dir: PathBuf,
-    states: BTreeMap<String, State>,
+    /// Boxed: a state is over 200 bytes, and a map's nodes are about half
+    /// full when keys come in order (docs/performance.md §3.6).
+    states: BTreeMap<String, Box<State>>,
     /// Templates whose line names them but does not read as a state: asked
     /// for, each is reported once and read as empty.
     damaged: BTreeMap<String, LoadError>,
@@ -134,7 +136,7 @@ impl States {
                 Err(e) => unnamed.push(error(e)),
                 Ok(Line { template, state }) => match serde_json::from_value::<State>(state) {
                     Ok(state) => {
-                        states.states.insert(template, state);
+                        states.states.insert(template, Box::new(state));
                     }
                     Err(e) => {
                         states.damaged.insert(template, error(e));
@@ -149,7 +151,7 @@ impl States {
     /// earlier podstamp kept it. Empty when there is none.
     pub fn get(&mut self, id: &str, template_dir: &Path) -> Result<State, LoadError> {
         if let Some(state) = self.states.get(id) {
-            return Ok(state.clone());
+            return Ok(State::clone(state));
         }
         if let Some(e) = self.damaged.remove(id) {
             return Err(e);
@@ -186,7 +188,7 @@ impl States {
             if *state == State::default() {
                 self.states.remove(id);
             } else {
-                self.states.insert(id.clone(), state.clone());
+                self.states.insert(id.clone(), Box::new(state.clone()));
             }
         }
         self.write()?;

@@ -147,7 +147,7 @@ pub fn targeted(
                 per_template.entry(id).or_default().push(NodeView {
                     node: node.clone(),
                     untrusted,
-                    status,
+                    status: *status,
                 });
             }
         }
@@ -371,7 +371,7 @@ mod tests {
             version: 1,
             templates: templates
                 .iter()
-                .map(|(id, s)| (id.to_string(), s.clone()))
+                .map(|(id, s)| (id.to_string(), Box::new(s.clone())))
                 .collect(),
         };
         json!({"metadata": {"name": status_name(node),

@@ -71,10 +71,10 @@ impl Seen {
                 failed.reason = crate::text::cut(failed.reason, MAX_FAILURE_TEXT);
                 Some((
                     id,
-                    TemplateStatus {
+                    Box::new(TemplateStatus {
                         failed: Some(failed),
                         ..TemplateStatus::default()
-                    },
+                    }),
                 ))
             })
             .take(MAX_FAILURES_KEPT)
@@ -155,10 +155,10 @@ fn halt_record(template: Option<&str>, annotations: Option<&Value>) -> NodeStatu
         failed.reason = crate::text::cut(failed.reason, MAX_FAILURE_TEXT);
         record.templates.insert(
             id.to_string(),
-            TemplateStatus {
+            Box::new(TemplateStatus {
                 failed: Some(failed),
                 ..TemplateStatus::default()
-            },
+            }),
         );
     }
     record

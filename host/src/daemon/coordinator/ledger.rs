@@ -344,7 +344,7 @@ impl Ledger {
                 id,
                 status: Some(status),
             } => {
-                let mut status = *status;
+                let mut status = status;
                 // The time a phase began is kept from the record in the API
                 // (a restarted node reports its phases anew).
                 if let Some(old) = self.mine.templates.get(&id)
@@ -878,11 +878,11 @@ mod tests {
         };
         record.templates.insert(
             "ns/web".into(),
-            TemplateStatus {
+            Box::new(TemplateStatus {
                 phase: "ready".into(),
                 since: "2026-01-01T00:00:00Z".into(),
                 ..TemplateStatus::default()
-            },
+            }),
         );
         let mut mine = lease(ROLE_STATUS, Some("n1"), "4", now);
         mine.record = record;
@@ -953,14 +953,14 @@ mod tests {
         l.target = Some(target.into());
         l.record.templates.insert(
             id.into(),
-            TemplateStatus {
+            Box::new(TemplateStatus {
                 failed: Some(Failed {
                     target: target.into(),
                     reason: "ErrImageNeverPull".into(),
                     ..Failed::default()
                 }),
                 ..TemplateStatus::default()
-            },
+            }),
         );
         l
     }
@@ -1142,7 +1142,7 @@ mod tests {
         for i in 0..failures {
             l.record.templates.insert(
                 format!("ns/t{i}"),
-                TemplateStatus {
+                Box::new(TemplateStatus {
                     phase: "failed".into(),
                     message: Some("x".repeat(10_000)),
                     failed: Some(Failed {
@@ -1152,7 +1152,7 @@ mod tests {
                         ..Failed::default()
                     }),
                     ..TemplateStatus::default()
-                },
+                }),
             );
         }
         l

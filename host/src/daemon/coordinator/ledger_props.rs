@@ -181,7 +181,7 @@ impl World {
         if f.failing {
             record.templates.insert(
                 ID.into(),
-                TemplateStatus {
+                Box::new(TemplateStatus {
                     phase: "failed".into(),
                     failed: Some(Failed {
                         target: "t1".into(),
@@ -189,7 +189,7 @@ impl World {
                         ..Failed::default()
                     }),
                     ..TemplateStatus::default()
-                },
+                }),
             );
         }
         let lease = object(

@@ -116,7 +116,10 @@ pub struct Reconciler {
     metrics: Arc<Metrics>,
     events: Option<EventSink>,
     node: Option<NodeContext>,
-    entries: BTreeMap<String, Entry>,
+    /// Boxed: an entry is over 500 bytes, and a map's nodes are about
+    /// half full when keys arrive in order (as a list's do), so inline
+    /// entries would cost twice their size (docs/performance.md §3.6).
+    entries: BTreeMap<String, Box<Entry>>,
     pending: Option<BTreeMap<String, Incoming>>,
     synced: bool,
     next_seq: u64,
@@ -395,7 +398,7 @@ impl Reconciler {
                 self.next_seq += 1;
                 self.entries.insert(
                     key.clone(),
-                    Entry {
+                    Box::new(Entry {
                         id: incoming.id.clone(),
                         incoming,
                         seq,
@@ -403,7 +406,7 @@ impl Reconciler {
                         last_error: None,
                         chain: None,
                         off_node: false,
-                    },
+                    }),
                 );
             }
         }

@@ -143,7 +143,8 @@ pub struct Machine {
     /// Per template, what a restart must know, as loaded by the shell
     /// ([`Machine::load_state`]) and changed here; its `failed` is also
     /// the last failure this node reports to the others.
-    states: BTreeMap<String, RolloutState>,
+    /// Boxed: see [`super::slots`]'s `reported`.
+    states: BTreeMap<String, Box<RolloutState>>,
     known: BTreeMap<String, Known>,
     rolling_back: BTreeMap<String, RollingBack>,
     /// What the node itself showed last, per template (judged without the
@@ -204,7 +205,7 @@ impl Machine {
     /// Template `id`'s rollout state as kept on disk (read by the shell
     /// once per template and run).
     pub fn load_state(&mut self, id: &str, state: RolloutState) {
-        self.states.insert(id.to_string(), state);
+        self.states.insert(id.to_string(), Box::new(state));
     }
 
     /// The rollout followed for template `id`: its revision, and whether
@@ -922,7 +923,7 @@ impl Machine {
         if *state != before {
             self.effects.push(Effect::SaveState {
                 id: id.to_string(),
-                state: state.clone(),
+                state: RolloutState::clone(state),
             });
         }
     }

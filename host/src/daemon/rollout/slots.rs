@@ -65,7 +65,9 @@ pub struct Slots {
     /// until the revision rolled back to is Ready again.
     quorum: BTreeSet<String>,
     /// The last record sent per template: only changes are sent.
-    reported: BTreeMap<String, TemplateStatus>,
+    /// Boxed, as every per-template map of the daemon's that holds large
+    /// values (a map's nodes are half full when keys come in order).
+    reported: BTreeMap<String, Box<TemplateStatus>>,
     /// Per template, the target and the change of each revision written
     /// or found here lately (the last few), to name a failed revision's.
     targets: BTreeMap<String, Vec<Remembered>>,
@@ -259,7 +261,7 @@ impl Slots {
         if let Some(last) = last {
             let mut same = status.clone();
             same.since = last.since.clone();
-            if same == *last {
+            if same == **last {
                 return;
             }
             if last.phase == status.phase {
@@ -269,7 +271,8 @@ impl Slots {
         if status.since.is_empty() {
             status.since = now_rfc3339();
         }
-        self.reported.insert(id.to_string(), status.clone());
+        self.reported
+            .insert(id.to_string(), Box::new(status.clone()));
         self.send(Ask::Report {
             id: id.to_string(),
             status: Some(Box::new(status)),

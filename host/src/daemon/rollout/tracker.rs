@@ -129,7 +129,8 @@ impl Rollout {
 
 #[derive(Default)]
 pub struct Tracker {
-    rollouts: BTreeMap<String, Rollout>,
+    /// Boxed: see [`super::slots`]'s `reported`.
+    rollouts: BTreeMap<String, Box<Rollout>>,
     /// Per template, the last revision seen Ready.
     good: BTreeMap<String, String>,
     /// Per template, what its mirror pod said last.
@@ -164,7 +165,7 @@ impl Tracker {
             .filter(|p| p != revision);
         self.rollouts.insert(
             id.to_string(),
-            Rollout {
+            Box::new(Rollout {
                 revision: revision.to_string(),
                 phase: Phase::Written,
                 written,
@@ -177,7 +178,7 @@ impl Tracker {
                 no_sandbox: false,
                 local: false,
                 stalled: None,
-            },
+            }),
         );
         true
     }
@@ -211,7 +212,7 @@ impl Tracker {
     }
 
     pub fn get(&self, id: &str) -> Option<&Rollout> {
-        self.rollouts.get(id)
+        self.rollouts.get(id).map(|rollout| &**rollout)
     }
 
     pub fn forget(&mut self, id: &str) {
