@@ -120,6 +120,13 @@ pub(super) struct Ledger {
     pub(super) releasing: BTreeSet<String>,
     /// This node's record as it should be.
     pub(super) mine: NodeStatus,
+    /// The API's copy of this node's record (the last one read or
+    /// written) says what `mine` says. Once synced, that copy is compared
+    /// with `mine` when it is seen and then kept without its templates: a
+    /// second copy of a record of every template on the node, and a
+    /// comparison of the two at every [`Ledger::next`], bought nothing
+    /// (docs/performance.md §3.6).
+    pub(super) mine_in_api: bool,
     /// Writes that lost a race, by object name, at the resourceVersion
     /// they were tried against: not tried again until it changes.
     pub(super) conflicted: BTreeMap<String, String>,
@@ -150,6 +157,7 @@ impl Ledger {
                 version: STATUS_VERSION,
                 ..NodeStatus::default()
             },
+            mine_in_api: false,
             conflicted: BTreeMap::new(),
             failed_sent: None,
             watching: false,
@@ -193,6 +201,10 @@ impl Ledger {
         // a list started again dropped the new one for good
         // (docs/performance.md §10.1, run 8).
         let own = name == self.status_name();
+        if own && self.synced {
+            self.mine_in_api = lease.record == self.mine;
+            lease.record = NodeStatus::default();
+        }
         // A relist follows a gap in what this node saw: every Lease in it
         // is observed from now (see [`Ledger::reobserve`]).
         let known = match &self.relisting {
@@ -289,13 +301,16 @@ impl Ledger {
                 }
             }
             // This node's record as the API has it is where it goes on.
-            if let Some(lease) = self.leases.get(&self.status_name()) {
-                for (id, status) in &lease.record.templates {
+            let own = self.status_name();
+            if let Some(lease) = self.leases.get_mut(&own) {
+                let in_api = std::mem::take(&mut lease.record);
+                for (id, status) in &in_api.templates {
                     self.mine
                         .templates
                         .entry(id.clone())
                         .or_insert_with(|| status.clone());
                 }
+                self.mine_in_api = in_api == self.mine;
             }
         }
         answers
@@ -338,7 +353,9 @@ impl Ledger {
                 }
             }
             Ask::Report { id, status: None } => {
-                self.mine.templates.remove(&id);
+                if self.mine.templates.remove(&id).is_some() {
+                    self.mine_in_api = false;
+                }
             }
             Ask::Report {
                 id,
@@ -352,7 +369,10 @@ impl Ledger {
                 {
                     status.since = old.since.clone();
                 }
-                self.mine.templates.insert(id, status);
+                if self.mine.templates.get(&id) != Some(&status) {
+                    self.mine.templates.insert(id, status);
+                    self.mine_in_api = false;
+                }
             }
         }
     }
@@ -451,8 +471,7 @@ impl Ledger {
         let name = self.status_name();
         let in_api = self.leases.get(&name);
         let rv = in_api.map(|l| l.resource_version.clone());
-        if (in_api.is_none_or(|l| l.record != self.mine)) && !self.conflicted(&name, rv.as_deref())
-        {
+        if (in_api.is_none() || !self.mine_in_api) && !self.conflicted(&name, rv.as_deref()) {
             // No record and nothing to say: nothing to write.
             if !(in_api.is_none() && self.mine.templates.is_empty()) {
                 return Some(Action::Status {
@@ -944,6 +963,56 @@ mod tests {
         s.list_done(now);
         assert_eq!(s.next(now), None, "written again after the relist");
         assert_eq!(s.leases[&status_name("n1")].resource_version, "5");
+    }
+
+    #[test]
+    fn this_nodes_record_in_the_api_is_compared_once_and_not_kept() {
+        let now = Instant::now();
+        let mut s = synced("n1");
+        let ready = || {
+            Some(Box::new(TemplateStatus {
+                phase: "ready".into(),
+                since: "2026-12-07T00:00:00Z".into(),
+                ..TemplateStatus::default()
+            }))
+        };
+        s.ask(Ask::Report {
+            id: "ns/web".into(),
+            status: ready(),
+        });
+        assert!(matches!(s.next(now), Some(Action::Status { .. })));
+        let mut written = lease(ROLE_STATUS, Some("n1"), "4", now);
+        written.record = s.mine.clone();
+        s.seen(status_name("n1"), written);
+        assert_eq!(s.next(now), None, "written again though the API has it");
+        assert!(
+            s.leases[&status_name("n1")].record.templates.is_empty(),
+            "a second copy of this node's record is kept"
+        );
+        // The same status reported again changes nothing.
+        s.ask(Ask::Report {
+            id: "ns/web".into(),
+            status: ready(),
+        });
+        assert_eq!(s.next(now), None);
+        // Changed in the API by someone else: written again over it.
+        let mut changed = lease(ROLE_STATUS, Some("n1"), "5", now);
+        changed.record = NodeStatus::default();
+        s.seen(status_name("n1"), changed);
+        assert!(matches!(
+            s.next(now),
+            Some(Action::Status { resource_version: Some(rv) }) if rv == "5"
+        ));
+        // A template gone from this node is a change too.
+        let mut rewritten = lease(ROLE_STATUS, Some("n1"), "6", now);
+        rewritten.record = s.mine.clone();
+        s.seen(status_name("n1"), rewritten);
+        assert_eq!(s.next(now), None);
+        s.ask(Ask::Report {
+            id: "ns/web".into(),
+            status: None,
+        });
+        assert!(matches!(s.next(now), Some(Action::Status { .. })));
     }
 
     /// A halt marker held by `holder` for `id`: `target` failed.
