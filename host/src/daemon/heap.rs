@@ -20,7 +20,7 @@
 //!   [`fix_mmap_threshold`], to `glibc.malloc.mmap_threshold`.
 //! - [`give_back`] is called after a pass that let much go (the first sync),
 //!   never on a hot path: `malloc_trim` walks the whole heap.
-//! - On a C library other than glibc both are no-ops.
+//! - On a C library other than glibc every call here is a no-op.
 
 /// How many arenas glibc may make. One: the daemon's allocations come
 /// from one thread at a time in the main (the reconciler renders one
@@ -34,10 +34,7 @@ const ARENAS: i32 = 1;
 /// Limits glibc's arenas to [`ARENAS`], unless `GLIBC_TUNABLES` already
 /// sets `glibc.malloc.arena_max`. Returns the limit set, if one was.
 pub fn limit_arenas() -> Option<i32> {
-    if tuned("glibc.malloc.arena_max") {
-        return None;
-    }
-    set_arena_max(ARENAS).then_some(ARENAS)
+    set(Param::ArenaMax, ARENAS)
 }
 
 /// The size from which malloc serves a request with a mapping of its own,
@@ -54,32 +51,50 @@ const MMAP_THRESHOLD: i32 = 128 << 10;
 /// `GLIBC_TUNABLES` already sets `glibc.malloc.mmap_threshold`. Returns the
 /// threshold set, if one was.
 pub fn fix_mmap_threshold() -> Option<i32> {
-    if tuned("glibc.malloc.mmap_threshold") {
-        return None;
-    }
-    set_mmap_threshold(MMAP_THRESHOLD).then_some(MMAP_THRESHOLD)
+    set(Param::MmapThreshold, MMAP_THRESHOLD)
 }
 
-fn tuned(tunable: &str) -> bool {
-    std::env::var("GLIBC_TUNABLES").is_ok_and(|tunables| tunables.contains(tunable))
+/// A parameter of malloc's that this module sets.
+#[derive(Clone, Copy)]
+enum Param {
+    ArenaMax,
+    MmapThreshold,
+}
+
+impl Param {
+    /// The glibc tunable an operator sets it with.
+    fn tunable(self) -> &'static str {
+        match self {
+            Param::ArenaMax => "glibc.malloc.arena_max",
+            Param::MmapThreshold => "glibc.malloc.mmap_threshold",
+        }
+    }
+}
+
+/// Sets `param` to `value`, unless `GLIBC_TUNABLES` already sets it (the
+/// tunable set by hand wins). Returns the value set, if one was.
+fn set(param: Param, value: i32) -> Option<i32> {
+    let tuned =
+        std::env::var("GLIBC_TUNABLES").is_ok_and(|tunables| tunables.contains(param.tunable()));
+    if tuned {
+        return None;
+    }
+    mallopt(param, value).then_some(value)
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn set_mmap_threshold(bytes: i32) -> bool {
-    // SAFETY: mallopt only sets one of malloc's parameters.
-    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, bytes) == 1 }
+fn mallopt(param: Param, value: i32) -> bool {
+    let number = match param {
+        Param::ArenaMax => libc::M_ARENA_MAX,
+        Param::MmapThreshold => libc::M_MMAP_THRESHOLD,
+    };
+    // SAFETY: mallopt only sets one of malloc's parameters, under its lock.
+    unsafe { libc::mallopt(number, value) == 1 }
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn set_mmap_threshold(_bytes: i32) -> bool {
+fn mallopt(_param: Param, _value: i32) -> bool {
     false
-}
-
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn set_arena_max(arenas: i32) -> bool {
-    // SAFETY: mallopt only sets one of malloc's parameters; it is called
-    // before any thread of the daemon starts.
-    unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) == 1 }
 }
 
 /// Gives the heap's free memory back to the kernel (glibc's `malloc_trim`).
@@ -89,11 +104,6 @@ pub fn give_back() {
     unsafe {
         libc::malloc_trim(0);
     }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn set_arena_max(_arenas: i32) -> bool {
-    false
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
