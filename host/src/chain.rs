@@ -302,16 +302,7 @@ impl Chain {
         node: &WitNode,
         subject: &str,
     ) -> Result<Value, Box<ChainFailure>> {
-        let name = pod
-            .pointer("/metadata/name")
-            .cloned()
-            .unwrap_or(Value::Null);
-        let start = Start {
-            text: pod.to_string(),
-            name,
-            parsed: Some(pod),
-        };
-        self.run(start, node, subject, &mut |_, _, _| {}, None)
+        self.run(Start::parsed(pod), node, subject, &mut |_, _, _| {}, None)
     }
 
     /// Runs every step over `template`'s pod, telling `observe` about every
@@ -355,7 +346,11 @@ impl Chain {
         observe: &mut dyn FnMut(&Step, bool, Duration),
         mut explain: Option<&mut Vec<StepChanges>>,
     ) -> Result<Value, Box<ChainFailure>> {
-        let Start { text, name, parsed } = start;
+        let Start {
+            mut text,
+            name,
+            parsed,
+        } = start;
         if self.steps.is_empty() {
             return Ok(match parsed {
                 Some(pod) => pod.clone(),
@@ -367,8 +362,6 @@ impl Chain {
         let deadline = self
             .budget
             .and_then(|budget| Some((budget, Instant::now().checked_add(budget)?)));
-        // The first plugin gets the pod as text.
-        let mut text = text;
         // The pod `text` holds, when it is parsed (the caller's, or a
         // step's output built for a check): the "before" of the next step's
         // scope check. Otherwise the text is parsed when a check needs it.
@@ -677,7 +670,19 @@ struct Start<'a> {
     parsed: Option<&'a Value>,
 }
 
-impl Start<'_> {
+impl<'a> Start<'a> {
+    /// A pod the caller parsed: written as text for the first plugin.
+    fn parsed(pod: &'a Value) -> Start<'a> {
+        Start {
+            text: pod.to_string(),
+            name: pod
+                .pointer("/metadata/name")
+                .cloned()
+                .unwrap_or(Value::Null),
+            parsed: Some(pod),
+        }
+    }
+
     /// A template's pod is named after the template
     /// ([`Template::from_value`] sets `metadata.name`) and kept as text.
     fn template(template: &Template) -> Start<'static> {
