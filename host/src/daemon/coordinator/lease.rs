@@ -65,18 +65,7 @@ impl Seen {
         let templates = std::mem::take(&mut self.record.templates);
         self.record.templates = templates
             .into_iter()
-            .filter_map(|(id, status)| {
-                let mut failed = status.failed?;
-                failed.message = crate::text::cut(failed.message, MAX_FAILURE_TEXT);
-                failed.reason = crate::text::cut(failed.reason, MAX_FAILURE_TEXT);
-                Some((
-                    id,
-                    Box::new(TemplateStatus {
-                        failed: Some(failed),
-                        ..TemplateStatus::default()
-                    }),
-                ))
-            })
+            .filter_map(|(id, status)| Some((id, failure_only(status.failed?))))
             .take(MAX_FAILURES_KEPT)
             .collect();
     }
@@ -151,17 +140,22 @@ fn halt_record(template: Option<&str>, annotations: Option<&Value>) -> NodeStatu
             .and_then(Value::as_str)
             .filter(|c| !c.is_empty())
             .map(|c| crate::text::cut(c.to_string(), MAX_FAILURE_TEXT));
-        failed.message = crate::text::cut(failed.message, MAX_FAILURE_TEXT);
-        failed.reason = crate::text::cut(failed.reason, MAX_FAILURE_TEXT);
-        record.templates.insert(
-            id.to_string(),
-            Box::new(TemplateStatus {
-                failed: Some(failed),
-                ..TemplateStatus::default()
-            }),
-        );
+        record
+            .templates
+            .insert(id.to_string(), failure_only(failed));
     }
     record
+}
+
+/// A template's status that says only `failed`, its texts cut to
+/// [`MAX_FAILURE_TEXT`]: what this node keeps of another's failure.
+fn failure_only(mut failed: Failed) -> Box<TemplateStatus> {
+    failed.message = crate::text::cut(failed.message, MAX_FAILURE_TEXT);
+    failed.reason = crate::text::cut(failed.reason, MAX_FAILURE_TEXT);
+    Box::new(TemplateStatus {
+        failed: Some(failed),
+        ..TemplateStatus::default()
+    })
 }
 
 pub(super) fn micro_now() -> MicroTime {

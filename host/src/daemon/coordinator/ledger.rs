@@ -359,17 +359,17 @@ impl Ledger {
             }
             Ask::Report {
                 id,
-                status: Some(status),
+                status: Some(mut status),
             } => {
-                let mut status = status;
+                let old = self.mine.templates.get(&id);
                 // The time a phase began is kept from the record in the API
                 // (a restarted node reports its phases anew).
-                if let Some(old) = self.mine.templates.get(&id)
+                if let Some(old) = old
                     && old.phase == status.phase
                 {
                     status.since = old.since.clone();
                 }
-                if self.mine.templates.get(&id) != Some(&status) {
+                if old != Some(&status) {
                     self.mine.templates.insert(id, status);
                     self.mine_in_api = false;
                 }
