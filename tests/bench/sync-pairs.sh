@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs the sync part of the daemon bench once per podstamp binary given, in
-# the order given, each in the place the bench copies podstamp from, the
-# disks flushed and the kernel's caches dropped 20 s before each run: runs
-# one after another drift (docs/performance.md §3.4), so compare binaries
-# in alternating pairs (A B B A).
+# the order given, each in the place the bench copies podstamp from; before
+# each run the last run's files are removed, the disks flushed and the
+# kernel's caches dropped, 20 s ahead. Compare binaries in alternating pairs
+# (A B B A) all the same.
 #
 #   tests/bench/sync-pairs.sh BENCH_EXE OUT_DIR podstamp.A podstamp.B podstamp.B podstamp.A
 #
@@ -24,6 +24,13 @@ cd "$repo/host"
 for binary in "$@"; do
   # A copy, not in place: cargo's hard link to its own build stays whole.
   cp --remove-destination "$binary" "$target"
+  # The last run's files are removed here, before the flush and the drop,
+  # not by the bench as it starts: on an ext4 without a journal (this
+  # machine's root), allocating an inode passes over the ones deleted
+  # recently whose inode table blocks are cached (ext4's recently_deleted()),
+  # so a sync just after removing thousands of files paid for them in every
+  # creat(2), more with each run of a sitting (docs/performance.md 3.7).
+  rm -rf "$repo/target/bench-daemon"
   sync
   echo 3 > /proc/sys/vm/drop_caches
   sleep 20
