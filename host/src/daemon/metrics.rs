@@ -423,7 +423,7 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP podstamp_initial_sync_part_seconds Wall time of the first sync by part: render (plugin chains and manifests), check (the kubelet's and Pod Security checks), commit_states, commit_manifests, commit_revisions (the writes put in place), gc; start_to_list from the daemon's start to the first complete list.\n\
+            "# HELP podstamp_initial_sync_part_seconds Wall time of the first sync by part: render (plugin chains and manifests), check (each manifest read back and its kubelet and Pod Security verdicts taken), check_ahead (a chunk's questions sent to the helper ahead, its last answers waited for), commit_states, commit_manifests, commit_revisions (the writes put in place), gc; start_to_list from the daemon's start to the first complete list.\n\
              # TYPE podstamp_initial_sync_part_seconds gauge"
         );
         for (part, took) in &inner.initial_sync_parts {

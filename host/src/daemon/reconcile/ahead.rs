@@ -121,10 +121,11 @@ impl Reconciler {
             );
         }
         session.finish();
-        // The renders are the render's share; the rest, the questions sent
-        // and their answers waited for, the check's.
+        // The renders are the render's share; the rest (the questions sent,
+        // the chunk's last answers waited for) is the check's, apart from
+        // the checks' own read back and memo (`check`).
         self.timing.add_duration(Part::Render, rendering);
         self.timing
-            .add_duration(Part::Check, whole.elapsed().saturating_sub(rendering));
+            .add_duration(Part::CheckAhead, whole.elapsed().saturating_sub(rendering));
     }
 }

@@ -22,6 +22,9 @@ pub(super) enum Part {
     /// A manifest read back and asked about: the kubelet's decision and the
     /// Pod Security check, through the helper.
     Check,
+    /// The questions of a chunk rendered ahead sent to the helper, and its
+    /// answers waited for ([`super::ahead`]).
+    CheckAhead,
     /// A pass's rollout states saved ([`super::batch`], its step 1).
     CommitStates,
     /// A pass's manifests synced, renamed, their directory synced (steps 2
@@ -34,9 +37,10 @@ pub(super) enum Part {
 }
 
 impl Part {
-    const ALL: [Part; 6] = [
+    const ALL: [Part; 7] = [
         Part::Render,
         Part::Check,
+        Part::CheckAhead,
         Part::CommitStates,
         Part::CommitManifests,
         Part::CommitRevisions,
@@ -47,6 +51,7 @@ impl Part {
         match self {
             Part::Render => "render",
             Part::Check => "check",
+            Part::CheckAhead => "check_ahead",
             Part::CommitStates => "commit_states",
             Part::CommitManifests => "commit_manifests",
             Part::CommitRevisions => "commit_revisions",
@@ -61,7 +66,7 @@ pub(super) struct SyncTiming {
     /// From the reconciler's start to the first complete list applied.
     started: Instant,
     to_list: Option<Duration>,
-    parts: [Duration; 6],
+    parts: [Duration; Part::ALL.len()],
     done: bool,
 }
 
@@ -70,7 +75,7 @@ impl Default for SyncTiming {
         SyncTiming {
             started: Instant::now(),
             to_list: None,
-            parts: [Duration::ZERO; 6],
+            parts: [Duration::ZERO; Part::ALL.len()],
             done: false,
         }
     }
