@@ -196,34 +196,70 @@ pub fn finish_unverified(mut pod: Value, namespace: &str, source: &str) -> Unver
 /// of the YAML the writer makes of that same value.
 pub fn read_back(bytes: &[u8], pod: &Value) -> Result<(), Unreadable> {
     let back = parse_document(bytes, "manifest").map_err(Unreadable::Parse)?;
-    match first_difference(pod, &back, String::new()) {
+    match first_difference(pod, &back) {
         None => Ok(()),
         Some(path) if path.is_empty() => Err(Unreadable::Differs("the document".into())),
         Some(path) => Err(Unreadable::Differs(path)),
     }
 }
 
-/// The path of the first place where `a` and `b` differ, if any.
-fn first_difference(a: &Value, b: &Value, path: String) -> Option<String> {
-    match (a, b) {
-        (Value::Object(a), Value::Object(b)) => a
+/// The path of the first place where `a` and `b` differ, if any. The path
+/// is formatted only for a difference: a read back that matches, what every
+/// write does, walks the two trees without allocating.
+fn first_difference(a: &Value, b: &Value) -> Option<String> {
+    let mut steps = Vec::new();
+    differs(a, b, &mut steps).then(|| {
+        steps
             .iter()
-            .find_map(|(key, value)| match b.get(key) {
-                Some(other) => first_difference(value, other, join_key(&path, key)),
-                None => Some(join_key(&path, key)),
+            .rev()
+            .fold(String::new(), |path, step| match step {
+                Step::Key(key) => join_key(&path, key),
+                Step::Index(i) => join_index(&path, *i),
             })
-            .or_else(|| {
-                b.keys()
-                    .find(|key| !a.contains_key(*key))
-                    .map(|key| join_key(&path, key))
-            }),
-        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => a
-            .iter()
-            .zip(b)
-            .enumerate()
-            .find_map(|(i, (x, y))| first_difference(x, y, join_index(&path, i))),
-        _ if a == b => None,
-        _ => Some(path),
+    })
+}
+
+/// One step of a path into a pod, innermost first in [`differs`]'s list.
+enum Step<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// Do `a` and `b` differ? If so, `steps` holds where, innermost first: the
+/// first key of `a` whose value differs or that `b` lacks, then the first
+/// key of `b` that `a` lacks; the first differing element of arrays of one
+/// length; the value itself otherwise.
+fn differs<'a>(a: &'a Value, b: &'a Value, steps: &mut Vec<Step<'a>>) -> bool {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (key, value) in a {
+                let inside = match b.get(key) {
+                    Some(other) => differs(value, other, steps),
+                    None => true,
+                };
+                if inside {
+                    steps.push(Step::Key(key));
+                    return true;
+                }
+            }
+            match b.keys().find(|key| !a.contains_key(*key)) {
+                Some(key) => {
+                    steps.push(Step::Key(key));
+                    true
+                }
+                None => false,
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                if differs(x, y, steps) {
+                    steps.push(Step::Index(i));
+                    return true;
+                }
+            }
+            false
+        }
+        _ => a != b,
     }
 }
 
@@ -269,6 +305,43 @@ mod tests {
     fn pod() -> Value {
         json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "evil"},
                "spec": {"containers": [{"name": "web", "image": "nginx"}]}})
+    }
+
+    /// Each kind of difference is named by its path, the outermost key
+    /// first; equal trees have none.
+    #[test]
+    fn the_first_difference_is_named_by_its_path() {
+        let a = pod();
+        assert_eq!(first_difference(&a, &a.clone()), None);
+        let changed = |f: &dyn Fn(&mut Value)| {
+            let mut b = a.clone();
+            f(&mut b);
+            first_difference(&a, &b)
+        };
+        let path = |p: &str| Some(p.to_string());
+        assert_eq!(
+            changed(&|b| b["spec"]["containers"][0]["image"] = json!("evil")),
+            path("spec.containers[0].image")
+        );
+        assert_eq!(
+            changed(&|b| {
+                b["metadata"].as_object_mut().unwrap().remove("namespace");
+            }),
+            path("metadata.namespace")
+        );
+        assert_eq!(
+            changed(&|b| b["metadata"]["labels"] = json!({})),
+            path("metadata.labels")
+        );
+        assert_eq!(
+            changed(&|b| b["spec"]["containers"][0]["a b"] = json!(1)),
+            path("spec.containers[0][\"a b\"]")
+        );
+        assert_eq!(
+            changed(&|b| b["spec"]["containers"] = json!([])),
+            path("spec.containers")
+        );
+        assert_eq!(changed(&|b| *b = json!([])), path(""));
     }
 
     #[test]
