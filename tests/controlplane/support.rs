@@ -647,9 +647,14 @@ fn ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// How long a stopping [`Downtime`] polls for the server's ok.
+const SETTLE: Duration = Duration::from_secs(10);
+
 /// Polls the API server's `/readyz` every 50 ms from its own thread, from
 /// [`Downtime::watch`] to [`Downtime::stop`]: what an API client sees of
-/// an upgrade.
+/// an upgrade. Once stopping, it polls on until an answer is ok (at most
+/// [`SETTLE`]): the caller stops it after seeing the new server answer, and
+/// a poll sent before that (one may wait up to 1 s) must not be the last.
 pub struct Downtime {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<Vec<(Instant, bool)>>>,
@@ -663,11 +668,18 @@ impl Downtime {
         let thread = std::thread::spawn(move || {
             let kube = Kube::new(&kubeconfig, NS);
             let mut samples = Vec::new();
-            while !flag.load(Ordering::Relaxed) {
-                samples.push((Instant::now(), readyz(&kube)));
+            let mut stopping: Option<Instant> = None;
+            loop {
+                if stopping.is_none() && flag.load(Ordering::Relaxed) {
+                    stopping = Some(Instant::now());
+                }
+                let ok = readyz(&kube);
+                samples.push((Instant::now(), ok));
+                if stopping.is_some_and(|since| ok || since.elapsed() > SETTLE) {
+                    return samples;
+                }
                 std::thread::sleep(Duration::from_millis(50));
             }
-            samples
         });
         Downtime {
             stop,
