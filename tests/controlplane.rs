@@ -793,9 +793,15 @@ fn a_bad_member_revision_is_rolled_back_on_its_node_and_never_written_on_the_oth
             && log.contains(&format!("rolled back to revision {}", good[first])),
         "{log}"
     );
-    assert_eq!(
-        rollout_state(&member.dir.join("history"))["held"].as_str(),
-        Some(bad.as_str())
+    // Held once the good revision is in place: saved just after its
+    // rename and the rollback's log line, so seen a moment after them.
+    wait_for(
+        "the failed revision held in rollout-states.jsonl",
+        Duration::from_secs(10),
+        || {
+            (rollout_state(&member.dir.join("history"))["held"].as_str() == Some(bad.as_str()))
+                .then_some(())
+        },
     );
     let (answering, _) = member.wait_running_with("--v=0", Some(daemon), start);
     let note = member.wait_event(daemon, "RolloutFailed", &bad);
