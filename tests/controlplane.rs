@@ -179,6 +179,17 @@ fn rollout_state(history: &Path) -> serde_json::Value {
     common::rollout_state(history, &format!("{NS}/{TEMPLATE}"))
 }
 
+/// Waits until the rollout state on disk holds `revision`. The hold is set
+/// once the good revision is in place, and saved (the rollback logged too)
+/// just after its rename: it is seen a moment after the file.
+fn wait_held(history: &Path, revision: &str) {
+    wait_for(
+        "the failed revision held in rollout-states.jsonl",
+        Duration::from_secs(10),
+        || (rollout_state(history)["held"].as_str() == Some(revision)).then_some(()),
+    );
+}
+
 /// Makes `bad` through podstamp on a self-hosted control plane: the new
 /// API server never answers, so the revision can only be judged from the
 /// node (the CRI); podstamp must roll it back with the API down, the good
@@ -272,13 +283,7 @@ fn a_bad_change_is_rolled_back_with_the_api_down(name: &str, bad: Bad, meanwhile
         && the_kubelet_starts_the_good_revision_or_podstamp_says_it_did_not(
             &control, &daemon, &history, &good,
         );
-    // Held once the good revision is in place: saved (and the rollback
-    // logged) just after its rename, so seen a moment after the file.
-    wait_for(
-        "the failed revision held in rollout-states.jsonl",
-        Duration::from_secs(10),
-        || (rollout_state(&history)["held"].as_str() == Some(bad_revision.as_str())).then_some(()),
-    );
+    wait_held(&history, &bad_revision);
     let log = daemon.logs();
     let (reason, says) = match bad {
         Bad::Flag => ("CrashLoopBackOff", "exited with code 2"),
@@ -793,16 +798,7 @@ fn a_bad_member_revision_is_rolled_back_on_its_node_and_never_written_on_the_oth
             && log.contains(&format!("rolled back to revision {}", good[first])),
         "{log}"
     );
-    // Held once the good revision is in place: saved just after its
-    // rename and the rollback's log line, so seen a moment after them.
-    wait_for(
-        "the failed revision held in rollout-states.jsonl",
-        Duration::from_secs(10),
-        || {
-            (rollout_state(&member.dir.join("history"))["held"].as_str() == Some(bad.as_str()))
-                .then_some(())
-        },
-    );
+    wait_held(&member.dir.join("history"), &bad);
     let (answering, _) = member.wait_running_with("--v=0", Some(daemon), start);
     let note = member.wait_event(daemon, "RolloutFailed", &bad);
     assert!(note.contains("CrashLoopBackOff"), "{note}");
