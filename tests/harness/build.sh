@@ -25,7 +25,13 @@ echo "build.sh: $("$GO" version) -> $BIN_DIR" >&2
 KUBE_VERSION="$("$GO" list -m -f '{{.Version}}' k8s.io/kubernetes)"
 KUBE_MAJOR="${KUBE_VERSION#v}"; KUBE_MAJOR="${KUBE_MAJOR%%.*}"
 KUBE_MINOR="${KUBE_VERSION#v*.}"; KUBE_MINOR="${KUBE_MINOR%%.*}"
+# Stripped unless PODSTAMP_HARNESS_SYMBOLS=1: a profile of the API server
+# (perf record) needs its symbols; build those into a directory of their
+# own (PODSTAMP_HARNESS_BIN) and point the run at it with the same variable.
 LDFLAGS="-s -w"
+if [[ "${PODSTAMP_HARNESS_SYMBOLS:-0}" == 1 ]]; then
+  LDFLAGS=""
+fi
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   LDFLAGS+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=$KUBE_MAJOR -X $pkg.gitMinor=$KUBE_MINOR -X $pkg.gitTreeState=clean"
 done
