@@ -685,6 +685,16 @@ impl Ledger {
         out
     }
 
+    /// Whether this node needs its Lease watch: while it waits for, holds
+    /// or frees a slot, and while it knows of any halt (a node held back
+    /// by one must hear it lifted). Otherwise nothing the watch could show
+    /// changes what this node does, and its next ask lists again; a watch
+    /// kept meanwhile would only be handed every Lease write of the
+    /// namespace by the API server (docs/performance.md §10.5).
+    pub(super) fn needs_watch(&self) -> bool {
+        self.busy() || self.failed_sent.as_ref().is_some_and(|f| !f.is_empty())
+    }
+
     /// Whether anything waits on time (expiry, renewal).
     pub(super) fn busy(&self) -> bool {
         !self.pending.is_empty() || !self.held.is_empty() || !self.releasing.is_empty()
@@ -773,6 +783,29 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn the_watch_is_needed_while_a_slot_is_wanted_or_held_or_a_halt_is_known() {
+        let mut s = synced("n1");
+        assert!(!s.needs_watch(), "idle, nothing failed anywhere: no watch");
+        acquire(&mut s, 1);
+        assert!(s.needs_watch(), "waiting for a slot");
+        s.ask(Ask::Cancel {
+            id: "ns/web".into(),
+        });
+        assert!(!s.needs_watch(), "the ask withdrawn");
+        s.held.insert("ns/web".into(), slot_name("ns/web", 0));
+        assert!(s.needs_watch(), "holding a slot");
+        s.held.clear();
+        // A halt marker seen and told to the reconciler: a node held back
+        // by it must hear it lifted, so the watch stays.
+        s.seen(
+            halt_name("n2", "ns/web"),
+            halt(Some("n2"), "ns/web", "t1", "5"),
+        );
+        assert!(matches!(s.failed(), Some(Answer::Failed(_))));
+        assert!(s.needs_watch(), "a halt is known");
     }
 
     #[test]

@@ -4,8 +4,8 @@
 //! An async task. It watches the halt markers of the rollout namespace and
 //! the slots of the lanes it waits in (label [`LANE_LABEL`]; at start, for
 //! its first list, every slot: the ones it held before a restart are its
-//! own), never the other nodes' status records; it reads its own record by
-//! name. It takes a slot when the reconciler asks for one
+//! own), never the other nodes' status records, and nothing while nothing
+//! rolls here and no halt is known; it reads its own record by name. It takes a slot when the reconciler asks for one
 //! ([`Ask::Acquire`]), one of its lanes is free and its turn has come,
 //! renews the slots it holds, frees them when told, writes this node's
 //! status record when it changes and its halt marker when a target failed
@@ -19,7 +19,9 @@
 //! * What a node receives does not grow with the fleet: the halts, and
 //!   the writes to the few slots it waits for (docs/daemon.md, "Fleets").
 //!   The watch is restarted when the lanes it needs are not all selected,
-//!   and when nothing rolls (then it selects the halts only).
+//!   and when nothing rolls (then it selects the halts only, or stops when
+//!   no halt is known: the API server hands every watch of the namespace
+//!   every Lease write there, selected or not).
 //! * A slot is free when it has no holder, or when its Lease has not
 //!   changed for its `leaseDurationSeconds` (never longer than this node's
 //!   own), judged on this node's clock from when this node saw it change
@@ -177,7 +179,8 @@ pub async fn run(
     // The first list: every slot (to adopt the ones held) and the halts.
     let mut generation = 0u64;
     let mut selected: Option<BTreeSet<String>> = None;
-    let mut watching = watcher.start(generation, None);
+    // None: no watch (nothing rolls here and no halt is known).
+    let mut watching = Some(watcher.start(generation, None));
     let mut state = Ledger::new(settings.node.clone(), settings.lease_duration);
     let mut write_backoff = Backoff::new();
     let mut write_retry: Option<tokio::time::Instant> = None;
@@ -210,7 +213,9 @@ pub async fn run(
                     }
                 }
                 None => {
-                    watching.abort();
+                    if let Some(task) = watching {
+                        task.abort();
+                    }
                     return;
                 }
             },
@@ -247,22 +252,35 @@ pub async fn run(
             _ = tokio::time::sleep(tick) => {},
         }
         // The lanes this node needs, selected: restarted when one is
-        // missing, or when nothing rolls any more (the halts only then).
+        // missing, or when nothing rolls any more (the halts only then);
+        // stopped when nothing rolls and no halt is known.
         if state.synced {
-            let wanted = state.lanes();
-            let restart = match &selected {
-                None => true,
-                Some(current) => {
-                    !wanted.is_subset(current) || (wanted.is_empty() && !current.is_empty())
+            if !state.needs_watch() {
+                if let Some(task) = watching.take() {
+                    task.abort();
+                    generation += 1;
+                    state.watch_failed();
+                    selected = Some(BTreeSet::new());
                 }
-            };
-            if restart {
-                watching.abort();
-                generation += 1;
-                // Until the new watch lists, no slot is judged free.
-                state.watch_failed();
-                watching = watcher.start(generation, Some(&wanted));
-                selected = Some(wanted);
+            } else {
+                let wanted = state.lanes();
+                let restart = watching.is_none()
+                    || match &selected {
+                        None => true,
+                        Some(current) => {
+                            !wanted.is_subset(current) || (wanted.is_empty() && !current.is_empty())
+                        }
+                    };
+                if restart {
+                    if let Some(task) = watching.take() {
+                        task.abort();
+                    }
+                    generation += 1;
+                    // Until the new watch lists, no slot is judged free.
+                    state.watch_failed();
+                    watching = Some(watcher.start(generation, Some(&wanted)));
+                    selected = Some(wanted);
+                }
             }
         }
         state.note_starved(Instant::now());
