@@ -23,7 +23,9 @@
 //! (`apiserver_watch_events_total`), the API server's CPU seconds
 //! (`process_cpu_seconds_total`) and resident memory. The wall time of the
 //! rollout is set against the ideal: ⌈N / max-unavailable⌉ steps × the
-//! median time a node held its slot in the same run (grant to verdict).
+//! median time a node held its slot in the same run (grant to verdict),
+//! and step by step (when each m nodes were done), so that the time lost
+//! at every hand-over tells itself from a tail of late nodes.
 //! Then 10 s with nothing rolling: the Lease writes (expected none).
 //!
 //! Where the writes come from: the Lease requests by verb and response
@@ -91,6 +93,47 @@ struct SimNode {
     granted_at: Option<Instant>,
     /// When the new revision's verdict came (the node is done).
     done_at: Option<Instant>,
+}
+
+/// The rollout step by step: when the nodes of each step of the ideal
+/// (`m` at a time) were done, against the ideal's `k` holds, and how long
+/// a node waited from the start for its grant. Where a rollout loses its
+/// time: evenly at every hand-over, or in a tail of a few late nodes.
+fn timeline(fleet: &[SimNode], start: Instant, m: usize, hold: Duration) -> String {
+    let mut done: Vec<f64> = fleet
+        .iter()
+        .filter_map(|f| Some((f.done_at? - start).as_secs_f64()))
+        .collect();
+    done.sort_by(f64::total_cmp);
+    let steps: Vec<String> = done
+        .chunks(m.max(1))
+        .enumerate()
+        .map(|(k, c)| {
+            let at = c.last().copied().unwrap_or_default();
+            format!(
+                "{}:{at:.1}s({:.1})",
+                k + 1,
+                at - (k + 1) as f64 * hold.as_secs_f64()
+            )
+        })
+        .collect();
+    let mut grants: Vec<f64> = fleet
+        .iter()
+        .filter_map(|f| Some((f.granted_at? - start).as_secs_f64()))
+        .collect();
+    grants.sort_by(f64::total_cmp);
+    let q = |v: &[f64], p: f64| {
+        v.get(((v.len() as f64 - 1.0) * p) as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    format!(
+        "steps done at (beyond k holds): {}; grants at p50 {:.1}s, p90 {:.1}s, last {:.1}s",
+        steps.join(" "),
+        q(&grants, 0.5),
+        q(&grants, 0.9),
+        q(&grants, 1.0)
+    )
 }
 
 /// What one N measured.
@@ -736,6 +779,10 @@ impl Bench {
         holds.sort();
         let hold_median = holds.get(holds.len() / 2).copied().unwrap_or_default();
         let ideal = hold_median * n.div_ceil(max_unavailable as usize) as u32;
+        println!(
+            "    {}",
+            timeline(&fleet, start, max_unavailable as usize, hold_median)
+        );
         // Nothing rolls: the Lease writes meanwhile.
         let quiet = self.api_metrics();
         std::thread::sleep(IDLE);

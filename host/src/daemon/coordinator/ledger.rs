@@ -12,14 +12,19 @@
 //! unless this node's own record names it too (this node tried the change
 //! and holds its own failed target: a fix of its own settings may be tried
 //! here, and once confirmed lifts the halt it put on the others). A slot seen
-//! free is tried after this node's turn ([`lanes::turn`] × [`SPREAD`]), so
-//! that of the waiters for one freed slot the first tries alone. A waiter
-//! that lost a race widens its own spread (×2 per race lost, up to
-//! ×[`MAX_BACKOFF`]): where the winner's take is slow to be seen, fewer
-//! of the same waiters race again. A waiter that waited longer than
-//! [`Ledger::starved_after`] tries ahead of every other's turn, yet in its
-//! own turn among the starved (in the first [`STARVED_SPREAD`]), never at
-//! once: waiters starved together would otherwise all race.
+//! free is tried after this node's turn ([`lanes::turn`] × its spread), so
+//! that of the waiters for one freed slot the first tries alone. The
+//! spread is [`SPREAD`] narrowed by the times this waiter's lanes went to
+//! other nodes while it waited (each is one waiter fewer there: with
+//! fewer waiters the first turn comes later, and a whole second's spread
+//! cost each late step of a rollout up to a second), down to
+//! [`MIN_SPREAD`]. A waiter that lost a race widens its own spread (×2 per
+//! race lost, up to ×[`MAX_BACKOFF`]): where the winner's take is slow to
+//! be seen, fewer of the same waiters race again. A waiter that waited
+//! longer than [`Ledger::starved_after`] tries ahead of every other's
+//! turn, yet in its own turn among the starved (in the first quarter of
+//! its spread: [`STARVED_SPREAD`] at first), never at once: waiters
+//! starved together would otherwise all race.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -31,8 +36,12 @@ use crate::fleet::{
     slot_name, status_name, trust,
 };
 
-/// Waiters for a freed slot try it within this, each at its turn.
+/// Waiters for a freed slot try it within this, each at its turn, until
+/// other nodes were seen to take their lanes.
 pub(super) const SPREAD: Duration = Duration::from_millis(1000);
+/// The narrowest spread, however often a waiter was passed over: the
+/// time a take takes to be seen is a few to a few hundred milliseconds.
+pub(super) const MIN_SPREAD: Duration = Duration::from_millis(50);
 /// A waiter's spread grows at most this many times over by races lost.
 pub(super) const MAX_BACKOFF: u32 = 8;
 /// Starved waiters try within this, each at its turn: ahead of the others.
@@ -57,6 +66,9 @@ pub(super) struct Pending {
     /// Races for a slot lost while waiting (409 on a take): each doubles
     /// this waiter's spread, up to [`MAX_BACKOFF`].
     pub(super) lost: u32,
+    /// Times one of this waiter's lanes went to another node while it
+    /// waited: each narrows its spread (one waiter fewer there).
+    pub(super) passed: u32,
 }
 
 /// One write the state calls for.
@@ -207,6 +219,15 @@ impl Ledger {
         }
         // A relist follows a gap in what this node saw: every Lease in it
         // is observed from now (see [`Ledger::reobserve`]).
+        // A slot newly held by another node: a waiter for it, passed over.
+        let changed_hands = lease.role == ROLE_SLOT
+            && lease.holder.as_deref().is_some_and(|holder| {
+                holder != self.me
+                    && self.leases.get(&name).is_none_or(|old| {
+                        old.resource_version != lease.resource_version
+                            && old.holder.as_deref() != Some(holder)
+                    })
+            });
         let known = match &self.relisting {
             Some(listing) if !own => listing.get(&name),
             _ => self.leases.get(&name),
@@ -216,11 +237,28 @@ impl Ledger {
         {
             lease.observed = old.observed;
         }
+        if changed_hands {
+            self.passed_over(&name, &lease);
+        }
         let map = match self.relisting.as_mut() {
             Some(listing) if !own => listing,
             _ => &mut self.leases,
         };
         map.insert(name, lease);
+    }
+
+    /// Slot `name`, now held by another node: once more passed over, if
+    /// this node waits for it (one of its lanes for the target it asks).
+    fn passed_over(&mut self, name: &str, lease: &Seen) {
+        let me = self.me.as_str();
+        if let Some(id) = lease.template.as_deref()
+            && let Some(p) = self.pending.get_mut(id)
+            && lanes::lanes(me, id, &p.target, p.slots)
+                .into_iter()
+                .any(|i| slot_name(id, i) == name)
+        {
+            p.passed = p.passed.saturating_add(1);
+        }
     }
 
     /// Whether a halt marker is kept, and as what (its owner, or nothing
@@ -324,9 +362,10 @@ impl Ledger {
                 slots,
                 expires,
             } => {
-                let (since, lost) = match self.pending.get(&id) {
-                    Some(p) => (p.since, if p.target == target { p.lost } else { 0 }),
-                    None => (Instant::now(), 0),
+                let (since, lost, passed) = match self.pending.get(&id) {
+                    Some(p) if p.target == target => (p.since, p.lost, p.passed),
+                    Some(p) => (p.since, 0, 0),
+                    None => (Instant::now(), 0, 0),
                 };
                 self.pending.insert(
                     id,
@@ -337,6 +376,7 @@ impl Ledger {
                         since,
                         starved_logged: false,
                         lost,
+                        passed,
                     },
                 );
             }
@@ -571,13 +611,17 @@ impl Ledger {
         }
     }
 
-    /// This waiter's spread: [`SPREAD`] doubled per race lost, at most
-    /// [`MAX_BACKOFF`] times over; [`STARVED_SPREAD`] once starved.
+    /// This waiter's spread: [`SPREAD`] divided by 1 + the times it was
+    /// passed over per lane, at least [`MIN_SPREAD`], then doubled per
+    /// race lost, at most [`MAX_BACKOFF`] times over; once starved, a
+    /// quarter of it before the races ([`STARVED_SPREAD`] at first).
     fn spread(&self, pending: &Pending, now: Instant) -> Duration {
+        let passed = f64::from(pending.passed) / f64::from(lanes::LANES);
+        let base = SPREAD.div_f64(1.0 + passed).max(MIN_SPREAD);
         if self.starved(pending, now) {
-            STARVED_SPREAD
+            base.mul_f64(STARVED_SPREAD.as_secs_f64() / SPREAD.as_secs_f64())
         } else {
-            SPREAD * 2u32.saturating_pow(pending.lost.min(8)).min(MAX_BACKOFF)
+            base * 2u32.saturating_pow(pending.lost.min(8)).min(MAX_BACKOFF)
         }
     }
 
@@ -1235,6 +1279,47 @@ mod tests {
             expires: true,
         });
         assert_eq!(s.pending["ns/web"].lost, 0);
+    }
+
+    #[test]
+    fn a_waiter_passed_over_tries_sooner_at_the_next_freed_slot() {
+        let now = Instant::now();
+        let name = slot_name("ns/web", 0);
+        let mut s = synced("w3");
+        s.seen(name.clone(), lease(ROLE_SLOT, None, "5", now));
+        acquire(&mut s, 1);
+        let first = s.wake_at(now).unwrap() - now;
+        let near = |a: Duration, b: Duration| a.abs_diff(b) < Duration::from_micros(5);
+        // Taken by another node, then freed: passed over once (a third of
+        // a pass per lane, one lane of three: the spread is 1 / (1 + 1/3)).
+        s.seen(name.clone(), lease(ROLE_SLOT, Some("w1"), "6", now));
+        // The same version again (a relist): not a second pass.
+        s.seen(name.clone(), lease(ROLE_SLOT, Some("w1"), "6", now));
+        s.seen(name.clone(), lease(ROLE_SLOT, None, "7", now));
+        assert_eq!(s.pending["ns/web"].passed, 1);
+        assert!(near(s.wake_at(now).unwrap() - now, first.mul_f64(0.75)));
+        // A race lost still doubles it.
+        s.lost_race("ns/web");
+        assert!(near(s.wake_at(now).unwrap() - now, first.mul_f64(1.5)));
+        // However often passed over, never narrower than MIN_SPREAD.
+        for rv in 10..400 {
+            let holder = if rv % 2 == 0 { Some("w1") } else { Some("w2") };
+            s.seen(name.clone(), lease(ROLE_SLOT, holder, &rv.to_string(), now));
+        }
+        s.seen(name.clone(), lease(ROLE_SLOT, None, "400", now));
+        let floor = first.mul_f64(MIN_SPREAD.as_secs_f64() / SPREAD.as_secs_f64());
+        assert!(
+            near(s.wake_at(now).unwrap() - now, floor * 2),
+            "the floor, one race lost"
+        );
+        // Asked again for another target: passed over starts over.
+        s.ask(Ask::Acquire {
+            id: "ns/web".into(),
+            target: "t2".into(),
+            slots: 1,
+            expires: true,
+        });
+        assert_eq!(s.pending["ns/web"].passed, 0);
     }
 
     /// A record naming `failures` failed targets of `template`s, held by
