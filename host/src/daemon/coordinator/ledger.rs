@@ -1247,16 +1247,37 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn a_waiter_that_lost_races_waits_longer_at_the_next_freed_slot() {
-        let now = Instant::now();
+    /// A node waiting for the one slot of `ns/web`, seen free `now`: the
+    /// ledger, the slot's name, and the node's first turn after `now`.
+    fn waiting_at_a_free_slot(now: Instant) -> (Ledger, String, Duration) {
         let name = slot_name("ns/web", 0);
         let mut s = synced("w3");
         s.seen(name.clone(), lease(ROLE_SLOT, None, "5", now));
         acquire(&mut s, 1);
         let first = s.wake_at(now).unwrap() - now;
+        (s, name, first)
+    }
+
+    /// Two turns computed the same way, to within float rounding.
+    fn near(a: Duration, b: Duration) -> bool {
+        a.abs_diff(b) < Duration::from_micros(5)
+    }
+
+    /// The same node asks for another target of the template.
+    fn ask_for_another_target(s: &mut Ledger) {
+        s.ask(Ask::Acquire {
+            id: "ns/web".into(),
+            target: "t2".into(),
+            slots: 1,
+            expires: true,
+        });
+    }
+
+    #[test]
+    fn a_waiter_that_lost_races_waits_longer_at_the_next_freed_slot() {
+        let now = Instant::now();
+        let (mut s, _, first) = waiting_at_a_free_slot(now);
         s.lost_race("ns/web");
-        let near = |a: Duration, b: Duration| a.abs_diff(b) < Duration::from_micros(5);
         assert!(
             near(s.wake_at(now).unwrap() - now, first * 2),
             "one race lost"
@@ -1272,24 +1293,14 @@ mod tests {
         // another target they start over.
         acquire(&mut s, 1);
         assert_eq!(s.pending["ns/web"].lost, 11);
-        s.ask(Ask::Acquire {
-            id: "ns/web".into(),
-            target: "t2".into(),
-            slots: 1,
-            expires: true,
-        });
+        ask_for_another_target(&mut s);
         assert_eq!(s.pending["ns/web"].lost, 0);
     }
 
     #[test]
     fn a_waiter_passed_over_tries_sooner_at_the_next_freed_slot() {
         let now = Instant::now();
-        let name = slot_name("ns/web", 0);
-        let mut s = synced("w3");
-        s.seen(name.clone(), lease(ROLE_SLOT, None, "5", now));
-        acquire(&mut s, 1);
-        let first = s.wake_at(now).unwrap() - now;
-        let near = |a: Duration, b: Duration| a.abs_diff(b) < Duration::from_micros(5);
+        let (mut s, name, first) = waiting_at_a_free_slot(now);
         // Taken by another node, then freed: passed over once (a third of
         // a pass per lane, one lane of three: the spread is 1 / (1 + 1/3)).
         s.seen(name.clone(), lease(ROLE_SLOT, Some("w1"), "6", now));
@@ -1313,12 +1324,7 @@ mod tests {
             "the floor, one race lost"
         );
         // Asked again for another target: passed over starts over.
-        s.ask(Ask::Acquire {
-            id: "ns/web".into(),
-            target: "t2".into(),
-            slots: 1,
-            expires: true,
-        });
+        ask_for_another_target(&mut s);
         assert_eq!(s.pending["ns/web"].passed, 0);
     }
 
