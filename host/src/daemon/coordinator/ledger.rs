@@ -19,8 +19,9 @@
 //! fewer waiters the first turn comes later, and a whole second's spread
 //! cost each late step of a rollout up to a second), down to
 //! [`MIN_SPREAD`]. A waiter that lost a race widens its own spread (×2 per
-//! race lost, up to ×[`MAX_BACKOFF`]): where the winner's take is slow to
-//! be seen, fewer of the same waiters race again. A waiter that waited
+//! race lost, up to [`MAX_BACKOFF`] × [`SPREAD`], however narrowed it
+//! was): where the winner's take is slow to be seen, fewer of the same
+//! waiters race again. A waiter that waited
 //! longer than [`Ledger::starved_after`] tries ahead of every other's
 //! turn, yet in its own turn among the starved (in the first quarter of
 //! its spread: [`STARVED_SPREAD`] at first), never at once: waiters
@@ -612,16 +613,19 @@ impl Ledger {
     }
 
     /// This waiter's spread: [`SPREAD`] divided by 1 + the times it was
-    /// passed over per lane, at least [`MIN_SPREAD`], then doubled per
-    /// race lost, at most [`MAX_BACKOFF`] times over; once starved, a
-    /// quarter of it before the races ([`STARVED_SPREAD`] at first).
+    /// passed over per lane, at least [`MIN_SPREAD`], doubled per race
+    /// lost up to [`MAX_BACKOFF`] × [`SPREAD`] (not × the narrowed one: a
+    /// race lost again and again says the others' takes are seen late
+    /// here, a loaded API server, and only a spread as wide as before
+    /// thins those racers out); once starved, a quarter of the narrowed
+    /// one, before the races ([`STARVED_SPREAD`] at first).
     fn spread(&self, pending: &Pending, now: Instant) -> Duration {
         let passed = f64::from(pending.passed) / f64::from(lanes::LANES);
         let base = SPREAD.div_f64(1.0 + passed).max(MIN_SPREAD);
         if self.starved(pending, now) {
             base.mul_f64(STARVED_SPREAD.as_secs_f64() / SPREAD.as_secs_f64())
         } else {
-            base * 2u32.saturating_pow(pending.lost.min(8)).min(MAX_BACKOFF)
+            (base * 2u32.saturating_pow(pending.lost.min(16))).min(SPREAD * MAX_BACKOFF)
         }
     }
 
@@ -1309,9 +1313,6 @@ mod tests {
         s.seen(name.clone(), lease(ROLE_SLOT, None, "7", now));
         assert_eq!(s.pending["ns/web"].passed, 1);
         assert!(near(s.wake_at(now).unwrap() - now, first.mul_f64(0.75)));
-        // A race lost still doubles it.
-        s.lost_race("ns/web");
-        assert!(near(s.wake_at(now).unwrap() - now, first.mul_f64(1.5)));
         // However often passed over, never narrower than MIN_SPREAD.
         for rv in 10..400 {
             let holder = if rv % 2 == 0 { Some("w1") } else { Some("w2") };
@@ -1319,10 +1320,18 @@ mod tests {
         }
         s.seen(name.clone(), lease(ROLE_SLOT, None, "400", now));
         let floor = first.mul_f64(MIN_SPREAD.as_secs_f64() / SPREAD.as_secs_f64());
+        assert!(near(s.wake_at(now).unwrap() - now, floor), "the floor");
+        // A race lost doubles it; lost again and again, it widens to what
+        // the races alone would make of the whole spread, no further.
+        s.lost_race("ns/web");
         assert!(
             near(s.wake_at(now).unwrap() - now, floor * 2),
-            "the floor, one race lost"
+            "one race lost"
         );
+        for _ in 0..20 {
+            s.lost_race("ns/web");
+        }
+        assert!(near(s.wake_at(now).unwrap() - now, first * MAX_BACKOFF));
         // Asked again for another target: passed over starts over.
         ask_for_another_target(&mut s);
         assert_eq!(s.pending["ns/web"].passed, 0);
