@@ -245,7 +245,9 @@ fn check_metadata(pod: &Value, errors: &mut Vec<FieldError>) {
         let mut total = 0;
         for (key, value) in annotations {
             total += key.len() + value.as_str().map_or(0, str::len);
-            if let Err(msg) = check_qualified_name(key) {
+            // Kubernetes checks an annotation key lowercased (case does not
+            // matter in it, `ValidateAnnotations`); a label key as it is.
+            if let Err(msg) = check_qualified_name(&go_lowercase(key)) {
                 errors.push(err(
                     &join_key("metadata.annotations", key),
                     format!("invalid key: {msg}"),
@@ -638,6 +640,18 @@ fn check_label_chars(s: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// `s` lowercased as Go's `strings.ToLower` does it, one character for one
+/// (Unicode's simple mapping): Rust's `to_lowercase` maps U+0130 (İ) to
+/// two characters, Go to `i`; every other character maps to one either way.
+fn go_lowercase(s: &str) -> String {
+    s.chars()
+        .map(|c| match c {
+            '\u{130}' => 'i',
+            c => c.to_lowercase().next().unwrap_or(c),
+        })
+        .collect()
+}
+
 /// A label or annotation key: an optional DNS subdomain prefix and a name.
 pub fn check_qualified_name(key: &str) -> Result<(), String> {
     let (prefix, name) = match key.split_once('/') {
@@ -714,6 +728,25 @@ mod tests {
             fields(validate_pod(&p)),
             ["spec.containers[0].imagee", "spec.hostNetworking"]
         );
+    }
+
+    #[test]
+    fn an_annotation_key_is_checked_lowercased_and_a_label_key_as_it_is() {
+        // As Kubernetes' ValidateAnnotations: the kubelet ran a manifest
+        // with the annotation `Y/Q` that podstamp refused (tests/fuzz.rs).
+        let mut p = pod();
+        p["metadata"]["annotations"] =
+            json!({"Y/Q": "x", "Example.COM/Key": "y", "\u{212a}": "kelvin"});
+        validate_pod(&p).unwrap();
+        p["metadata"]["annotations"] = json!({"a_b/c": "x"});
+        assert_eq!(
+            fields(validate_pod(&p)),
+            [r#"metadata.annotations["a_b/c"]"#]
+        );
+        let mut p = pod();
+        p["metadata"]["labels"] = json!({"Y/Q": "x"});
+        assert_eq!(fields(validate_pod(&p)), [r#"metadata.labels["Y/Q"]"#]);
+        assert_eq!(go_lowercase("\u{130}K\u{212a}"), "ikk");
     }
 
     #[test]
