@@ -1581,6 +1581,15 @@ const FAULTS: &[Fault] = &[
         test: "host/src/daemon/coordinator/ledger.rs: this_nodes_record_written_during_a_relist_is_written_next_on_its_new_version",
     },
     Fault {
+        id: "rollout-record-held-back",
+        area: "rollouts",
+        fault: "this node's phases change faster than its status record is written (a pod written, running and ready within a second, as in a fleet of fast pods), or the daemon stops within 2 s of a change",
+        kept: "the API server's writes: the progress on a target within 2 s of the first change not written is one write (`record::HOLD`); a new target wanted (waiting, halted) and a change of what failed here are written at once, and the record before a slot is freed, so the halt marker and the release still come after it",
+        reported: "`podstamp status` shows a phase up to 2 s late; a daemon stopped in that time leaves the phase before in its record until it starts again and reports its phases anew",
+        says: "written at once",
+        test: "host/src/daemon/coordinator/ledger.rs: phases_reported_within_the_hold_are_one_write_and_a_release_takes_the_record_first",
+    },
+    Fault {
         id: "rollout-waiter-lost-races",
         area: "rollouts",
         fault: "a node waiting for a rollout slot whose takes keep being refused (409): the winner's take is slow to reach the other waiters (a loaded API server or watch), so several try one freed slot",

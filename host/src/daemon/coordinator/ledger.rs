@@ -31,6 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use super::lease::Seen;
+use super::record::Pace;
 use crate::daemon::inbox::{Answer, Ask};
 use crate::fleet::{
     Halts, NodeStatus, ROLE_HALT, ROLE_SLOT, ROLE_STATUS, STATUS_VERSION, halt_name, lanes,
@@ -140,6 +141,8 @@ pub(super) struct Ledger {
     /// comparison of the two at every [`Ledger::next`], bought nothing
     /// (docs/performance.md §3.6).
     pub(super) mine_in_api: bool,
+    /// The changes of `mine` held back, to be written together.
+    pub(super) pace: Pace,
     /// Writes that lost a race, by object name, at the resourceVersion
     /// they were tried against: not tried again until it changes.
     pub(super) conflicted: BTreeMap<String, String>,
@@ -171,6 +174,7 @@ impl Ledger {
                 ..NodeStatus::default()
             },
             mine_in_api: false,
+            pace: Pace::default(),
             conflicted: BTreeMap::new(),
             failed_sent: None,
             watching: false,
@@ -216,6 +220,9 @@ impl Ledger {
         let own = name == self.status_name();
         if own && self.synced {
             self.mine_in_api = lease.record == self.mine;
+            if self.mine_in_api {
+                self.pace.written();
+            }
             lease.record = NodeStatus::default();
         }
         // A relist follows a gap in what this node saw: every Lease in it
@@ -350,6 +357,9 @@ impl Ledger {
                         .or_insert_with(|| status.clone());
                 }
                 self.mine_in_api = in_api == self.mine;
+                if self.mine_in_api {
+                    self.pace.written();
+                }
             }
         }
         answers
@@ -395,6 +405,7 @@ impl Ledger {
             }
             Ask::Report { id, status: None } => {
                 if self.mine.templates.remove(&id).is_some() {
+                    self.pace.changed(Instant::now(), self.mine_in_api, false);
                     self.mine_in_api = false;
                 }
             }
@@ -411,6 +422,12 @@ impl Ledger {
                     status.since = old.since.clone();
                 }
                 if old != Some(&status) {
+                    // Said at once: what failed here (the halt marker
+                    // follows), and a new target heard of (one write per
+                    // rollout). Held back: the progress on it.
+                    let urgent = old.and_then(|o| o.failed.as_ref()) != status.failed.as_ref()
+                        || old.and_then(|o| o.wanted.as_ref()) != status.wanted.as_ref();
+                    self.pace.changed(Instant::now(), self.mine_in_api, urgent);
                     self.mine.templates.insert(id, status);
                     self.mine_in_api = false;
                 }
@@ -509,12 +526,16 @@ impl Ledger {
             return None;
         }
         // The record first: a failure is known before the slot is free.
+        // Other changes are held back a little, to be written together
+        // ([`super::record`]), unless a release waits for them.
         let name = self.status_name();
         let in_api = self.leases.get(&name);
         let rv = in_api.map(|l| l.resource_version.clone());
         if (in_api.is_none() || !self.mine_in_api) && !self.conflicted(&name, rv.as_deref()) {
             // No record and nothing to say: nothing to write.
-            if !(in_api.is_none() && self.mine.templates.is_empty()) {
+            if !(in_api.is_none() && self.mine.templates.is_empty())
+                && self.pace.due(now, !self.releasing.is_empty())
+            {
                 return Some(Action::Status {
                     resource_version: rv,
                 });
@@ -698,10 +719,16 @@ impl Ledger {
         })
     }
 
-    /// When a slot becomes this node's to try, if one will without news.
+    /// When a slot becomes this node's to try, or this node's record is
+    /// due, if either will be without news.
     pub(super) fn wake_at(&self, now: Instant) -> Option<Instant> {
+        let record = self
+            .pace
+            .due_at()
+            .filter(|_| self.synced && !self.mine_in_api);
         self.takes(now)
             .map(|(at, _)| at)
+            .chain(record)
             .filter(|at| *at > now)
             .min()
     }
@@ -779,6 +806,7 @@ pub(super) fn after(state: &mut Ledger, action: &Action) -> Option<Answer> {
 #[cfg(test)]
 mod tests {
     use super::super::lease::read_lease;
+    use super::super::record::HOLD;
     use super::*;
     use crate::fleet::{Failed, TemplateStatus};
 
@@ -1029,8 +1057,10 @@ mod tests {
                 ..TemplateStatus::default()
             })),
         });
+        assert_eq!(s.next(now), None, "a change held back");
+        let later = Instant::now() + HOLD;
         assert!(matches!(
-            s.next(now),
+            s.next(later),
             Some(Action::Status { resource_version: Some(rv) }) if rv == "4"
         ));
         let mut v5 = lease(ROLE_STATUS, Some("n1"), "5", now);
@@ -1044,6 +1074,73 @@ mod tests {
         s.list_done(now);
         assert_eq!(s.next(now), None, "written again after the relist");
         assert_eq!(s.leases[&status_name("n1")].resource_version, "5");
+    }
+
+    #[test]
+    fn phases_reported_within_the_hold_are_one_write_and_a_release_takes_the_record_first() {
+        let t0 = Instant::now();
+        let mut s = synced("n1");
+        let report = |s: &mut Ledger, phase: &str| {
+            s.ask(Ask::Report {
+                id: "ns/web".into(),
+                status: Some(Box::new(TemplateStatus {
+                    phase: phase.into(),
+                    since: "2026-12-07T00:00:00Z".into(),
+                    ..TemplateStatus::default()
+                })),
+            })
+        };
+        for phase in ["waiting", "written", "running"] {
+            report(&mut s, phase);
+            assert_eq!(s.next(Instant::now()), None, "{phase}: written at once");
+        }
+        // Nothing else to do here: the task still wakes for the record.
+        assert!(!s.busy());
+        let due = s.wake_at(Instant::now()).expect("no wake for the record");
+        assert!(due >= t0 + HOLD && due <= Instant::now() + HOLD, "{due:?}");
+        assert!(matches!(s.next(due), Some(Action::Status { .. })));
+        let mut written = lease(ROLE_STATUS, Some("n1"), "4", t0);
+        written.record = s.mine.clone();
+        s.seen(status_name("n1"), written);
+        assert_eq!(
+            s.wake_at(Instant::now()),
+            None,
+            "woken for a record written"
+        );
+        // Ready, and the slot freed at once: the record is written first,
+        // not held back behind the release.
+        let slot = slot_name("ns/web", 0);
+        s.seen(slot.clone(), lease(ROLE_SLOT, Some("n1"), "7", t0));
+        s.held.insert("ns/web".into(), slot.clone());
+        report(&mut s, "ready");
+        s.ask(Ask::Release {
+            id: "ns/web".into(),
+        });
+        assert!(matches!(
+            s.next(Instant::now()),
+            Some(Action::Status { .. })
+        ));
+        let mut written = lease(ROLE_STATUS, Some("n1"), "5", t0);
+        written.record = s.mine.clone();
+        s.seen(status_name("n1"), written);
+        assert_eq!(s.next(Instant::now()), Some(Action::Release { name: slot }));
+        let mut written = lease(ROLE_STATUS, Some("n1"), "6", t0);
+        written.record = s.mine.clone();
+        s.seen(status_name("n1"), written);
+        // A new target heard of is said at once; its progress is not.
+        s.ask(Ask::Report {
+            id: "ns/web".into(),
+            status: Some(Box::new(TemplateStatus {
+                phase: "waiting".into(),
+                wanted: Some("t2".into()),
+                since: "2026-12-07T00:00:00Z".into(),
+                ..TemplateStatus::default()
+            })),
+        });
+        assert!(
+            matches!(s.next(Instant::now()), Some(Action::Status { .. })),
+            "a new target not written at once"
+        );
     }
 
     #[test]
@@ -1061,7 +1158,11 @@ mod tests {
             id: "ns/web".into(),
             status: ready(),
         });
-        assert!(matches!(s.next(now), Some(Action::Status { .. })));
+        assert_eq!(s.next(now), None, "a change held back");
+        assert!(matches!(
+            s.next(Instant::now() + HOLD),
+            Some(Action::Status { .. })
+        ));
         let mut written = lease(ROLE_STATUS, Some("n1"), "4", now);
         written.record = s.mine.clone();
         s.seen(status_name("n1"), written);
@@ -1076,7 +1177,8 @@ mod tests {
             status: ready(),
         });
         assert_eq!(s.next(now), None);
-        // Changed in the API by someone else: written again over it.
+        // Changed in the API by someone else: written again over it, at
+        // once (nothing of it is this node's change, to be held back).
         let mut changed = lease(ROLE_STATUS, Some("n1"), "5", now);
         changed.record = NodeStatus::default();
         s.seen(status_name("n1"), changed);
@@ -1093,7 +1195,10 @@ mod tests {
             id: "ns/web".into(),
             status: None,
         });
-        assert!(matches!(s.next(now), Some(Action::Status { .. })));
+        assert!(matches!(
+            s.next(Instant::now() + HOLD),
+            Some(Action::Status { .. })
+        ));
     }
 
     /// A halt marker held by `holder` for `id`: `target` failed.

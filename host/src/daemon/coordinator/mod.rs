@@ -36,18 +36,21 @@
 //!   record is read: a restarted node first learns which slots it holds
 //!   (adopted) and what failed where.
 //! * Nothing is written while nothing rolls: the status is written when it
-//!   changes, slots are renewed only while held.
+//!   changes (within `record::HOLD`, a failure at once), slots are renewed
+//!   only while held.
 //! * Asks are handled in the order sent: a status report sent before a
 //!   release is written before the release.
 //! * Objects are read leniently (as JSON): none can stop the watch.
 //!
 //! One concern per file: this one (the task: the watch, the writes),
 //! `ledger` (what it knows and decides, without I/O), `lease` (the Lease
-//! objects as read and written), `nodes` (how many nodes a share is of).
+//! objects as read and written), `nodes` (how many nodes a share is of),
+//! `record` (when this node's record is written).
 
 mod lease;
 mod ledger;
 mod nodes;
+mod record;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::ControlFlow;
@@ -190,13 +193,15 @@ pub async fn run(
     read_own_record(&api, &mut state, &settings).await;
     loop {
         let now = Instant::now();
-        let tick = if state.busy() {
-            state
-                .wake_at(now)
-                .map_or(TICK, |at| at.duration_since(now).min(TICK))
+        // Idle, nothing wakes this task but news, or a record held back.
+        let idle = if state.busy() {
+            TICK
         } else {
             Duration::from_secs(3600)
         };
+        let tick = state
+            .wake_at(now)
+            .map_or(idle, |at| at.duration_since(now).min(idle));
         tokio::select! {
             ask = asks.recv() => match ask {
                 Some(ask) => {
