@@ -733,6 +733,29 @@ impl Ledger {
             .min()
     }
 
+    /// How long the task may sleep without news: until [`Ledger::wake_at`]
+    /// or `retry_at` (a write refused or unanswered, to try again then),
+    /// at most `tick` while busy, an hour when idle. A write to try again
+    /// bounds it even when idle: a record that failed to be written while
+    /// nothing rolled waited for the next ask (an hour, or for good).
+    pub(super) fn sleep_for(
+        &self,
+        now: Instant,
+        retry_at: Option<Instant>,
+        tick: Duration,
+    ) -> Duration {
+        let most = if self.busy() {
+            tick
+        } else {
+            Duration::from_secs(3600)
+        };
+        self.wake_at(now)
+            .into_iter()
+            .chain(retry_at)
+            .map(|at| at.saturating_duration_since(now))
+            .fold(most, Duration::min)
+    }
+
     /// Logs, once per ask, a waiter that waited past its turn's bound.
     pub(super) fn note_starved(&mut self, now: Instant) {
         let after = self.starved_after();
@@ -1141,6 +1164,24 @@ mod tests {
             matches!(s.next(Instant::now()), Some(Action::Status { .. })),
             "a new target not written at once"
         );
+    }
+
+    #[test]
+    fn an_idle_node_sleeps_until_a_write_it_must_try_again() {
+        let now = Instant::now();
+        let tick = Duration::from_millis(500);
+        let s = synced("n1");
+        assert!(!s.busy());
+        assert_eq!(s.sleep_for(now, None, tick), Duration::from_secs(3600));
+        let retry = Duration::from_millis(1600);
+        assert_eq!(
+            s.sleep_for(now, Some(now + retry), tick),
+            retry,
+            "retry left to news"
+        );
+        let mut busy = synced("n1");
+        acquire(&mut busy, 1);
+        assert!(busy.sleep_for(now, Some(now + retry), tick) <= tick);
     }
 
     #[test]

@@ -193,15 +193,9 @@ pub async fn run(
     read_own_record(&api, &mut state, &settings).await;
     loop {
         let now = Instant::now();
-        // Idle, nothing wakes this task but news, or a record held back.
-        let idle = if state.busy() {
-            TICK
-        } else {
-            Duration::from_secs(3600)
-        };
-        let tick = state
-            .wake_at(now)
-            .map_or(idle, |at| at.duration_since(now).min(idle));
+        let retry_at =
+            write_retry.map(|t| now + t.saturating_duration_since(tokio::time::Instant::now()));
+        let tick = state.sleep_for(now, retry_at, TICK);
         tokio::select! {
             ask = asks.recv() => match ask {
                 Some(ask) => {
