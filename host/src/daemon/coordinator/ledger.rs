@@ -186,6 +186,15 @@ impl Ledger {
         status_name(&self.me)
     }
 
+    /// This node's record as the API has it was read or written: `same`,
+    /// it says what this node says, and nothing is held back any more.
+    fn own_record_in_api(&mut self, same: bool) {
+        self.mine_in_api = same;
+        if same {
+            self.pace.written();
+        }
+    }
+
     /// A Lease seen (listed or changed); a new version is observed now.
     /// Another node's status record is kept only as what its own node may
     /// have written (name ↔ holder, [`trust::status_owner`]: the rule the
@@ -219,10 +228,7 @@ impl Ledger {
         // (docs/performance.md §10.1, run 8).
         let own = name == self.status_name();
         if own && self.synced {
-            self.mine_in_api = lease.record == self.mine;
-            if self.mine_in_api {
-                self.pace.written();
-            }
+            self.own_record_in_api(lease.record == self.mine);
             lease.record = NodeStatus::default();
         }
         // A relist follows a gap in what this node saw: every Lease in it
@@ -356,10 +362,7 @@ impl Ledger {
                         .entry(id.clone())
                         .or_insert_with(|| status.clone());
                 }
-                self.mine_in_api = in_api == self.mine;
-                if self.mine_in_api {
-                    self.pace.written();
-                }
+                self.own_record_in_api(in_api == self.mine);
             }
         }
         answers

@@ -186,16 +186,14 @@ pub async fn run(
     let mut watching = Some(watcher.start(generation, None));
     let mut state = Ledger::new(settings.node.clone(), settings.lease_duration);
     let mut write_backoff = Backoff::new();
-    let mut write_retry: Option<tokio::time::Instant> = None;
+    let mut write_retry: Option<Instant> = None;
     let mut last_error: Option<String> = None;
     tracing::info!(namespace = %settings.namespace, lease_duration = ?settings.lease_duration,
         "coordinating rollouts with the other nodes through Leases");
     read_own_record(&api, &mut state, &settings).await;
     loop {
         let now = Instant::now();
-        let retry_at =
-            write_retry.map(|t| now + t.saturating_duration_since(tokio::time::Instant::now()));
-        let tick = state.sleep_for(now, retry_at, TICK);
+        let tick = state.sleep_for(now, write_retry, TICK);
         tokio::select! {
             ask = asks.recv() => match ask {
                 Some(ask) => {
@@ -296,7 +294,7 @@ pub async fn run(
         {
             return;
         }
-        if write_retry.is_some_and(|t| tokio::time::Instant::now() < t) {
+        if write_retry.is_some_and(|t| Instant::now() < t) {
             continue;
         }
         write_retry = None;
@@ -387,7 +385,7 @@ pub async fn run(
                             "cannot read this node's status record after a conflict: {message}"),
                     }
                     state.conflicted.remove(&name);
-                    write_retry = Some(tokio::time::Instant::now() + write_backoff.delay());
+                    write_retry = Some(Instant::now() + write_backoff.delay());
                     break;
                 }
                 Written::Conflict => {
@@ -432,7 +430,7 @@ pub async fn run(
                             "cannot write a rollout Lease: {message}; updates that need a slot wait (manifests in place are kept)");
                         last_error = Some(message);
                     }
-                    write_retry = Some(tokio::time::Instant::now() + write_backoff.delay());
+                    write_retry = Some(Instant::now() + write_backoff.delay());
                     break;
                 }
             }

@@ -2,7 +2,7 @@
 //! on a target is held back for [`HOLD`], so that the phases it passes
 //! through within it (written, running, ready: about a second apart where
 //! a pod starts fast) cost one write, not one each. A rollout wrote
-//! 3.2–3.5 records per node, about half of all its writes
+//! 3.2–3.6 records per node, about half of all its writes
 //! (docs/performance.md §10.8).
 //!
 //! Invariants:
