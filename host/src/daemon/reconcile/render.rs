@@ -160,8 +160,10 @@ impl Reconciler {
             plugin: None,
             message,
         };
+        // The cheap comparisons first: this runs for every template against
+        // every other, a million times in a sync of a thousand.
         if let Some(other) = self.entries.iter().find(|(k, e)| {
-            k.as_str() != key && e.seq < entry.seq && e.claims.as_deref() == Some(file.as_str())
+            e.seq < entry.seq && e.claims.as_deref() == Some(file.as_str()) && k.as_str() != key
         }) {
             return Err(conflict(format!(
                 "PodTemplate {}: pod name {:?} is already produced by PodTemplate {}",
@@ -170,6 +172,10 @@ impl Reconciler {
                 other.1.id.as_deref().unwrap_or(other.0)
             )));
         }
+        // Whether the file was seen missing just now, by the ownership check
+        // below: then it holds no bytes either, and is not opened again to
+        // compare them (a new manifest's name is looked up once, not twice).
+        let mut missing = false;
         match self.owned.get(&file) {
             Some(source) if *source != manifest.source => {
                 return Err(conflict(format!(
@@ -181,7 +187,11 @@ impl Reconciler {
             Some(_) => {}
             None => {
                 let path = self.dir.join(&file);
-                if fs::symlink_metadata(&path).is_ok() {
+                let found = fs::symlink_metadata(&path);
+                missing = found
+                    .as_ref()
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
+                if found.is_ok() {
                     let ours = read_regular(&path)
                         .and_then(|b| manifest::ownership(&b))
                         .is_some_and(|o| o.source == manifest.source);
@@ -244,7 +254,7 @@ impl Reconciler {
         }
         // Bytes already on disk were read back when they were written; only
         // new bytes are read back, just before they replace the file.
-        let holds = write::already_holds(&self.dir, &file, &manifest.bytes);
+        let holds = !missing && write::already_holds(&self.dir, &file, &manifest.bytes);
         if let Some(target) = &target {
             if holds {
                 self.rollouts.unchanged(&source);
