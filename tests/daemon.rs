@@ -527,14 +527,32 @@ fn bind(server: &ApiServer, kube: &Kube, ns: &str, role_rules: Value, cluster_ru
     let cluster_role = format!("podstamp-{ns}");
     // The Namespace rule names kube-system, which `ns` stands for here.
     let cluster_rules = common::for_namespace(cluster_rules, ns);
-    kube.create::<k8s_openapi::api::rbac::v1::Role>(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": {"name": "podstamp", "namespace": ns}, "rules": role_rules}));
-    kube.create::<k8s_openapi::api::rbac::v1::RoleBinding>(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": "podstamp", "namespace": ns},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "podstamp"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "podstamp"}]}));
+    // The same rules in the status records' namespace (`ns` is the
+    // rollout namespace too, see start_daemon).
+    let status_ns = podstamp::config::default_status_namespace(ns);
+    for namespace in [ns, status_ns.as_str()] {
+        let roles: Api<k8s_openapi::api::rbac::v1::Role> =
+            Api::namespaced(kube.client.clone(), namespace);
+        let bindings: Api<k8s_openapi::api::rbac::v1::RoleBinding> =
+            Api::namespaced(kube.client.clone(), namespace);
+        let role = serde_json::from_value(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "podstamp", "namespace": namespace}, "rules": role_rules}))
+        .unwrap();
+        let binding = serde_json::from_value(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "podstamp", "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "podstamp"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "podstamp"}]}))
+        .unwrap();
+        kube.rt.block_on(async {
+            roles.create(&PostParams::default(), &role).await.unwrap();
+            bindings
+                .create(&PostParams::default(), &binding)
+                .await
+                .unwrap();
+        });
+    }
     kube.create_cluster::<k8s_openapi::api::rbac::v1::ClusterRole>(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": cluster_role}, "rules": cluster_rules}));
@@ -652,8 +670,9 @@ fn without_lease_permissions_updates_wait_and_the_permission_is_named() {
             .unwrap()
             .contains(&json!("leases"))
     });
+    // The rollout namespace's Lease rule and the status namespace's.
     assert_eq!(
-        rules.as_array().unwrap().len() + 1,
+        rules.as_array().unwrap().len() + 2,
         deploy_rules("Role").as_array().unwrap().len()
     );
     bind(server, &kube, &ns, rules, deploy_rules("ClusterRole"));
@@ -677,6 +696,60 @@ fn without_lease_permissions_updates_wait_and_the_permission_is_named() {
         daemon.assert_running();
         let logs = daemon.logs();
         (logs.contains(needle) && logs.contains("update waits for a rollout slot")).then_some(())
+    });
+    assert!(
+        read(&path).unwrap().contains("image: busybox:1"),
+        "an update written without a slot"
+    );
+}
+
+/// The status records' namespace does not exist: first installs are
+/// written, an update (which needs a rollout slot, and this node's record
+/// says it waits for one first) waits, and the log names the namespace and
+/// the two ways out.
+#[test]
+fn without_the_status_namespace_updates_wait_and_the_namespace_is_named() {
+    let server = shared_server();
+    let ns = unique("no-status-ns");
+    let node_name = unique("node");
+    let kube = Kube::admin(server, &ns);
+    kube.create_cluster::<Node>(node(&node_name, "zone-s"));
+    kube.create::<PodTemplate>(template("web", "busybox:1"));
+    let missing = unique("missing-status");
+    let s = setup();
+    let daemon = Daemon::start_with_env(
+        &[
+            "--config",
+            s.config.to_str().unwrap(),
+            "--kubeconfig",
+            server.kubeconfig("admin").to_str().unwrap(),
+            "--namespace",
+            &ns,
+            "--rollout-namespace",
+            &ns,
+            "--node-name",
+            &node_name,
+            "--manifest-dir",
+            s.manifests.to_str().unwrap(),
+        ],
+        s.tmp.path().join(format!("podstamp-{}.log", unique("log"))),
+        &[("PODSTAMP_STATUS_NAMESPACE", missing.as_str())],
+    );
+    let path = s.manifests.join("web.yaml");
+    wait_content(&daemon, &path, &["image: busybox:1"]);
+    kube.patch_template(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "main", "image": "busybox:2"}]}}}),
+    );
+    let needle = format!("namespaces \"{missing}\" not found");
+    let way_out = "create the namespace (deploy/namespace.yaml), or name another with daemon.rollouts.statusNamespace (--status-namespace)";
+    wait_for("the missing status namespace in the log", CONVERGE, || {
+        daemon.assert_running();
+        let logs = daemon.logs();
+        (logs.contains(&needle)
+            && logs.contains(way_out)
+            && logs.contains("update waits for a rollout slot"))
+        .then_some(())
     });
     assert!(
         read(&path).unwrap().contains("image: busybox:1"),

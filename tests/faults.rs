@@ -1464,6 +1464,15 @@ const FAULTS: &[Fault] = &[
         test: "tests/daemon.rs: without_lease_permissions_updates_wait_and_the_permission_is_named",
     },
     Fault {
+        id: "rollout-status-namespace-missing",
+        area: "rollouts",
+        fault: "the namespace of the nodes' status records (`daemon.rollouts.statusNamespace`, by default the rollout namespace's name and `-status`) does not exist: deploy/namespace.yaml not applied after an upgrade, or a rollout namespace renamed without it",
+        kept: "first installs are written; an update of a manifest in place waits (the node's record says it waits for a slot before it takes one, and it cannot be written); nothing else is written in the rollout namespace meanwhile",
+        reported: "`cannot write a rollout Lease: namespaces \"…\" not found; create the namespace (deploy/namespace.yaml), or name another with daemon.rollouts.statusNamespace (--status-namespace)`, once per distinct message, tried again with backoff; `update waits for a rollout slot`",
+        says: "create the namespace (deploy/namespace.yaml), or name another with daemon.rollouts.statusNamespace (--status-namespace)",
+        test: "tests/daemon.rs: without_the_status_namespace_updates_wait_and_the_namespace_is_named",
+    },
+    Fault {
         id: "rollout-namespace-of-the-control-plane",
         area: "rollouts",
         fault: "the rollout namespace is one where the control plane keeps its Leases: `kube-system` or `kube-node-lease` by name, or a namespace holding a `kube-scheduler`, `kube-controller-manager` or `cloud-controller-manager` Lease",

@@ -82,7 +82,7 @@ fn kubectl_runs_podstamp_status_as_its_plugin_with_ages_as_kubectl_prints_them()
         .unwrap();
     rt.block_on(async {
         let api: kube::Api<Lease> =
-            kube::Api::namespaced(server.admin().await, "podstamp-rollouts");
+            kube::Api::namespaced(server.admin().await, "podstamp-rollouts-status");
         api.create(&Default::default(), &lease).await.unwrap();
     });
 

@@ -250,7 +250,15 @@ fn namespace_with_template(docker_config: &Path) -> (Kube, String) {
     let node = unique("node");
     let kube = Kube::admin(server, &ns);
     let cluster_role = format!("podstamp-{ns}");
+    // The status records' namespace (`ns` is the rollout namespace too).
+    let status_ns = podstamp::config::default_status_namespace(&ns);
     for object in [
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "podstamp", "namespace": status_ns}, "rules": deploy_rules("Role")}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "podstamp", "namespace": status_ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "podstamp"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "podstamp"}]}),
         json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": {"name": "podstamp"}, "rules": deploy_rules("Role")}),

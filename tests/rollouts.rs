@@ -885,7 +885,11 @@ fn status_shows_records_it_cannot_trust_as_such_not_as_the_newest() {
     let server = shared_server();
     let ns = unique("forged");
     let kube = Kube::admin(server, &ns);
-    let leases: Api<Lease> = Api::namespaced(kube.client.clone(), &ns);
+    // Where `podstamp status --rollout-namespace <ns>` reads the records.
+    let leases: Api<Lease> = Api::namespaced(
+        kube.client.clone(),
+        &podstamp::config::default_status_namespace(&ns),
+    );
     let record = |target: &str, generation: i64| {
         json!({"version": 1, "templates": {format!("{ns}/web"): {
             "revision": format!("rev-{target}"), "target": target, "wanted": target,
@@ -965,7 +969,9 @@ fn a_node_whose_record_was_remade_by_someone_else_writes_its_own_again() {
     let server = shared_server();
     let scene = scene(server, "remade", 1, "1");
     let node = &scene.nodes[0];
-    let leases: Api<Lease> = Api::namespaced(scene.kube.client.clone(), &rollouts(&scene.ns));
+    // The records' namespace, beside the rollout one.
+    let records = podstamp::config::default_status_namespace(&rollouts(&scene.ns));
+    let leases: Api<Lease> = Api::namespaced(scene.kube.client.clone(), &records);
     let name = format!("podstamp-node.{}", node.name);
     let rt = &scene.kube.rt;
     let forged: Lease = serde_json::from_value(json!({

@@ -40,6 +40,20 @@ pub const DEFAULT_NAMESPACE: &str = "kube-system";
 /// a namespace of their own (deploy/namespace.yaml), never the control
 /// plane's (see [`crate::settings::CONTROL_PLANE_NAMESPACES`]).
 pub const DEFAULT_ROLLOUT_NAMESPACE: &str = "podstamp-rollouts";
+/// What the rollout namespace's name is followed by to name the
+/// namespace of the nodes' status records, unless
+/// `daemon.rollouts.statusNamespace` says (`podstamp-rollouts-status` by
+/// default): apart from the slots and halt markers, which every node with
+/// something to roll watches, because the API server hands every write of
+/// a namespace to every watch of it (docs/daemon.md, "Fleets"). Derived, so
+/// that a fleet that names its rollout namespace gets its own status one.
+pub const STATUS_NAMESPACE_SUFFIX: &str = "-status";
+
+/// The status records' namespace for rollout namespace `rollouts`, unless
+/// one is named.
+pub fn default_status_namespace(rollouts: &str) -> String {
+    format!("{rollouts}{STATUS_NAMESPACE_SUFFIX}")
+}
 
 /// The configuration file, as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -114,6 +128,9 @@ pub struct RegistryEntry {
 pub struct RolloutsEntry {
     /// The namespace of the slot and node status Leases.
     pub namespace: Option<String>,
+    /// The namespace of the nodes' status records: written by each node,
+    /// watched by none, so kept apart from the slots.
+    pub status_namespace: Option<String>,
     /// A slot's `leaseDurationSeconds`, e.g. `30s`.
     pub lease_duration: Option<String>,
     /// Lets `namespace` be one where the control plane keeps its own Leases

@@ -39,6 +39,7 @@
 //! | `daemon.revisionHistory` | `--revision-history` | | `3` |
 //! | `daemon.criSocket` | `--cri-socket` | `PODSTAMP_CRI_SOCKET` | `/run/containerd/containerd.sock` |
 //! | `daemon.rollouts.namespace` | `--rollout-namespace` | `PODSTAMP_ROLLOUT_NAMESPACE` | `podstamp-rollouts` |
+//! | `daemon.rollouts.statusNamespace` | `--status-namespace` | `PODSTAMP_STATUS_NAMESPACE` | the rollout namespace's name and `-status` (`podstamp-rollouts-status`) |
 //! | `daemon.rollouts.leaseDuration` | `--slot-lease-duration` | | `30s` (at most `5m`) |
 //! | `daemon.rollouts.allowControlPlaneNamespace` | `--allow-control-plane-namespace` | | `false` |
 //! | `daemon.registry.config` | `--registry-config` | `PODSTAMP_REGISTRY_CONFIG` | none |
@@ -66,8 +67,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::config::{
-    ConfigError, ConfigFile, DEFAULT_NAMESPACE, DEFAULT_ROLLOUT_NAMESPACE, parse_duration,
-    parse_size,
+    ConfigError, ConfigFile, DEFAULT_NAMESPACE, DEFAULT_ROLLOUT_NAMESPACE,
+    default_status_namespace, parse_duration, parse_size,
 };
 use crate::kube_check::Policy;
 use crate::plugin::{Limits, choose_cache_dir};
@@ -126,6 +127,7 @@ pub struct Layer {
     pub revision_history: Option<usize>,
     pub cri_socket: Option<PathBuf>,
     pub rollout_namespace: Option<String>,
+    pub status_namespace: Option<String>,
     pub slot_lease_duration: Option<String>,
     pub allow_control_plane_namespace: Option<bool>,
     pub registry_config: Option<PathBuf>,
@@ -190,6 +192,11 @@ const ROLLOUT_NAMESPACE: Key = key(
     Some("PODSTAMP_ROLLOUT_NAMESPACE"),
     "daemon.rollouts.namespace",
 );
+const STATUS_NAMESPACE: Key = key(
+    "--status-namespace",
+    Some("PODSTAMP_STATUS_NAMESPACE"),
+    "daemon.rollouts.statusNamespace",
+);
 const SLOT_LEASE_DURATION: Key = key(
     "--slot-lease-duration",
     None,
@@ -238,6 +245,7 @@ impl Layer {
             revisions_dir: path(&REVISIONS_DIR),
             cri_socket: path(&CRI_SOCKET),
             rollout_namespace: text(&ROLLOUT_NAMESPACE),
+            status_namespace: text(&STATUS_NAMESPACE),
             registry_config: path(&REGISTRY_CONFIG),
             registry_secret: text(&REGISTRY_SECRET),
             registry_ca: path(&REGISTRY_CA),
@@ -276,6 +284,7 @@ impl Layer {
             revision_history: d.revision_history,
             cri_socket: d.cri_socket.clone(),
             rollout_namespace: d.rollouts.as_ref().and_then(|r| r.namespace.clone()),
+            status_namespace: d.rollouts.as_ref().and_then(|r| r.status_namespace.clone()),
             slot_lease_duration: d.rollouts.as_ref().and_then(|r| r.lease_duration.clone()),
             allow_control_plane_namespace: d
                 .rollouts
@@ -345,6 +354,30 @@ impl<'a> Layers<'a> {
             }
             None => Ok(DEFAULT_NAMESPACE.to_string()),
         }
+    }
+
+    /// A namespace podstamp writes Leases in (`key`): a DNS label, and none
+    /// of [`CONTROL_PLANE_NAMESPACES`] unless allowed.
+    fn lease_namespace(
+        &self,
+        key: &Key,
+        get: impl Fn(&'a Layer) -> Option<&'a str>,
+        default: &str,
+        allow_control_plane: bool,
+    ) -> Result<String, SettingsError> {
+        let Some((ns, at)) = self.pick(key, get) else {
+            return Ok(default.to_string());
+        };
+        crate::validate::check_dns_label(ns).map_err(|e| Layers::invalid(at.clone(), e))?;
+        if CONTROL_PLANE_NAMESPACES.contains(&ns) && !allow_control_plane {
+            return Err(Layers::invalid(
+                format!("{at} {ns:?}"),
+                format!(
+                    "the control plane keeps its own Leases there, which the rollouts' Lease permission would reach; use a namespace of their own (default {default}, deploy/namespace.yaml), or say --allow-control-plane-namespace (daemon.rollouts.allowControlPlaneNamespace: true)"
+                ),
+            ));
+        }
+        Ok(ns.to_string())
     }
 
     /// The registry options: credentials from a file or a Secret (not
@@ -516,7 +549,11 @@ pub struct DaemonSettings {
     pub cri_socket: PathBuf,
     /// Where the rollout Leases are (default: [`DEFAULT_ROLLOUT_NAMESPACE`]).
     pub rollout_namespace: String,
-    /// `rollout_namespace` may be one of [`CONTROL_PLANE_NAMESPACES`], or
+    /// Where the nodes' status records are (default: the rollout
+    /// namespace's name and `-status`, [`default_status_namespace`]): apart from the slots, so that no
+    /// node's watch of them is handed the records (docs/daemon.md, "Fleets").
+    pub status_namespace: String,
+    /// `rollout_namespace` and `status_namespace` may be one of [`CONTROL_PLANE_NAMESPACES`], or
     /// hold the control plane's leader-election Leases: said so at start,
     /// not refused.
     pub allow_control_plane_namespace: bool,
@@ -612,23 +649,26 @@ pub fn daemon(flags: &Layer, env: &Layer) -> Result<DaemonSettings, SettingsErro
             l.allow_control_plane_namespace.as_ref()
         })
         .is_some_and(|(allow, _)| *allow);
-    let rollout_namespace = match layers
-        .pick(&ROLLOUT_NAMESPACE, |l| l.rollout_namespace.as_deref())
-    {
-        Some((ns, at)) => {
-            crate::validate::check_dns_label(ns).map_err(|e| Layers::invalid(at.clone(), e))?;
-            if CONTROL_PLANE_NAMESPACES.contains(&ns) && !allow_control_plane_namespace {
-                return Err(Layers::invalid(
-                    format!("{at} {ns:?}"),
-                    format!(
-                        "the control plane keeps its own Leases there, which the rollouts' Lease permission would reach; use a namespace of their own (default {DEFAULT_ROLLOUT_NAMESPACE}, deploy/namespace.yaml), or say --allow-control-plane-namespace (daemon.rollouts.allowControlPlaneNamespace: true)"
-                    ),
-                ));
-            }
-            ns.to_string()
-        }
-        None => DEFAULT_ROLLOUT_NAMESPACE.to_string(),
-    };
+    let rollout_namespace = layers.lease_namespace(
+        &ROLLOUT_NAMESPACE,
+        |l| l.rollout_namespace.as_deref(),
+        DEFAULT_ROLLOUT_NAMESPACE,
+        allow_control_plane_namespace,
+    )?;
+    let status_namespace = layers.lease_namespace(
+        &STATUS_NAMESPACE,
+        |l| l.status_namespace.as_deref(),
+        &default_status_namespace(&rollout_namespace),
+        allow_control_plane_namespace,
+    )?;
+    // Derived from a rollout namespace of 57 characters or more, the
+    // default is no namespace name: said with the way out.
+    if let Err(e) = crate::validate::check_dns_label(&status_namespace) {
+        return Err(Layers::invalid(
+            format!("the status records' namespace {status_namespace:?}"),
+            format!("{e}; name one with --status-namespace (daemon.rollouts.statusNamespace)"),
+        ));
+    }
     let slot_lease_duration = match layers
         .pick(&SLOT_LEASE_DURATION, |l| l.slot_lease_duration.as_deref())
     {
@@ -657,6 +697,7 @@ pub fn daemon(flags: &Layer, env: &Layer) -> Result<DaemonSettings, SettingsErro
         source,
         namespace,
         rollout_namespace,
+        status_namespace,
         allow_control_plane_namespace,
         slot_lease_duration,
         selector: layers
@@ -733,6 +774,10 @@ impl DaemonSettings {
             ("daemon.revisionHistory", self.revision_history.to_string()),
             ("daemon.criSocket", self.cri_socket.display().to_string()),
             ("daemon.rollouts.namespace", self.rollout_namespace.clone()),
+            (
+                "daemon.rollouts.statusNamespace",
+                self.status_namespace.clone(),
+            ),
             (
                 "daemon.rollouts.allowControlPlaneNamespace",
                 self.allow_control_plane_namespace.to_string(),
@@ -940,6 +985,57 @@ mod tests {
         );
         let run = daemon(&flags(&allowed), &env(&[])).unwrap();
         assert!(run.allow_control_plane_namespace);
+    }
+
+    /// The status records' namespace: the rollout namespace's name and
+    /// `-status` unless named (flag, environment, file, low to high as
+    /// every setting), held to the same rules, and a derived name too long
+    /// for a namespace is said with the way out.
+    #[test]
+    fn the_status_namespace_follows_the_rollout_one_unless_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = file(dir.path(), "{}\n");
+        let run = daemon(&flags(&empty), &env(&[])).unwrap();
+        assert_eq!(run.status_namespace, "podstamp-rollouts-status");
+        let mut given = flags(&empty);
+        given.rollout_namespace = Some("fleet".into());
+        assert_eq!(
+            daemon(&given, &env(&[])).unwrap().status_namespace,
+            "fleet-status"
+        );
+        let named = daemon(&given, &env(&[("PODSTAMP_STATUS_NAMESPACE", "records")])).unwrap();
+        assert_eq!(
+            (
+                named.rollout_namespace.as_str(),
+                named.status_namespace.as_str()
+            ),
+            ("fleet", "records")
+        );
+        given.status_namespace = Some("kube-system".into());
+        let e = daemon(&given, &env(&[])).unwrap_err().to_string();
+        assert!(e.starts_with("--status-namespace \"kube-system\": "), "{e}");
+        assert!(e.contains("--allow-control-plane-namespace"), "{e}");
+        given.status_namespace = Some("Not_A_Label".into());
+        let e = daemon(&given, &env(&[])).unwrap_err().to_string();
+        assert!(e.starts_with("--status-namespace"), "{e}");
+        let mut long = flags(&empty);
+        long.rollout_namespace = Some("r".repeat(60));
+        let e = daemon(&long, &env(&[])).unwrap_err().to_string();
+        assert!(
+            e.contains("name one with --status-namespace (daemon.rollouts.statusNamespace)"),
+            "{e}"
+        );
+        assert_eq!(e.lines().count(), 1, "{e}");
+        let file_named = file(
+            dir.path(),
+            "daemon: {rollouts: {statusNamespace: from-file}}\n",
+        );
+        assert_eq!(
+            daemon(&flags(&file_named), &env(&[]))
+                .unwrap()
+                .status_namespace,
+            "from-file"
+        );
     }
 
     /// The longest lease duration is the one deploy/node-identity.yaml

@@ -116,11 +116,13 @@ impl ApiServer {
     fn create_rollout_namespace(&self) {
         use serde::Deserialize;
         let text = fs::read_to_string(repo().join("deploy/namespace.yaml")).unwrap();
-        let namespace: k8s_openapi::api::core::v1::Namespace =
-            k8s_openapi::api::core::v1::Namespace::deserialize(
-                serde_norway::Deserializer::from_str(&text),
-            )
-            .unwrap();
+        // Every namespace of the file: the rollouts' and the status records'.
+        let namespaces: Vec<k8s_openapi::api::core::v1::Namespace> =
+            serde_norway::Deserializer::from_str(&text)
+                .map(|document| {
+                    k8s_openapi::api::core::v1::Namespace::deserialize(document).unwrap()
+                })
+                .collect();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -128,10 +130,12 @@ impl ApiServer {
         rt.block_on(async {
             let api: kube::Api<k8s_openapi::api::core::v1::Namespace> =
                 kube::Api::all(self.admin().await);
-            match api.create(&Default::default(), &namespace).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => panic!("deploy/namespace.yaml: {e}"),
+            for namespace in &namespaces {
+                match api.create(&Default::default(), namespace).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 409 => {}
+                    Err(e) => panic!("deploy/namespace.yaml: {e}"),
+                }
             }
         });
     }
@@ -536,14 +540,22 @@ impl Kube {
         kube
     }
 
+    /// The test's namespace, and beside it the one its status records go
+    /// to when it is also the rollout namespace (`<ns>-status`, the
+    /// default a daemon derives from `--rollout-namespace <ns>`).
     pub fn create_namespace(&self) {
         let api: kube::Api<k8s_openapi::api::core::v1::Namespace> =
             kube::Api::all(self.client.clone());
-        let ns =
-            serde_json::from_value(serde_json::json!({"metadata": {"name": self.ns}})).unwrap();
-        self.rt
-            .block_on(api.create(&Default::default(), &ns))
-            .unwrap();
+        for name in [
+            self.ns.clone(),
+            podstamp::config::default_status_namespace(&self.ns),
+        ] {
+            let ns =
+                serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+            self.rt
+                .block_on(api.create(&Default::default(), &ns))
+                .unwrap();
+        }
     }
 
     pub fn templates(&self) -> kube::Api<k8s_openapi::api::core::v1::PodTemplate> {

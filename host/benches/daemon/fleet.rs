@@ -568,6 +568,8 @@ impl Bench {
         }
         let deploy = Deploy::new(&admin, &ns, &rollouts);
         self.rt.block_on(deploy.apply(&client, &names[0]));
+        // The status records' namespace, as deploy/ makes it for the rollouts.
+        let status_ns = podstamp::config::default_status_namespace(&rollouts);
         if let Err(e) = apply_flowcontrol(&admin, &ns) {
             println!("  deploy/flowcontrol.yaml: {e}; skipped");
             return None;
@@ -588,6 +590,7 @@ impl Bench {
             let (input_tx, input_rx) = std::sync::mpsc::channel();
             let settings = Settings {
                 namespace: rollouts.clone(),
+                status_namespace: status_ns.clone(),
                 node: name.clone(),
                 lease_duration: LEASE_DURATION,
                 watch_timeout: None,
@@ -623,7 +626,7 @@ impl Bench {
             node.written = Some((OLD_TARGET.to_string(), now));
             node.effects(&id, policy);
         }
-        let leases: Api<Lease> = Api::namespaced(client.clone(), &rollouts);
+        let leases: Api<Lease> = Api::namespaced(client.clone(), &status_ns);
         // Bounded; a fleet that cannot start within it is reported, not
         // measured (with APF on, 2,000 daemons starting at once on this
         // machine did not).

@@ -60,6 +60,9 @@ pub struct RunArgs {
     /// The namespace of the Leases through which the nodes roll updates one at a time (daemon.rollouts.namespace) [env: PODSTAMP_ROLLOUT_NAMESPACE] [default: podstamp-rollouts].
     #[arg(long, value_name = "NAMESPACE")]
     pub rollout_namespace: Option<String>,
+    /// The namespace of the nodes' status records, which no node watches: kept apart from the slots, whose watches the API server would otherwise hand every record (daemon.rollouts.statusNamespace) [env: PODSTAMP_STATUS_NAMESPACE] [default: the rollout namespace's name and -status].
+    #[arg(long, value_name = "NAMESPACE")]
+    pub status_namespace: Option<String>,
     /// How long a rollout slot outlives a node that stopped renewing it, e.g. 30s, at most 5m (daemon.rollouts.leaseDuration) [default: 30s].
     #[arg(long, value_name = "DURATION")]
     pub slot_lease_duration: Option<String>,
@@ -117,6 +120,7 @@ impl RunArgs {
             revision_history: self.revision_history,
             cri_socket: self.cri_socket.clone(),
             rollout_namespace: self.rollout_namespace.clone(),
+            status_namespace: self.status_namespace.clone(),
             slot_lease_duration: self.slot_lease_duration.clone(),
             allow_control_plane_namespace: self.allow_control_plane_namespace.then_some(true),
             registry_config: self.registry_config.clone(),

@@ -25,9 +25,12 @@ pub struct StatusArgs {
     /// The namespace of the PodTemplates [default: kube-system].
     #[arg(long, short, env = "PODSTAMP_NAMESPACE")]
     namespace: Option<String>,
-    /// The namespace of the rollout Leases, if the daemons use another one (daemon.rollouts.namespace) [default: podstamp-rollouts].
+    /// The namespace of the rollout Leases, if the daemons use another one (daemon.rollouts.namespace): names the status records' namespace unless --status-namespace does [default: podstamp-rollouts].
     #[arg(long, env = "PODSTAMP_ROLLOUT_NAMESPACE", value_name = "NAMESPACE")]
     rollout_namespace: Option<String>,
+    /// The namespace of the nodes' status records, if the daemons use another one (daemon.rollouts.statusNamespace) [default: the rollout namespace's name and -status].
+    #[arg(long, env = "PODSTAMP_STATUS_NAMESPACE", value_name = "NAMESPACE")]
+    status_namespace: Option<String>,
     /// A kubeconfig file [default: $KUBECONFIG, ~/.kube/config, else in-cluster credentials].
     #[arg(long, value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
@@ -58,13 +61,32 @@ pub fn run(args: StatusArgs) -> Result<(), (u8, String)> {
         .unwrap_or_else(|| podstamp::config::DEFAULT_NAMESPACE.to_string());
     podstamp::validate::check_dns_label(&namespace)
         .map_err(|e| (2, format!("--namespace: {e}")))?;
-    let leases_ns = args
+    let rollouts = args
         .rollout_namespace
         .clone()
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| podstamp::config::DEFAULT_ROLLOUT_NAMESPACE.to_string());
-    podstamp::validate::check_dns_label(&leases_ns)
+    podstamp::validate::check_dns_label(&rollouts)
         .map_err(|e| (2, format!("--rollout-namespace: {e}")))?;
+    let leases_ns = match args.status_namespace.clone().filter(|n| !n.is_empty()) {
+        Some(ns) => {
+            podstamp::validate::check_dns_label(&ns)
+                .map_err(|e| (2, format!("--status-namespace: {e}")))?;
+            ns
+        }
+        None => {
+            let ns = podstamp::config::default_status_namespace(&rollouts);
+            podstamp::validate::check_dns_label(&ns).map_err(|e| {
+                (
+                    2,
+                    format!(
+                        "the status records' namespace {ns:?}: {e}; name it with --status-namespace"
+                    ),
+                )
+            })?;
+            ns
+        }
+    };
     let only = args.template.as_ref().map(|t| format!("{namespace}/{t}"));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -87,7 +109,7 @@ pub fn run(args: StatusArgs) -> Result<(), (u8, String)> {
                     ),
                     other => other.to_string(),
                 };
-                (1, format!("cannot list the rollout Leases in namespace {leases_ns}: {why}"))
+                (1, format!("cannot list the nodes' status records (Leases) in namespace {leases_ns}: {why}"))
             })?;
             let values: Vec<serde_json::Value> =
                 listed.items.iter().map(|l| l.value().clone()).collect();

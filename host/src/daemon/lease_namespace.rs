@@ -38,25 +38,53 @@ pub const LEADER_ELECTION_LEASES: [&str; 3] = [
 /// The rollout namespace holds the control plane's Leases.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "daemon.rollouts.namespace (--rollout-namespace) {namespace}: {why}, so the rollouts' Lease permission there reaches the control plane's leader election; give the rollout Leases a namespace of their own (default {default}, deploy/namespace.yaml), or say --allow-control-plane-namespace (daemon.rollouts.allowControlPlaneNamespace: true)",
-    default = DEFAULT_ROLLOUT_NAMESPACE
+    "{setting} {namespace}: {why}, so the rollouts' Lease permission there reaches the control plane's leader election; give the rollout Leases a namespace of their own (default {default}, deploy/namespace.yaml), or say --allow-control-plane-namespace (daemon.rollouts.allowControlPlaneNamespace: true)",
+    setting = setting.name(),
+    default = setting.default()
 )]
 pub struct SharedNamespace {
+    pub setting: Setting,
     pub namespace: String,
     /// What is shared: the namespace's role, or the Lease found.
     pub why: String,
 }
 
-/// Why `namespace` is shared with the control plane, judging by its name
-/// and by the leader-election Leases found in it (`found`); None: it is
-/// not, as far as can be told.
-pub fn judge(namespace: &str, found: Option<&str>) -> Option<SharedNamespace> {
+/// Which of podstamp's Lease namespaces is judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setting {
+    /// The slots' and halt markers' (`daemon.rollouts.namespace`).
+    Rollouts,
+    /// The nodes' status records' (`daemon.rollouts.statusNamespace`).
+    Status,
+}
+
+impl Setting {
+    fn name(self) -> &'static str {
+        match self {
+            Setting::Rollouts => "daemon.rollouts.namespace (--rollout-namespace)",
+            Setting::Status => "daemon.rollouts.statusNamespace (--status-namespace)",
+        }
+    }
+
+    fn default(self) -> String {
+        match self {
+            Setting::Rollouts => DEFAULT_ROLLOUT_NAMESPACE.to_string(),
+            Setting::Status => crate::config::default_status_namespace(DEFAULT_ROLLOUT_NAMESPACE),
+        }
+    }
+}
+
+/// Why `namespace` (the one of `setting`) is shared with the control
+/// plane, judging by its name and by the leader-election Leases found in it
+/// (`found`); None: it is not, as far as can be told.
+pub fn judge(setting: Setting, namespace: &str, found: Option<&str>) -> Option<SharedNamespace> {
     let why = if CONTROL_PLANE_NAMESPACES.contains(&namespace) {
         "the control plane keeps its own Leases there".to_string()
     } else {
         format!("it holds Lease {namespace}/{}", found?)
     };
     Some(SharedNamespace {
+        setting,
         namespace: namespace.to_string(),
         why,
     })
@@ -92,10 +120,12 @@ async fn leader_lease(client: &kube::Client, namespace: &str) -> Option<String> 
     None
 }
 
-/// Ok when the coordinator may write in `namespace`: not shared with the
-/// control plane, or shared and `allowed` (said once, at warn).
+/// Ok when the coordinator may write in `namespace` (the one of
+/// `setting`): not shared with the control plane, or shared and `allowed`
+/// (said once, at warn).
 pub async fn check(
     client: &kube::Client,
+    setting: Setting,
     namespace: &str,
     allowed: bool,
 ) -> Result<(), SharedNamespace> {
@@ -104,7 +134,7 @@ pub async fn check(
     } else {
         leader_lease(client, namespace).await
     };
-    match judge(namespace, found.as_deref()) {
+    match judge(setting, namespace, found.as_deref()) {
         None => Ok(()),
         Some(shared) if allowed => {
             tracing::warn!(
@@ -122,13 +152,17 @@ mod tests {
 
     #[test]
     fn a_namespace_is_shared_by_its_name_or_a_leader_lease_in_it() {
-        assert_eq!(judge("podstamp-rollouts", None), None);
-        let by_name = judge("kube-system", None).unwrap().to_string();
+        assert_eq!(judge(Setting::Rollouts, "podstamp-rollouts", None), None);
+        let by_name = judge(Setting::Rollouts, "kube-system", None)
+            .unwrap()
+            .to_string();
         assert!(
             by_name.contains("kube-system: the control plane keeps"),
             "{by_name}"
         );
-        let by_lease = judge("infra", Some("kube-scheduler")).unwrap().to_string();
+        let by_lease = judge(Setting::Rollouts, "infra", Some("kube-scheduler"))
+            .unwrap()
+            .to_string();
         assert!(
             by_lease.starts_with(
                 "daemon.rollouts.namespace (--rollout-namespace) infra: it holds Lease infra/kube-scheduler"
@@ -140,5 +174,13 @@ mod tests {
             "{by_lease}"
         );
         assert_eq!(by_lease.lines().count(), 1);
+        let status = judge(Setting::Status, "kube-system", None)
+            .unwrap()
+            .to_string();
+        assert!(
+            status.starts_with("daemon.rollouts.statusNamespace (--status-namespace) kube-system: the control plane keeps")
+                && status.contains("(default podstamp-rollouts-status, deploy/namespace.yaml)"),
+            "{status}"
+        );
     }
 }

@@ -371,6 +371,7 @@ async fn serve(
             if let Some((client, asked)) = coordinating {
                 let coordinator = coordinator::Settings {
                     namespace: settings.rollout_namespace.clone(),
+                    status_namespace: settings.status_namespace.clone(),
                     node: settings.node_name.clone(),
                     lease_duration: settings.slot_lease_duration,
                     watch_timeout: settings.watch_timeout,
@@ -380,7 +381,26 @@ async fn serve(
                 // No rollout Lease is written before the namespace is known
                 // not to be the control plane's.
                 tokio::spawn(async move {
-                    match lease_namespace::check(&client, &coordinator.namespace, allowed).await {
+                    let checked = match lease_namespace::check(
+                        &client,
+                        lease_namespace::Setting::Rollouts,
+                        &coordinator.namespace,
+                        allowed,
+                    )
+                    .await
+                    {
+                        Ok(()) => {
+                            lease_namespace::check(
+                                &client,
+                                lease_namespace::Setting::Status,
+                                &coordinator.status_namespace,
+                                allowed,
+                            )
+                            .await
+                        }
+                        shared => shared,
+                    };
+                    match checked {
                         Ok(()) => {
                             coordinator::run(client, coordinator, asked, inputs, metrics).await
                         }

@@ -5,7 +5,11 @@
 //! the slots of the lanes it waits in (label [`LANE_LABEL`]; at start, for
 //! its first list, every slot: the ones it held before a restart are its
 //! own), never the other nodes' status records, and nothing while nothing
-//! rolls here and no halt is known; it reads its own record by name. It takes a slot when the reconciler asks for one
+//! rolls here and no halt is known; it reads its own record by name. The
+//! records are in a namespace of their own (`status_namespace`): the API
+//! server hands every write of a namespace to every watch of it, so
+//! records written beside the slots would reach every busy node's watch,
+//! 2·N² hand-overs a rollout. It takes a slot when the reconciler asks for one
 //! ([`Ask::Acquire`]), one of its lanes is free and its turn has come,
 //! renews the slots it holds, frees them when told, writes this node's
 //! status record when it changes and its halt marker when a target failed
@@ -94,6 +98,9 @@ const TICK: Duration = Duration::from_millis(500);
 pub struct Settings {
     /// Where the Leases are.
     pub namespace: String,
+    /// Where the nodes' status records are (experiment: apart from the
+    /// slots and halts, so that no watch of the slots is handed them).
+    pub status_namespace: String,
     /// This node: the holder identity.
     pub node: String,
     pub lease_duration: Duration,
@@ -115,7 +122,20 @@ enum Written {
     Failed(String),
 }
 
-async fn write(api: &Api<Lease>, lease: Lease, create: bool) -> Written {
+/// Writes `lease` through `api`; `record`: it is this node's status
+/// record, whose namespace and grants are the status namespace's.
+async fn write(api: &Api<Lease>, lease: Lease, create: bool, record: bool) -> Written {
+    let (grant, setting) = if record {
+        (
+            "get, create and update",
+            "daemon.rollouts.statusNamespace (--status-namespace)",
+        )
+    } else {
+        (
+            "get, list, watch, create and update",
+            "daemon.rollouts.namespace (--rollout-namespace)",
+        )
+    };
     let name = lease.metadata.name.clone().unwrap_or_default();
     let call = async {
         if create {
@@ -129,11 +149,11 @@ async fn write(api: &Api<Lease>, lease: Lease, create: bool) -> Written {
         Ok(Err(kube::Error::Api(status))) if status.code == 409 => Written::Conflict,
         Ok(Err(kube::Error::Api(status))) if status.code == 404 && !create => Written::Conflict,
         Ok(Err(kube::Error::Api(status))) if status.is_forbidden() => Written::Failed(format!(
-            "permission denied: {}; grant leases (coordination.k8s.io) get, list, watch, create and update in this namespace (see deploy/rbac.yaml)",
+            "permission denied: {}; grant leases (coordination.k8s.io) {grant} in this namespace (see deploy/rbac.yaml)",
             status.message
         )),
         Ok(Err(kube::Error::Api(status))) if status.code == 404 => Written::Failed(format!(
-            "{}; create the namespace, or name another with daemon.rollouts.namespace (--rollout-namespace)",
+            "{}; create the namespace (deploy/namespace.yaml), or name another with {setting}",
             status.message
         )),
         Ok(Err(e)) => Written::Failed(e.to_string()),
@@ -167,6 +187,9 @@ pub async fn run(
 ) {
     let raw: Api<Raw<Lease>> = Api::namespaced(client.clone(), &settings.namespace);
     let api: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
+    let records: Api<Lease> = Api::namespaced(client.clone(), &settings.status_namespace);
+    let own = status_name(&settings.node);
+    let api_for = |name: &str| if name == own { &records } else { &api };
     // The watch runs on a task of its own (the shared loop: resume, relist
     // on 410, backoff) and hands its events over; it is restarted with
     // another selector when the lanes this node needs change.
@@ -188,9 +211,10 @@ pub async fn run(
     let mut write_backoff = Backoff::new();
     let mut write_retry: Option<Instant> = None;
     let mut last_error: Option<String> = None;
-    tracing::info!(namespace = %settings.namespace, lease_duration = ?settings.lease_duration,
+    tracing::info!(namespace = %settings.namespace, status_namespace = %settings.status_namespace,
+        lease_duration = ?settings.lease_duration,
         "coordinating rollouts with the other nodes through Leases");
-    read_own_record(&api, &mut state, &settings).await;
+    read_own_record(&records, &mut state, &settings).await;
     loop {
         let now = Instant::now();
         let tick = state.sleep_for(now, write_retry, TICK);
@@ -300,7 +324,8 @@ pub async fn run(
         write_retry = None;
         // The writes due now, one at a time, each answered before the next.
         while let Some(action) = state.next(Instant::now()) {
-            let (object, name, outcome) = perform(&api, &settings, &mut state, &action).await;
+            let (object, name, outcome) =
+                perform(&api, &records, &settings, &mut state, &action).await;
             let kind = action.kind();
             let outcome = match outcome {
                 Written::TimedOut => {
@@ -310,7 +335,7 @@ pub async fn run(
                     // it replaced, is refused (409) or, for a create, read
                     // again; taken as done, it is neither.
                     let tried = state.leases.get(&name).map(|l| l.resource_version.clone());
-                    match read_own(&api, &name).await {
+                    match read_own(api_for(&name), &name).await {
                         Ok(value) => {
                             match value.as_ref().and_then(|v| {
                                 read_lease(v, Instant::now(), settings.lease_duration)
@@ -370,7 +395,7 @@ pub async fn run(
                     // backoff. Waiting for the watch could wait for good.
                     metrics.fleet_write(object, "conflict");
                     metrics.fleet_write_kind(kind, "conflict");
-                    match read_own(&api, &name).await {
+                    match read_own(api_for(&name), &name).await {
                         Ok(Some(value)) => {
                             if let Some((name, seen)) =
                                 read_lease(&value, Instant::now(), settings.lease_duration)
@@ -415,7 +440,7 @@ pub async fn run(
                         }
                     );
                     if created
-                        && let Ok(Some(value)) = read_own(&api, &name).await
+                        && let Ok(Some(value)) = read_own(api_for(&name), &name).await
                         && let Some((name, seen)) =
                             read_lease(&value, Instant::now(), settings.lease_duration)
                     {
@@ -426,7 +451,12 @@ pub async fn run(
                     metrics.fleet_write(object, "error");
                     metrics.fleet_write_kind(kind, "error");
                     if last_error.as_deref() != Some(message.as_str()) {
-                        tracing::error!(lease = %name, namespace = %settings.namespace,
+                        let namespace = if name == own {
+                            &settings.status_namespace
+                        } else {
+                            &settings.namespace
+                        };
+                        tracing::error!(lease = %name, namespace = %namespace,
                             "cannot write a rollout Lease: {message}; updates that need a slot wait (manifests in place are kept)");
                         last_error = Some(message);
                     }
@@ -533,7 +563,7 @@ async fn read_own_record(api: &Api<Lease>, state: &mut Ledger, settings: &Settin
             Err(message) => {
                 if !logged {
                     logged = true;
-                    tracing::warn!(lease = %name, namespace = %settings.namespace,
+                    tracing::warn!(lease = %name, namespace = %settings.status_namespace,
                         "cannot read this node's status record: {message}; trying again (nothing of rollouts is written meanwhile)");
                 }
                 tokio::time::sleep(backoff.delay()).await;
@@ -568,6 +598,7 @@ async fn read_own(api: &Api<Lease>, name: &str) -> Result<Option<Value>, String>
 /// Makes the write `action` calls for.
 async fn perform(
     api: &Api<Lease>,
+    records: &Api<Lease>,
     settings: &Settings,
     state: &mut Ledger,
     action: &Action,
@@ -580,13 +611,13 @@ async fn perform(
                 state.status_name(),
                 &state.me,
                 state.mine.to_json(),
-                ns,
+                &settings.status_namespace,
                 resource_version.clone(),
             );
             (
                 "status",
                 state.status_name(),
-                write(api, lease, create).await,
+                write(records, lease, create, true).await,
             )
         }
         Action::Halt {
@@ -609,7 +640,7 @@ async fn perform(
                 resource_version.clone(),
             );
             let create = resource_version.is_none();
-            ("halt", name.clone(), write(api, lease, create).await)
+            ("halt", name.clone(), write(api, lease, create, false).await)
         }
         Action::Release { name } => {
             let l = state.leases[name].clone();
@@ -626,7 +657,7 @@ async fn perform(
                 l.transitions,
                 Some(l.resource_version),
             );
-            ("slot", name.clone(), write(api, lease, false).await)
+            ("slot", name.clone(), write(api, lease, false, false).await)
         }
         Action::Renew { id, name } => {
             let l = state.leases[name].clone();
@@ -647,7 +678,7 @@ async fn perform(
                 // Renewing keeps the time the slot was taken.
                 spec.acquire_time = l.acquired.clone();
             }
-            ("slot", name.clone(), write(api, lease, false).await)
+            ("slot", name.clone(), write(api, lease, false, false).await)
         }
         Action::Take {
             id,
@@ -667,7 +698,7 @@ async fn perform(
                 resource_version.clone(),
             );
             let create = resource_version.is_none();
-            ("slot", name.clone(), write(api, lease, create).await)
+            ("slot", name.clone(), write(api, lease, create, false).await)
         }
     }
 }
