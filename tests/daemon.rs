@@ -159,7 +159,19 @@ fn setup() -> Setup {
 /// A daemon for node `node`, its templates and (for isolation on the shared
 /// server) its rollout Leases in namespace `ns`.
 fn start_daemon(s: &Setup, kubeconfig: &Path, ns: &str, node: &str, dir: &Path) -> Daemon {
-    Daemon::start(
+    start_daemon_with_env(s, kubeconfig, ns, node, dir, &[])
+}
+
+/// [`start_daemon`] with `env` set for the daemon besides.
+fn start_daemon_with_env(
+    s: &Setup,
+    kubeconfig: &Path,
+    ns: &str,
+    node: &str,
+    dir: &Path,
+    env: &[(&str, &str)],
+) -> Daemon {
+    Daemon::start_with_env(
         &[
             "--config",
             s.config.to_str().unwrap(),
@@ -177,6 +189,7 @@ fn start_daemon(s: &Setup, kubeconfig: &Path, ns: &str, node: &str, dir: &Path) 
         s.tmp
             .path()
             .join(format!("podstamp-{node}-{}.log", unique("log"))),
+        env,
     )
 }
 
@@ -717,22 +730,12 @@ fn without_the_status_namespace_updates_wait_and_the_namespace_is_named() {
     kube.create::<PodTemplate>(template("web", "busybox:1"));
     let missing = unique("missing-status");
     let s = setup();
-    let daemon = Daemon::start_with_env(
-        &[
-            "--config",
-            s.config.to_str().unwrap(),
-            "--kubeconfig",
-            server.kubeconfig("admin").to_str().unwrap(),
-            "--namespace",
-            &ns,
-            "--rollout-namespace",
-            &ns,
-            "--node-name",
-            &node_name,
-            "--manifest-dir",
-            s.manifests.to_str().unwrap(),
-        ],
-        s.tmp.path().join(format!("podstamp-{}.log", unique("log"))),
+    let daemon = start_daemon_with_env(
+        &s,
+        &server.kubeconfig("admin"),
+        &ns,
+        &node_name,
+        &s.manifests,
         &[("PODSTAMP_STATUS_NAMESPACE", missing.as_str())],
     );
     let path = s.manifests.join("web.yaml");

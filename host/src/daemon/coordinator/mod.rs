@@ -98,8 +98,9 @@ const TICK: Duration = Duration::from_millis(500);
 pub struct Settings {
     /// Where the Leases are.
     pub namespace: String,
-    /// Where the nodes' status records are (experiment: apart from the
-    /// slots and halts, so that no watch of the slots is handed them).
+    /// Where this node's status record is: apart from the slots and halts,
+    /// so that no node's watch of them is handed the records (see the
+    /// module header).
     pub status_namespace: String,
     /// This node: the holder identity.
     pub node: String,
