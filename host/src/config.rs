@@ -55,6 +55,28 @@ pub fn default_status_namespace(rollouts: &str) -> String {
     format!("{rollouts}{STATUS_NAMESPACE_SUFFIX}")
 }
 
+/// [`default_status_namespace`], refused when it is no namespace name (a
+/// rollout namespace of 57 characters or more): the daemon's settings and
+/// `podstamp status` say so alike.
+pub fn derived_status_namespace(rollouts: &str) -> Result<String, NoStatusNamespace> {
+    let namespace = default_status_namespace(rollouts);
+    match crate::validate::check_dns_label(&namespace) {
+        Ok(()) => Ok(namespace),
+        Err(reason) => Err(NoStatusNamespace { namespace, reason }),
+    }
+}
+
+/// The status records' namespace derived from the rollout one is no
+/// namespace name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the status records' namespace {namespace:?}: {reason}; name one with --status-namespace (daemon.rollouts.statusNamespace)"
+)]
+pub struct NoStatusNamespace {
+    pub namespace: String,
+    pub reason: String,
+}
+
 /// The configuration file, as written.
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

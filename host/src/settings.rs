@@ -67,8 +67,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::config::{
-    ConfigError, ConfigFile, DEFAULT_NAMESPACE, DEFAULT_ROLLOUT_NAMESPACE,
-    default_status_namespace, parse_duration, parse_size,
+    ConfigError, ConfigFile, DEFAULT_NAMESPACE, DEFAULT_ROLLOUT_NAMESPACE, NoStatusNamespace,
+    default_status_namespace, derived_status_namespace, parse_duration, parse_size,
 };
 use crate::kube_check::Policy;
 use crate::plugin::{Limits, choose_cache_dir};
@@ -306,6 +306,8 @@ pub enum SettingsError {
     Config(#[from] ConfigError),
     #[error("{at}: {message}")]
     Invalid { at: String, message: String },
+    #[error(transparent)]
+    NoStatusNamespace(#[from] NoStatusNamespace),
     #[error("say which node this is: --node-name NAME, or the NODE_NAME environment variable")]
     NoNodeName,
 }
@@ -356,17 +358,18 @@ impl<'a> Layers<'a> {
         }
     }
 
-    /// A namespace podstamp writes Leases in (`key`): a DNS label, and none
-    /// of [`CONTROL_PLANE_NAMESPACES`] unless allowed.
+    /// A namespace podstamp writes Leases in (`key`), if one is given: a
+    /// DNS label, and none of [`CONTROL_PLANE_NAMESPACES`] unless allowed
+    /// (the refusal names `default`, the way out).
     fn lease_namespace(
         &self,
         key: &Key,
         get: impl Fn(&'a Layer) -> Option<&'a str>,
         default: &str,
         allow_control_plane: bool,
-    ) -> Result<String, SettingsError> {
+    ) -> Result<Option<String>, SettingsError> {
         let Some((ns, at)) = self.pick(key, get) else {
-            return Ok(default.to_string());
+            return Ok(None);
         };
         crate::validate::check_dns_label(ns).map_err(|e| Layers::invalid(at.clone(), e))?;
         if CONTROL_PLANE_NAMESPACES.contains(&ns) && !allow_control_plane {
@@ -377,7 +380,7 @@ impl<'a> Layers<'a> {
                 ),
             ));
         }
-        Ok(ns.to_string())
+        Ok(Some(ns.to_string()))
     }
 
     /// The registry options: credentials from a file or a Secret (not
@@ -649,26 +652,23 @@ pub fn daemon(flags: &Layer, env: &Layer) -> Result<DaemonSettings, SettingsErro
             l.allow_control_plane_namespace.as_ref()
         })
         .is_some_and(|(allow, _)| *allow);
-    let rollout_namespace = layers.lease_namespace(
-        &ROLLOUT_NAMESPACE,
-        |l| l.rollout_namespace.as_deref(),
-        DEFAULT_ROLLOUT_NAMESPACE,
-        allow_control_plane_namespace,
-    )?;
-    let status_namespace = layers.lease_namespace(
+    let rollout_namespace = layers
+        .lease_namespace(
+            &ROLLOUT_NAMESPACE,
+            |l| l.rollout_namespace.as_deref(),
+            DEFAULT_ROLLOUT_NAMESPACE,
+            allow_control_plane_namespace,
+        )?
+        .unwrap_or_else(|| DEFAULT_ROLLOUT_NAMESPACE.to_string());
+    let status_namespace = match layers.lease_namespace(
         &STATUS_NAMESPACE,
         |l| l.status_namespace.as_deref(),
         &default_status_namespace(&rollout_namespace),
         allow_control_plane_namespace,
-    )?;
-    // Derived from a rollout namespace of 57 characters or more, the
-    // default is no namespace name: said with the way out.
-    if let Err(e) = crate::validate::check_dns_label(&status_namespace) {
-        return Err(Layers::invalid(
-            format!("the status records' namespace {status_namespace:?}"),
-            format!("{e}; name one with --status-namespace (daemon.rollouts.statusNamespace)"),
-        ));
-    }
+    )? {
+        Some(named) => named,
+        None => derived_status_namespace(&rollout_namespace)?,
+    };
     let slot_lease_duration = match layers
         .pick(&SLOT_LEASE_DURATION, |l| l.slot_lease_duration.as_deref())
     {

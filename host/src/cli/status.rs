@@ -75,16 +75,7 @@ pub fn run(args: StatusArgs) -> Result<(), (u8, String)> {
             ns
         }
         None => {
-            let ns = podstamp::config::default_status_namespace(&rollouts);
-            podstamp::validate::check_dns_label(&ns).map_err(|e| {
-                (
-                    2,
-                    format!(
-                        "the status records' namespace {ns:?}: {e}; name it with --status-namespace"
-                    ),
-                )
-            })?;
-            ns
+            podstamp::config::derived_status_namespace(&rollouts).map_err(|e| (2, e.to_string()))?
         }
     };
     let only = args.template.as_ref().map(|t| format!("{namespace}/{t}"));

@@ -59,7 +59,8 @@ pub enum Setting {
 }
 
 impl Setting {
-    fn name(self) -> &'static str {
+    /// The setting, as its messages name it.
+    pub fn name(self) -> &'static str {
         match self {
             Setting::Rollouts => "daemon.rollouts.namespace (--rollout-namespace)",
             Setting::Status => "daemon.rollouts.statusNamespace (--status-namespace)",
@@ -70,6 +71,14 @@ impl Setting {
         match self {
             Setting::Rollouts => DEFAULT_ROLLOUT_NAMESPACE.to_string(),
             Setting::Status => crate::config::default_status_namespace(DEFAULT_ROLLOUT_NAMESPACE),
+        }
+    }
+
+    /// What the daemons are granted on `leases` there (deploy/rbac.yaml).
+    pub fn grant(self) -> &'static str {
+        match self {
+            Setting::Rollouts => "get, list, watch, create and update",
+            Setting::Status => "get, create and update",
         }
     }
 }

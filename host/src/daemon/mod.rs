@@ -378,36 +378,25 @@ async fn serve(
                 };
                 let (inputs, metrics) = (inputs.clone(), metrics.clone());
                 let allowed = settings.allow_control_plane_namespace;
-                // No rollout Lease is written before the namespace is known
-                // not to be the control plane's.
+                // No rollout Lease is written before both namespaces are
+                // known not to be the control plane's.
                 tokio::spawn(async move {
-                    let checked = match lease_namespace::check(
-                        &client,
-                        lease_namespace::Setting::Rollouts,
-                        &coordinator.namespace,
-                        allowed,
-                    )
-                    .await
-                    {
-                        Ok(()) => {
-                            lease_namespace::check(
-                                &client,
-                                lease_namespace::Setting::Status,
-                                &coordinator.status_namespace,
-                                allowed,
-                            )
-                            .await
-                        }
-                        shared => shared,
-                    };
-                    match checked {
-                        Ok(()) => {
-                            coordinator::run(client, coordinator, asked, inputs, metrics).await
-                        }
-                        Err(shared) => {
+                    let namespaces = [
+                        (lease_namespace::Setting::Rollouts, &coordinator.namespace),
+                        (
+                            lease_namespace::Setting::Status,
+                            &coordinator.status_namespace,
+                        ),
+                    ];
+                    for (setting, namespace) in namespaces {
+                        if let Err(shared) =
+                            lease_namespace::check(&client, setting, namespace, allowed).await
+                        {
                             let _ = shared_tx.send(shared);
+                            return;
                         }
                     }
+                    coordinator::run(client, coordinator, asked, inputs, metrics).await
                 });
             }
             tokio::spawn(namespace_level::watch(

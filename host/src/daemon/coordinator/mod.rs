@@ -72,6 +72,7 @@ use ledger::{Action, Ledger, after};
 
 use super::backoff::Backoff;
 use super::inbox::{Answer, Ask, Input};
+use super::lease_namespace::Setting;
 use super::metrics::Metrics;
 use super::raw::Raw;
 use super::watch::{self, Event, Spec};
@@ -123,20 +124,36 @@ enum Written {
     Failed(String),
 }
 
-/// Writes `lease` through `api`; `record`: it is this node's status
-/// record, whose namespace and grants are the status namespace's.
-async fn write(api: &Api<Lease>, lease: Lease, create: bool, record: bool) -> Written {
-    let (grant, setting) = if record {
-        (
-            "get, create and update",
-            "daemon.rollouts.statusNamespace (--status-namespace)",
-        )
-    } else {
-        (
-            "get, list, watch, create and update",
-            "daemon.rollouts.namespace (--rollout-namespace)",
-        )
-    };
+/// One of the two namespaces the coordinator writes in: the rollout one
+/// (slots, halt markers) or the status one (this node's record).
+struct Place<'a> {
+    api: &'a Api<Lease>,
+    namespace: &'a str,
+    setting: Setting,
+}
+
+/// Both places, and which one a Lease of a given name is in.
+struct Places<'a> {
+    leases: Place<'a>,
+    records: Place<'a>,
+    /// This node's record's name: the one Lease in `records`.
+    own: String,
+}
+
+impl Places<'_> {
+    fn of(&self, name: &str) -> &Place<'_> {
+        if name == self.own {
+            &self.records
+        } else {
+            &self.leases
+        }
+    }
+}
+
+/// Writes `lease` in `place`; a failure's message names what to grant or
+/// create there, and the setting that names it.
+async fn write(place: &Place<'_>, lease: Lease, create: bool) -> Written {
+    let (api, grant, setting) = (place.api, place.setting.grant(), place.setting.name());
     let name = lease.metadata.name.clone().unwrap_or_default();
     let call = async {
         if create {
@@ -189,8 +206,19 @@ pub async fn run(
     let raw: Api<Raw<Lease>> = Api::namespaced(client.clone(), &settings.namespace);
     let api: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
     let records: Api<Lease> = Api::namespaced(client.clone(), &settings.status_namespace);
-    let own = status_name(&settings.node);
-    let api_for = |name: &str| if name == own { &records } else { &api };
+    let places = Places {
+        leases: Place {
+            api: &api,
+            namespace: &settings.namespace,
+            setting: Setting::Rollouts,
+        },
+        records: Place {
+            api: &records,
+            namespace: &settings.status_namespace,
+            setting: Setting::Status,
+        },
+        own: status_name(&settings.node),
+    };
     // The watch runs on a task of its own (the shared loop: resume, relist
     // on 410, backoff) and hands its events over; it is restarted with
     // another selector when the lanes this node needs change.
@@ -325,8 +353,7 @@ pub async fn run(
         write_retry = None;
         // The writes due now, one at a time, each answered before the next.
         while let Some(action) = state.next(Instant::now()) {
-            let (object, name, outcome) =
-                perform(&api, &records, &settings, &mut state, &action).await;
+            let (object, name, outcome) = perform(&places, &mut state, &action).await;
             let kind = action.kind();
             let outcome = match outcome {
                 Written::TimedOut => {
@@ -336,7 +363,7 @@ pub async fn run(
                     // it replaced, is refused (409) or, for a create, read
                     // again; taken as done, it is neither.
                     let tried = state.leases.get(&name).map(|l| l.resource_version.clone());
-                    match read_own(api_for(&name), &name).await {
+                    match read_own(places.of(&name).api, &name).await {
                         Ok(value) => {
                             match value.as_ref().and_then(|v| {
                                 read_lease(v, Instant::now(), settings.lease_duration)
@@ -396,7 +423,7 @@ pub async fn run(
                     // backoff. Waiting for the watch could wait for good.
                     metrics.fleet_write(object, "conflict");
                     metrics.fleet_write_kind(kind, "conflict");
-                    match read_own(api_for(&name), &name).await {
+                    match read_own(places.of(&name).api, &name).await {
                         Ok(Some(value)) => {
                             if let Some((name, seen)) =
                                 read_lease(&value, Instant::now(), settings.lease_duration)
@@ -441,7 +468,7 @@ pub async fn run(
                         }
                     );
                     if created
-                        && let Ok(Some(value)) = read_own(api_for(&name), &name).await
+                        && let Ok(Some(value)) = read_own(places.of(&name).api, &name).await
                         && let Some((name, seen)) =
                             read_lease(&value, Instant::now(), settings.lease_duration)
                     {
@@ -452,12 +479,7 @@ pub async fn run(
                     metrics.fleet_write(object, "error");
                     metrics.fleet_write_kind(kind, "error");
                     if last_error.as_deref() != Some(message.as_str()) {
-                        let namespace = if name == own {
-                            &settings.status_namespace
-                        } else {
-                            &settings.namespace
-                        };
-                        tracing::error!(lease = %name, namespace = %namespace,
+                        tracing::error!(lease = %name, namespace = %places.of(&name).namespace,
                             "cannot write a rollout Lease: {message}; updates that need a slot wait (manifests in place are kept)");
                         last_error = Some(message);
                     }
@@ -598,13 +620,11 @@ async fn read_own(api: &Api<Lease>, name: &str) -> Result<Option<Value>, String>
 
 /// Makes the write `action` calls for.
 async fn perform(
-    api: &Api<Lease>,
-    records: &Api<Lease>,
-    settings: &Settings,
+    places: &Places<'_>,
     state: &mut Ledger,
     action: &Action,
 ) -> (&'static str, String, Written) {
-    let ns = settings.namespace.as_str();
+    let ns = places.leases.namespace;
     match action {
         Action::Status { resource_version } => {
             let create = resource_version.is_none();
@@ -612,13 +632,13 @@ async fn perform(
                 state.status_name(),
                 &state.me,
                 state.mine.to_json(),
-                &settings.status_namespace,
+                places.records.namespace,
                 resource_version.clone(),
             );
             (
                 "status",
                 state.status_name(),
-                write(records, lease, create, true).await,
+                write(&places.records, lease, create).await,
             )
         }
         Action::Halt {
@@ -641,7 +661,11 @@ async fn perform(
                 resource_version.clone(),
             );
             let create = resource_version.is_none();
-            ("halt", name.clone(), write(api, lease, create, false).await)
+            (
+                "halt",
+                name.clone(),
+                write(&places.leases, lease, create).await,
+            )
         }
         Action::Release { name } => {
             let l = state.leases[name].clone();
@@ -658,7 +682,11 @@ async fn perform(
                 l.transitions,
                 Some(l.resource_version),
             );
-            ("slot", name.clone(), write(api, lease, false, false).await)
+            (
+                "slot",
+                name.clone(),
+                write(&places.leases, lease, false).await,
+            )
         }
         Action::Renew { id, name } => {
             let l = state.leases[name].clone();
@@ -679,7 +707,11 @@ async fn perform(
                 // Renewing keeps the time the slot was taken.
                 spec.acquire_time = l.acquired.clone();
             }
-            ("slot", name.clone(), write(api, lease, false, false).await)
+            (
+                "slot",
+                name.clone(),
+                write(&places.leases, lease, false).await,
+            )
         }
         Action::Take {
             id,
@@ -699,7 +731,11 @@ async fn perform(
                 resource_version.clone(),
             );
             let create = resource_version.is_none();
-            ("slot", name.clone(), write(api, lease, create, false).await)
+            (
+                "slot",
+                name.clone(),
+                write(&places.leases, lease, create).await,
+            )
         }
     }
 }
