@@ -42,7 +42,9 @@ pub struct Bench {
 impl Bench {
     /// `apf`: the API server with API Priority and Fairness on (the
     /// harness turns it off by default), as the fleet part wants it.
-    pub fn new(updates: usize, daemons: usize, apf: bool) -> Bench {
+    /// `profiling`: its /debug/pprof on (off in the harness), for the
+    /// fleet part's CPU profile.
+    pub fn new(updates: usize, daemons: usize, apf: bool, profiling: bool) -> Bench {
         let root = common::repo().join("target/bench-daemon");
         let _ = fs::remove_dir_all(&root);
         fs::create_dir_all(root.join("logs")).unwrap();
@@ -52,11 +54,15 @@ impl Bench {
         let binary = root.join("podstamp");
         fs::copy(env!("CARGO_BIN_EXE_podstamp"), &binary).unwrap();
         warm_cache(&binary, &config, &cache);
-        let server = if apf {
-            ApiServer::start_with(
-                &root.join("apiserver"),
-                &["--", "--enable-priority-and-fairness=true"],
-            )
+        let mut args = vec!["--"];
+        if apf {
+            args.push("--enable-priority-and-fairness=true");
+        }
+        if profiling {
+            args.push("--profiling=true");
+        }
+        let server = if args.len() > 1 {
+            ApiServer::start_with(&root.join("apiserver"), &args)
         } else {
             ApiServer::start(&root.join("apiserver"))
         };

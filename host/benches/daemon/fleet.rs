@@ -424,6 +424,43 @@ fn lease_writes(samples: &[Sample]) -> f64 {
     })
 }
 
+/// The API server's CPU profile over the next `seconds`, written to `out`
+/// (PODSTAMP_BENCH_FLEET_PROFILE; the API server runs with profiling on):
+/// `kubectl get --raw` as admin, which returns when the profile is taken.
+/// The thread ends with kubectl, bounded by its request timeout.
+fn start_profile(
+    kubeconfig: &std::path::Path,
+    seconds: u64,
+    out: std::path::PathBuf,
+) -> std::thread::JoinHandle<Result<u64, String>> {
+    let kubeconfig = kubeconfig.to_path_buf();
+    std::thread::spawn(move || {
+        if let Some(dir) = out.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        let file = std::fs::File::create(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+        let done = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg(format!("--request-timeout={}s", seconds + 30))
+            .args(["get", "--raw"])
+            .arg(format!("/debug/pprof/profile?seconds={seconds}"))
+            .stdout(file)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .map_err(|e| format!("kubectl: {e} (install kubectl to take the profile)"))?;
+        if done.status.success() {
+            Ok(seconds)
+        } else {
+            Err(format!(
+                "kubectl get --raw /debug/pprof/profile: {}: {}",
+                done.status,
+                String::from_utf8_lossy(&done.stderr).trim()
+            ))
+        }
+    })
+}
+
 impl Bench {
     pub fn fleet(&mut self, sizes: &[usize], limit: Duration) {
         println!(
@@ -657,6 +694,10 @@ impl Bench {
         let lists_before = metrics.watch_lists("leases");
         let restarts_before = metrics.watch_restarts("leases");
         let start = Instant::now();
+        let profile = crate::fleet_profile().map(|seconds| {
+            let out = self.root.join("profiles").join(format!("fleet-{n}.pb"));
+            (out.clone(), start_profile(&admin, seconds, out))
+        });
         // APF's queues, sampled while the fleet rolls (a gauge): the most
         // requests waiting at once, by priority level.
         let mut inqueue_max: BTreeMap<String, f64> = BTreeMap::new();
@@ -703,6 +744,16 @@ impl Bench {
             }
             if !busy {
                 std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        if let Some((out, profile)) = profile {
+            match profile.join() {
+                Ok(Ok(seconds)) => println!(
+                    "  the API server's CPU profile, the rollout's first {seconds} s: go tool pprof -top {}",
+                    out.display()
+                ),
+                Ok(Err(e)) => println!("  the API server's CPU profile: {e}"),
+                Err(_) => println!("  the API server's CPU profile: its thread panicked"),
             }
         }
         match wall {

@@ -52,7 +52,9 @@
 //! (seconds one fleet's rollout may take, default 900),
 //! PODSTAMP_BENCH_FLEET_APF (`0`: the API server without API Priority and
 //! Fairness, as the fleet figures before it; on by default when the fleet
-//! part runs),
+//! part runs), PODSTAMP_BENCH_FLEET_PROFILE (seconds: the API server's CPU
+//! profile over the first seconds of each fleet's rollout, saved as
+//! target/bench-daemon/profiles/fleet-N.pb for `go tool pprof`),
 //! PODSTAMP_BENCH_CONTROL_PLANE_CHANGES (default 3 of each kind, about 3
 //! minutes a pair).
 
@@ -161,7 +163,8 @@ fn main() {
     // harness's default (off), as their earlier figures were measured.
     // PODSTAMP_BENCH_FLEET_APF=0: off, as the fleet's figures before it.
     let apf = run("fleet") && std::env::var("PODSTAMP_BENCH_FLEET_APF").as_deref() != Ok("0");
-    let mut bench = Bench::new(updates, daemons, apf);
+    let profiling = run("fleet") && fleet_profile().is_some();
+    let mut bench = Bench::new(updates, daemons, apf, profiling);
     println!(
         "podstamp: a copy of {} (built {}) in {}",
         env!("CARGO_BIN_EXE_podstamp"),
@@ -232,6 +235,20 @@ fn fleet_sizes() -> Vec<usize> {
             })
         })
         .collect()
+}
+
+/// PODSTAMP_BENCH_FLEET_PROFILE: seconds of the API server's CPU profile
+/// taken as each fleet starts rolling; unset: none.
+pub fn fleet_profile() -> Option<u64> {
+    let text = std::env::var("PODSTAMP_BENCH_FLEET_PROFILE").ok()?;
+    match text.parse() {
+        Ok(0) => None,
+        Ok(seconds) => Some(seconds),
+        Err(_) => {
+            eprintln!("PODSTAMP_BENCH_FLEET_PROFILE={text:?}: expected whole seconds");
+            std::process::exit(2);
+        }
+    }
 }
 
 fn env_size(name: &str, default: usize) -> usize {
