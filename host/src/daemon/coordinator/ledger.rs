@@ -41,6 +41,12 @@ use crate::fleet::{
 /// Waiters for a freed slot try it within this, each at its turn, until
 /// other nodes were seen to take their lanes.
 pub(super) const SPREAD: Duration = Duration::from_millis(1000);
+/// The answer time of this node's writes that [`SPREAD`] is sized for:
+/// about 30 waiters of one lane, their turns 33 ms apart, each of whom
+/// sees another's take before its own turn comes. Slower answers (a loaded
+/// API server, APF's queues) widen the spread in proportion: there a take
+/// is seen late, and turns as close as before only make races.
+pub(super) const REACH: Duration = Duration::from_millis(50);
 /// The narrowest spread, however often a waiter was passed over: the
 /// time a take takes to be seen is a few to a few hundred milliseconds.
 pub(super) const MIN_SPREAD: Duration = Duration::from_millis(50);
@@ -153,6 +159,9 @@ pub(super) struct Ledger {
     pub(super) watching: bool,
     /// Status records said to be ignored (once each).
     pub(super) untrusted_logged: BTreeSet<String>,
+    /// How long this node's writes took to be answered lately (a moving
+    /// average): about how late another node's take is seen here.
+    pub(super) reach: Option<Duration>,
 }
 
 impl Ledger {
@@ -179,7 +188,17 @@ impl Ledger {
             failed_sent: None,
             watching: false,
             untrusted_logged: BTreeSet::new(),
+            reach: None,
         }
+    }
+
+    /// A write of this node's was answered (written or refused) after
+    /// `took`.
+    pub(super) fn answered(&mut self, took: Duration) {
+        self.reach = Some(match self.reach {
+            None => took,
+            Some(reach) => (reach * 3 + took) / 4,
+        });
     }
 
     pub(super) fn status_name(&self) -> String {
@@ -645,7 +664,13 @@ impl Ledger {
     /// one, before the races ([`STARVED_SPREAD`] at first).
     fn spread(&self, pending: &Pending, now: Instant) -> Duration {
         let passed = f64::from(pending.passed) / f64::from(lanes::LANES);
-        let base = SPREAD.div_f64(1.0 + passed).max(MIN_SPREAD);
+        let widen = self
+            .reach
+            .map_or(1.0, |r| (r.as_secs_f64() / REACH.as_secs_f64()).max(1.0));
+        let base = SPREAD
+            .mul_f64(widen)
+            .div_f64(1.0 + passed)
+            .clamp(MIN_SPREAD, SPREAD * MAX_BACKOFF);
         if self.starved(pending, now) {
             base.mul_f64(STARVED_SPREAD.as_secs_f64() / SPREAD.as_secs_f64())
         } else {
@@ -1484,6 +1509,25 @@ mod tests {
         // Asked again for another target: passed over starts over.
         ask_for_another_target(&mut s);
         assert_eq!(s.pending["ns/web"].passed, 0);
+    }
+
+    #[test]
+    fn slow_answers_widen_the_spread_in_proportion() {
+        let now = Instant::now();
+        let (mut s, _, first) = waiting_at_a_free_slot(now);
+        // Answers within REACH change nothing.
+        s.answered(REACH / 2);
+        assert!(near(s.wake_at(now).unwrap() - now, first));
+        // Answered four times as slowly as REACH, lately: four times wider.
+        s.reach = None;
+        s.answered(REACH * 4);
+        assert!(near(s.wake_at(now).unwrap() - now, first * 4));
+        // A moving average: one fast answer moves it a quarter of the way.
+        s.answered(Duration::ZERO);
+        assert!(near(s.wake_at(now).unwrap() - now, first * 3));
+        // However slow, never wider than the races alone would make it.
+        s.answered(Duration::from_secs(3600));
+        assert!(near(s.wake_at(now).unwrap() - now, first * MAX_BACKOFF));
     }
 
     /// A record naming `failures` failed targets of `template`s, held by

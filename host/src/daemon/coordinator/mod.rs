@@ -353,7 +353,11 @@ pub async fn run(
         write_retry = None;
         // The writes due now, one at a time, each answered before the next.
         while let Some(action) = state.next(Instant::now()) {
+            let sent = Instant::now();
             let (object, name, outcome) = perform(&places, &mut state, &action).await;
+            if matches!(outcome, Written::Ok(_) | Written::Conflict) {
+                state.answered(sent.elapsed());
+            }
             let kind = action.kind();
             let outcome = match outcome {
                 Written::TimedOut => {
