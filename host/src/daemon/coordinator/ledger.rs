@@ -18,7 +18,10 @@
 //! other nodes while it waited (each is one waiter fewer there: with
 //! fewer waiters the first turn comes later, and a whole second's spread
 //! cost each late step of a rollout up to a second), down to
-//! [`MIN_SPREAD`]. A waiter that lost a race widens its own spread (×2 per
+//! [`MIN_SPREAD`], and widened in proportion to how slowly this node's
+//! writes were answered lately, past [`REACH`] (a loaded API server shows
+//! every node a take late: close turns would race). A waiter that lost a
+//! race widens its own spread (×2 per
 //! race lost, up to [`MAX_BACKOFF`] × [`SPREAD`], however narrowed it
 //! was): where the winner's take is slow to be seen, fewer of the same
 //! waiters race again. A waiter that waited
@@ -655,7 +658,9 @@ impl Ledger {
         }
     }
 
-    /// This waiter's spread: [`SPREAD`] divided by 1 + the times it was
+    /// This waiter's spread: [`SPREAD`], times this node's answer time
+    /// over [`REACH`] when that is longer (at most [`MAX_BACKOFF`] ×
+    /// [`SPREAD`]), divided by 1 + the times it was
     /// passed over per lane, at least [`MIN_SPREAD`], doubled per race
     /// lost up to [`MAX_BACKOFF`] × [`SPREAD`] (not × the narrowed one: a
     /// race lost again and again says the others' takes are seen late

@@ -353,6 +353,8 @@ pub async fn run(
         write_retry = None;
         // The writes due now, one at a time, each answered before the next.
         while let Some(action) = state.next(Instant::now()) {
+            // How long the API server takes to answer: a waiter's spread
+            // widens with it (`ledger::REACH`).
             let sent = Instant::now();
             let (object, name, outcome) = perform(&places, &mut state, &action).await;
             if matches!(outcome, Written::Ok(_) | Written::Conflict) {
