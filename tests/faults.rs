@@ -1602,7 +1602,7 @@ const FAULTS: &[Fault] = &[
         id: "rollout-waiter-lost-races",
         area: "rollouts",
         fault: "a node waiting for a rollout slot whose takes keep being refused (409): the winner's take is slow to reach the other waiters (a loaded API server or watch), so several try one freed slot",
-        kept: "the rollout, with fewer refused writes: each race lost doubles that waiter's spread (up to 8×: its turn comes later at the next freed slot), kept for the same target; every waiter's spread also widens with how slowly its own writes are answered (over 50 ms, in proportion, up to 8 s), so that on a loaded API server fewer race at all; past 4 lease durations the starved rule puts it ahead again",
+        kept: "the rollout, with fewer refused writes: each race lost doubles that waiter's spread (up to 8×: its turn comes later at the next freed slot), kept for the same target; every waiter's spread also widens with how slowly its own writes are answered (over 100 ms, in proportion, up to 8 s), so that on a loaded API server fewer race at all; past 4 lease durations the starved rule puts it ahead again",
         reported: "`podstamp_rollout_api_writes_total{object=\"slot\",result=\"conflict\"}`",
         says: "one race lost",
         test: "host/src/daemon/coordinator/ledger.rs: a_waiter_that_lost_races_waits_longer_at_the_next_freed_slot",
