@@ -157,8 +157,8 @@ impl Reconciler {
                 }
                 Err(e) => {
                     let failure = write_failed(&template_id, &done.file, e);
-                    if let Some(entry) = self.entries.get_mut(&key) {
-                        entry.claims = previous;
+                    if let Some(entry) = self.entries.get(&key) {
+                        self.claims.set(&key, entry.seq, previous);
                     }
                     self.failed(&key, &node, failure);
                 }

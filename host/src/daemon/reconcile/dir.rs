@@ -88,9 +88,9 @@ impl Reconciler {
         // manifest makes any other file of ours naming it a stale duplicate
         // (say, one renamed by hand).
         let claimed: BTreeSet<(&str, &str)> = self
-            .entries
-            .values()
-            .filter_map(|e| Some((e.id.as_deref()?, e.claims.as_deref()?)))
+            .claims
+            .iter()
+            .filter_map(|(key, file)| Some((self.entries.get(key)?.id.as_deref()?, file)))
             .collect();
         let claiming: BTreeSet<&str> = claimed.iter().map(|(id, _)| *id).collect();
         let stale: Vec<(String, String)> = self
@@ -123,11 +123,7 @@ impl Reconciler {
                 }
             }
             self.owned.remove(&file);
-            for entry in self.entries.values_mut() {
-                if entry.claims.as_deref() == Some(file.as_str()) {
-                    entry.claims = None;
-                }
-            }
+            self.claims.release_file(&file);
         }
     }
 }

@@ -13,7 +13,8 @@
 //! (the pass's writes and rollout states, put in place together, crash-safe),
 //! `dir` (the manifest directory: what is ours, garbage, durability),
 //! `ahead` (a pass's renders a chunk ahead, their checks sent to the helper
-//! while the next ones render),
+//! while the next ones render), `claims` (which manifest file each template
+//! claims, for the pod name conflicts),
 //! `timing` (where the first sync's time goes).
 //!
 //! The rules it keeps:
@@ -47,6 +48,7 @@
 
 mod ahead;
 mod batch;
+mod claims;
 mod dir;
 mod outcome;
 mod prepare;
@@ -85,8 +87,6 @@ struct Entry {
     /// Arrival order: of two templates producing the same pod name, the
     /// earlier keeps it.
     seq: u64,
-    /// The manifest file this entry last wrote or confirmed.
-    claims: Option<String>,
     /// The last failure reported, to report each distinct failure once.
     last_error: Option<String>,
     /// The chain this entry was last rendered with (its fingerprint, or why
@@ -120,6 +120,9 @@ pub struct Reconciler {
     /// half full when keys arrive in order (as a list's do), so inline
     /// entries would cost twice their size (docs/performance.md §3.6).
     entries: BTreeMap<String, Box<Entry>>,
+    /// The manifest file each entry last wrote or confirmed, or staged in
+    /// the pass under way ([`claims`]).
+    claims: claims::Claims,
     pending: Option<BTreeMap<String, Incoming>>,
     synced: bool,
     next_seq: u64,
@@ -186,6 +189,7 @@ impl Reconciler {
             events,
             node: None,
             entries: BTreeMap::new(),
+            claims: claims::Claims::default(),
             pending: None,
             synced: false,
             next_seq: 0,
@@ -402,7 +406,6 @@ impl Reconciler {
                         id: incoming.id.clone(),
                         incoming,
                         seq,
-                        claims: None,
                         last_error: None,
                         chain: None,
                         off_node: false,
@@ -415,6 +418,7 @@ impl Reconciler {
 
     fn remove(&mut self, key: &str) {
         if let Some(entry) = self.entries.remove(key) {
+            self.claims.set(key, entry.seq, None);
             tracing::info!(template = key, "template gone");
             if let Some(id) = &entry.id {
                 self.rollouts.forget(id);
@@ -714,12 +718,17 @@ impl Reconciler {
         if !manifest::ownership(&bytes).is_some_and(|o| o.intact && o.source == id) {
             return Err(format!("{} is not an intact manifest of {id}", kept.file));
         }
-        let entry = self
+        let key = self
             .entries
-            .values_mut()
-            .find(|e| e.id.as_deref() == Some(id));
-        let file = match entry {
-            Some(entry) => entry.claims.clone().ok_or("the template has no manifest")?,
+            .iter()
+            .find(|(_, e)| e.id.as_deref() == Some(id))
+            .map(|(key, _)| key);
+        let file = match key {
+            Some(key) => self
+                .claims
+                .of(key)
+                .map(str::to_string)
+                .ok_or("the template has no manifest")?,
             // Before the templates are listed (followed offline).
             None if !self.synced => {
                 offline_file.ok_or("its manifest is no longer in the manifest directory")?

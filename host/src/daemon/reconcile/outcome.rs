@@ -59,7 +59,7 @@ impl Reconciler {
         let id = entry.id.clone().unwrap_or_else(|| key.to_string());
         let Done { file, outcome, .. } = &done;
         let (file, outcome) = (file.clone(), *outcome);
-        entry.claims = Some(file.clone());
+        self.claims.set(key, entry.seq, Some(file.clone()));
         self.metrics.render(match outcome {
             Outcome::Written => RenderResult::Written,
             Outcome::Unchanged => RenderResult::Unchanged,

@@ -56,7 +56,7 @@ impl Reconciler {
         }
         match result {
             Ok(Placed::NotForNode { selector }) => {
-                entry.claims = None;
+                self.claims.set(key, entry.seq, None);
                 entry.last_error = None;
                 if !was_off_node {
                     tracing::info!(template = %id, node = %node.name, selector = %selector,
@@ -71,7 +71,7 @@ impl Reconciler {
             }
             // Claimed now, so that a later template of this pass producing
             // the same pod name is refused; the rest when the pass commits.
-            Ok(Placed::Staged { file }) => entry.claims = Some(file),
+            Ok(Placed::Staged { file }) => self.claims.set(key, entry.seq, Some(file)),
             Ok(Placed::Done(done)) => self.placed(key, done),
             Err(failure) => self.failed(key, &node, failure),
         }
@@ -160,16 +160,16 @@ impl Reconciler {
             plugin: None,
             message,
         };
-        // The cheap comparisons first: this runs for every template against
-        // every other, a million times in a sync of a thousand.
-        if let Some(other) = self.entries.iter().find(|(k, e)| {
-            e.seq < entry.seq && e.claims.as_deref() == Some(file.as_str()) && k.as_str() != key
-        }) {
+        if let Some(other) = self.claims.earlier(&file, entry.seq, key) {
+            let other = self
+                .entries
+                .get(other)
+                .and_then(|e| e.id.as_deref())
+                .unwrap_or(other);
             return Err(conflict(format!(
-                "PodTemplate {}: pod name {:?} is already produced by PodTemplate {}",
+                "PodTemplate {}: pod name {:?} is already produced by PodTemplate {other}",
                 template.id(),
                 manifest.pod_name,
-                other.1.id.as_deref().unwrap_or(other.0)
             )));
         }
         // Whether the file was seen missing just now, by the ownership check
@@ -294,7 +294,7 @@ impl Reconciler {
                 self.owned.insert(file.clone(), source);
                 return Ok(Placed::Done(done(file, Outcome::Unchanged, target)));
             };
-            let previous = self.entries.get(key).and_then(|e| e.claims.clone());
+            let previous = self.claims.of(key).map(str::to_string);
             self.pass.writes.push(super::batch::PendingWrite {
                 key: key.to_string(),
                 template_id,
