@@ -44,7 +44,8 @@
 //! Run: `bash tests/harness/build.sh && bash plugins/build.sh && cargo bench --bench daemon [-- latency|sync|footprint|fanout|reload|kubelet|rollout|fleet|control-plane]`.
 //! Sizes: PODSTAMP_BENCH_UPDATES (default 200; the poller's share takes
 //! about 1.1 s per update, some 4 minutes), PODSTAMP_BENCH_DAEMONS (default 50),
-//! PODSTAMP_BENCH_RELOADS (default 100), PODSTAMP_BENCH_KUBELET_CHANGES
+//! PODSTAMP_BENCH_SYNC_TEMPLATES (default 1000, the templates the sync
+//! selects), PODSTAMP_BENCH_RELOADS (default 100), PODSTAMP_BENCH_KUBELET_CHANGES
 //! (default 20 of each shape; an update takes the kubelet 10–15 s),
 //! PODSTAMP_BENCH_ROLLOUTS (default 3, about 2 minutes each),
 //! PODSTAMP_BENCH_IDLE_SECONDS (default 60), PODSTAMP_BENCH_FLEET (the
