@@ -36,6 +36,16 @@ impl Claims {
     /// Template `key` (arrival order `seq`) claims `file` from now on, or
     /// nothing (None: also when the template is gone).
     pub(super) fn set(&mut self, key: &str, seq: u64, file: Option<String>) {
+        // Claimed again as it was (a staged write put in place, a resync
+        // finding its manifest unchanged): nothing to move.
+        let unchanged = match (self.by_key.get(key), file.as_deref()) {
+            (Some((old_seq, old)), Some(new)) => *old_seq == seq && old == new,
+            (None, None) => true,
+            _ => false,
+        };
+        if unchanged {
+            return;
+        }
         if let Some((old_seq, old_file)) = self.by_key.remove(key) {
             self.unindex(&old_file, old_seq, key);
         }
@@ -111,6 +121,8 @@ mod tests {
         c.set("a", 1, some("web.yaml"));
         consistent(&c);
         assert_eq!(c.of("a"), Some("web.yaml"));
+        c.set("a", 1, some("web.yaml"));
+        consistent(&c);
         // The pod renamed: the old file is no longer claimed.
         c.set("a", 1, some("api.yaml"));
         consistent(&c);
